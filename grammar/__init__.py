@@ -1,0 +1,1 @@
+"""Package data: the l2c grammar (installed as l2c._grammar)."""

@@ -1,0 +1,106 @@
+"""Writes and loads `grammar/l2.lark`, the surface syntax of `.l2` files.
+
+The grammar is generated from the knob table (`l2c.knobs`) so that the two can never disagree: every
+statement keyword, knob name and enumerated value of the table is spelled literally in the grammar.
+That makes the grammar a tight constraint for grammar-guided LLM decoding. The committed file is the
+artifact users and LLM back ends read; `python -m l2c.grammar` rewrites it and a test checks that the
+committed copy is current.
+
+The grammar keeps to the subset shared by Lark and llguidance: plain rules, string literals, regex
+terminals, `%import common` and `%ignore` only (no `::=`, no terminal priorities).
+"""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+
+from lark import Lark
+
+from .knobs import AUTO, KNOBS, SECTIONS, Knob, knobs_in
+
+HEADER = """\
+// l2.lark: the l2c kernel-spec language. GENERATED from l2c/knobs.py by `python -m l2c.grammar`;
+// do not edit by hand (tests/test_grammar.py checks this file is current).
+//
+// A file holds one or more kernels:
+//
+//   kernel hgemm_128x256 {
+//     problem  m=4096 n=4096 k=4096
+//     types    a=f16 b=f16 c=f16 acc=f32
+//     layout   a=row b=col c=row
+//     tile     m=128 n=256 k=64
+//   }
+//
+// Statements may come in any order; a knob left out takes its default. `#` starts a comment.
+"""
+
+
+def _literal_alternatives(values) -> str:
+    return "(" + " | ".join(f'"{v}"' for v in values) + ")"
+
+
+def _value_expr(knob: Knob) -> str:
+    if knob.kind == "enum":
+        return _literal_alternatives(knob.choices)
+    if knob.kind == "int":
+        return _literal_alternatives(knob.choices) if knob.choices else "INT"
+    if knob.kind == "auto_int":
+        return _literal_alternatives((AUTO,) + tuple(knob.choices))
+    if knob.kind == "dim":
+        return '(INT | "any")'
+    if knob.kind == "float":
+        return "NUMBER"
+    raise ValueError(f"unknown knob kind {knob.kind!r}")
+
+
+def generate_grammar() -> str:
+    lines = [HEADER, "start: kernel+", 'kernel: "kernel" NAME "{" statement* "}"',
+             "statement: " + " | ".join(f"{s}_stmt" for s in SECTIONS), ""]
+    for section in SECTIONS:
+        knobs = knobs_in(section)
+        if len(knobs) == 1 and not knobs[0].name:
+            lines.append(f'{section}_stmt: "{section}" {_value_expr(knobs[0])}')
+            continue
+        lines.append(f'{section}_stmt: "{section}" {section}_item+')
+        lines.append(f"{section}_item: " + " | ".join(k.field for k in knobs))
+        for k in knobs:
+            lines.append(f'{k.field}: "{k.name}" "=" {_value_expr(k)}')
+        lines.append("")
+    lines += [
+        "NAME: /[A-Za-z_][A-Za-z0-9_]*/",
+        "INT: /[0-9]+/",
+        "NUMBER: /[+-]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][+-]?[0-9]+)?/",
+        "COMMENT: /#[^\\n]*/",
+        "",
+        "%import common.WS",
+        "%ignore WS",
+        "%ignore COMMENT",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def grammar_path() -> Path:
+    """Path of the shipped grammar file (package data `l2c._grammar/l2.lark`)."""
+    return Path(str(resources.files("l2c._grammar") / "l2.lark"))
+
+
+def grammar_text() -> str:
+    return grammar_path().read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def lark_parser() -> Lark:
+    # keep_all_tokens: enum values are anonymous literals and must survive into the tree.
+    return Lark(grammar_text(), parser="lalr", keep_all_tokens=True, propagate_positions=True)
+
+
+def main() -> None:
+    out = Path(__file__).resolve().parent.parent / "grammar" / "l2.lark"
+    out.write_text(generate_grammar())
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The knob table: the single definition of every tunable of an l2c kernel spec.
+
+One row per knob. From this table come: the grammar (`grammar/l2.lark` is generated from it and a
+test checks the committed file is current), the IR fields (`KernelSpec` has one field per knob,
+named `Knob.field`), range checks while building the IR, the canonical printer, the targets that
+read a knob, and the search space. Adding a knob means one row here plus its use in a template.
+
+Value kinds:
+- ``enum``: one of ``choices`` (spelled literally in the grammar, so an LLM can only write these);
+- ``int``: a whole number in ``choices`` (when given) or in ``[lo, hi]``;
+- ``dim``: a problem dimension, a positive whole number or ``any`` (shape-generic kernel);
+- ``auto_int``: a whole number in ``choices`` or ``auto`` (let the target decide);
+- ``float``: a real number (epilogue scalars).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+TARGETS = ("triton", "cutlass")
+ANY = "any"     # spelling of an open problem dimension
+AUTO = "auto"   # spelling of "let the target choose"
+
+
+@dataclass(frozen=True)
+class Knob:
+    section: str                 # statement keyword in the DSL, e.g. "tile"
+    name: str                    # key inside the statement, e.g. "m"; "" for one-value statements
+    kind: str                    # enum | int | dim | auto_int | float
+    default: object
+    doc: str
+    choices: Tuple = ()
+    lo: Optional[int] = None
+    hi: Optional[int] = None
+    targets: Tuple[str, ...] = TARGETS   # the targets that read this knob
+    searchable: bool = True              # part of the search space (problem/epilogue are not)
+
+    @property
+    def field(self) -> str:
+        """Name of the KernelSpec attribute holding this knob."""
+        return f"{self.section}_{self.name}" if self.name else self.section
+
+    @property
+    def key(self) -> str:
+        """Human spelling used in messages, e.g. ``tile.m``."""
+        return f"{self.section}.{self.name}" if self.name else self.section
+
+
+_P2_TILE = (16, 32, 64, 128, 256)
+
+KNOBS: Tuple[Knob, ...] = (
+    Knob("target", "", "enum", "any", "Restrict the spec to one target; `any` lets every target lower it.",
+         choices=("any",) + TARGETS, searchable=False),
+    # problem
+    Knob("problem", "m", "dim", ANY, "Rows of A and C; `any` builds a shape-generic kernel.", lo=1, searchable=False),
+    Knob("problem", "n", "dim", ANY, "Columns of B and C.", lo=1, searchable=False),
+    Knob("problem", "k", "dim", ANY, "Reduction dimension.", lo=1, searchable=False),
+    Knob("problem", "batch", "dim", 1, "Batch count (strided batched GEMM); 1 for a plain GEMM.", lo=1,
+         searchable=False),
+    # element types
+    Knob("types", "a", "enum", "f16", "Element type of A.", choices=("f16", "bf16", "f32"), searchable=False),
+    Knob("types", "b", "enum", "f16", "Element type of B (must equal A's).", choices=("f16", "bf16", "f32"),
+         searchable=False),
+    Knob("types", "c", "enum", "f16", "Element type of the output D (and of the C input when beta != 0).",
+         choices=("f16", "bf16", "f32"), searchable=False),
+    Knob("types", "acc", "enum", "f32", "Accumulator type.", choices=("f32", "f16"), searchable=False),
+    Knob("types", "math", "enum", "tf32", "How f32 inputs are multiplied: tf32 tensor cores or exact ieee.",
+         choices=("tf32", "ieee"), targets=("triton",), searchable=False),
+    # layouts
+    Knob("layout", "a", "enum", "row", "Storage order of A (M x K): row-major or column-major.",
+         choices=("row", "col"), searchable=False),
+    Knob("layout", "b", "enum", "row", "Storage order of B (K x N).", choices=("row", "col"), searchable=False),
+    Knob("layout", "c", "enum", "row", "Storage order of C and D (M x N).", choices=("row", "col"),
+         searchable=False),
+    # tiling
+    Knob("tile", "m", "int", 128, "Block tile rows.", choices=_P2_TILE),
+    Knob("tile", "n", "int", 128, "Block tile columns.", choices=_P2_TILE),
+    Knob("tile", "k", "int", 64, "Block tile depth per main-loop step.", choices=(16, 32, 64, 128, 256)),
+    Knob("pipeline", "stages", "auto_int", AUTO,
+         "Shared-memory pipeline depth; `auto` lets the target fit it to shared memory.",
+         choices=(1, 2, 3, 4, 5, 6, 7, 8)),
+    Knob("launch", "warps", "auto_int", AUTO, "Warps per program (Triton); `auto` derives it from the tile.",
+         choices=(2, 4, 8, 16), targets=("triton",)),
+    Knob("launch", "persistent", "enum", "no",
+         "Persistent grid (one program per SM looping over tiles) instead of one program per tile (Triton).",
+         choices=("no", "yes"), targets=("triton",)),
+    Knob("launch", "schedule", "enum", AUTO,
+         "Warp-specialized kernel schedule (CUTLASS): cooperative (2 consumer warpgroups share a tile) or "
+         "pingpong (consumer warpgroups alternate tiles); `auto` picks by tile size.",
+         choices=(AUTO, "cooperative", "pingpong"), targets=("cutlass",)),
+    Knob("cluster", "m", "int", 1, "Thread-block cluster size along M (CUTLASS, TMA multicast of B).",
+         choices=(1, 2, 4), targets=("cutlass",)),
+    Knob("cluster", "n", "int", 1, "Thread-block cluster size along N (CUTLASS, TMA multicast of A).",
+         choices=(1, 2, 4), targets=("cutlass",)),
+    # rasterization
+    Knob("swizzle", "group", "int", 8, "Tiles per group of the grouped (L2-friendly) launch order; 1 = plain.",
+         choices=(1, 2, 4, 8, 16)),
+    Knob("swizzle", "raster", "enum", "m",
+         "Raster order: `m` walks down M inside a group of N-tiles, `n` walks along N inside a group of "
+         "M-tiles.", choices=("m", "n")),
+    # reduction decomposition
+    Knob("split_k", "slices", "int", 1, "Split the K loop into this many slices (1 = no split).", lo=1, hi=32),
+    Knob("split_k", "mode", "enum", "workspace",
+         "How slices are combined: `workspace` (deterministic fp32 partials reduced in a second pass), "
+         "`atomic` (fp32 atomic adds), `stream_k` (CUTLASS stream-K scheduler; slices ignored).",
+         choices=("workspace", "atomic", "stream_k")),
+    # epilogue
+    Knob("epilogue", "alpha", "float", 1.0, "D = activation(alpha * A@B + beta * C + bias).", searchable=False),
+    Knob("epilogue", "beta", "float", 0.0, "Scale of the C input; 0 means no C input is read.", searchable=False),
+    Knob("epilogue", "bias", "enum", "none", "Bias vector: `row` (one value per output row, length M) or "
+                                              "`col` (one per output column, length N, as nn.Linear).",
+         choices=("none", "row", "col"), searchable=False),
+    Knob("epilogue", "activation", "enum", "none", "Activation applied last.",
+         choices=("none", "relu", "gelu", "silu"), searchable=False),
+)
+
+KNOBS_BY_FIELD = {k.field: k for k in KNOBS}
+SECTIONS: Tuple[str, ...] = tuple(dict.fromkeys(k.section for k in KNOBS))
+
+
+def knobs_in(section: str) -> Tuple[Knob, ...]:
+    return tuple(k for k in KNOBS if k.section == section)
+
+
+DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}

@@ -1,0 +1,225 @@
+"""Validation: reject, before any compiler runs, a spec that cannot work on a target and architecture.
+
+Each rule has a name; a rejection is an `L2ValidationError` naming file:line:col of the offending
+knob, the knob and the rule. A spec that passes becomes a `ValidSpec`: the spec plus the values the
+target resolved for `auto` knobs (stages, warps, schedule) and the shared memory it will use. Templates
+only ever see a `ValidSpec`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from .errors import L2ValidationError
+from .ir import KernelSpec
+from .knobs import ANY, AUTO, DTYPE_BYTES, KNOBS, TARGETS
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    smem_per_block: int     # bytes of shared memory one block may use (opt-in maximum)
+    sm_count: int
+    max_cluster: int        # portable thread-block cluster size
+
+
+ARCHS = {
+    # H100/H200: 227 KB of shared memory per block, 132 SMs (H200 SXM), clusters of up to 8 portable.
+    "sm_90": Arch("sm_90", smem_per_block=227 * 1024, sm_count=132, max_cluster=8),
+}
+
+# Each rule: name -> one-line statement shown with the rejection and listed by `l2c check --rules`.
+RULES = {
+    "target": "a spec that names a target is lowered only for that target",
+    "target-knob": "a spec that names a target may not set knobs that target does not read",
+    "arch": "the architecture must be one l2c knows (sm_90)",
+    "same-input-types": "A and B must have the same element type",
+    "acc-type": "an f16 accumulator needs f16 inputs; f32 inputs need an f32 accumulator",
+    "split-k-slices": "split-K slices may not exceed the number of K tiles of a fixed K",
+    "stream-k-target": "stream-K is a CUTLASS scheduler; Triton supports split_k modes workspace and atomic",
+    "shared-memory": "stages x (tile_m x tile_k + tile_k x tile_n) x element bytes (+ epilogue) must fit the "
+                     "architecture's shared memory per block",
+    "accumulator-registers": "the fp32 accumulator tile spread over the threads must fit in registers "
+                             "(<= 256 values per thread for Triton, <= 128 per consumer thread for CUTLASS)",
+    "cutlass-dtypes": "the CUTLASS target takes f16 or bf16 inputs with an f32 accumulator",
+    "wgmma-tile-m": "CUTLASS sm90 tile M must be 64, 128 or 256 (a warpgroup MMA is 64 rows)",
+    "wgmma-tile-n": "CUTLASS sm90 tile N must be a multiple of 16 between 16 and 256",
+    "cutlass-tile-k": "CUTLASS sm90 tile K must be 32, 64 or 128 elements (whole 64/128-byte swizzle atoms)",
+    "cooperative-tile-m": "the cooperative schedule splits tile M over two warpgroups: tile M must be a "
+                          "multiple of 128",
+    "pingpong-tile-m": "the pingpong schedule gives each warpgroup a whole tile: tile M must be 64 or 128",
+    "cluster-size": "cluster M x N may not exceed the portable cluster size of the architecture",
+    "split-k-schedule": "split-K and stream-K in CUTLASS use the stream-K tile scheduler, which needs the "
+                        "cooperative schedule",
+    "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
+    "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
+}
+
+
+@dataclass(frozen=True)
+class ValidSpec:
+    """A spec accepted for one target and architecture, with every `auto` knob resolved."""
+    spec: KernelSpec
+    target: str
+    arch: Arch
+    stages: int
+    warps: int                 # Triton warps per program (CUTLASS: threads / 32 of the kernel)
+    schedule: str              # CUTLASS schedule; "none" for Triton
+    smem_bytes: int            # estimated shared memory per block
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def _fail(spec: KernelSpec, knob_field: Optional[str], rule: str, message: str) -> L2ValidationError:
+    line, col = spec.origin.position_of(knob_field) if knob_field else (spec.origin.line, spec.origin.col)
+    knob_key = next((k.key for k in KNOBS if k.field == knob_field), None)
+    return L2ValidationError(f"{message} — {RULES[rule]}", file=spec.origin.file, line=line, col=col,
+                             knob=knob_key, rule=rule)
+
+
+def _mainloop_stage_bytes(spec: KernelSpec) -> int:
+    ab = DTYPE_BYTES[spec.types_a]
+    return (spec.tile_m * spec.tile_k + spec.tile_k * spec.tile_n) * ab
+
+
+def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
+    """Estimate of the TMA epilogue's shared memory (the carve-out CUTLASS subtracts before sizing stages).
+
+    The sm90 TMA epilogue stages D (and C when beta != 0) through shared memory in sub-tiles of
+    (64 or 128) x 32: two buffers for D, and C is loaded in up to four.
+    """
+    epi_m = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
+    epi_n = min(spec.tile_n, 32)
+    c_bytes = DTYPE_BYTES[spec.types_c]
+    smem = 2 * epi_m * epi_n * c_bytes
+    if spec.epilogue_beta != 0.0:
+        smem += 4 * epi_m * epi_n * c_bytes
+    return smem + 1024  # barriers and alignment
+
+
+def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
+    if spec.target not in ("any", target):
+        raise _fail(spec, "target", "target", f"the spec is for {spec.target}, not {target}")
+    if spec.target == target:
+        for knob in KNOBS:
+            if target not in knob.targets and getattr(spec, knob.field) != knob.default:
+                raise _fail(spec, knob.field, "target-knob",
+                            f"{knob.key} is read only by {', '.join(knob.targets)}; this spec is for {target}")
+    if spec.types_a != spec.types_b:
+        raise _fail(spec, "types_b", "same-input-types", f"A is {spec.types_a} but B is {spec.types_b}")
+    if spec.types_acc == "f16" and spec.types_a != "f16":
+        raise _fail(spec, "types_acc", "acc-type", f"accumulator f16 with {spec.types_a} inputs")
+    if spec.split_k_mode != "stream_k" and spec.split_k_slices > 1 and spec.problem_k != ANY:
+        k_tiles = -(-spec.problem_k // spec.tile_k)
+        if spec.split_k_slices > k_tiles:
+            raise _fail(spec, "split_k_slices", "split-k-slices",
+                        f"{spec.split_k_slices} slices but K={spec.problem_k} has only {k_tiles} tiles of "
+                        f"{spec.tile_k}")
+
+
+def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
+    if spec.split_k_mode == "stream_k":
+        raise _fail(spec, "split_k_mode", "stream-k-target", "split_k mode=stream_k on Triton")
+    acc_tile = spec.tile_m * spec.tile_n
+    if spec.launch_warps == AUTO:
+        warps = 8 if acc_tile >= 128 * 128 else 4
+    else:
+        warps = int(spec.launch_warps)
+    per_thread = acc_tile // (warps * 32)
+    if per_thread > 256:
+        raise _fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "accumulator-registers",
+                    f"{spec.tile_m}x{spec.tile_n} accumulator over {warps} warps is {per_thread} values per thread")
+    per_stage = _mainloop_stage_bytes(spec)
+    if spec.pipeline_stages == AUTO:
+        fitting = [s for s in (4, 3, 2, 1) if s * per_stage <= arch.smem_per_block]
+        stages = fitting[0] if fitting else 1
+    else:
+        stages = int(spec.pipeline_stages)
+    smem = stages * per_stage
+    if smem > arch.smem_per_block:
+        raise _fail(spec, "pipeline_stages" if spec.pipeline_stages != AUTO else "tile_k", "shared-memory",
+                    f"{stages} stages x {per_stage} bytes = {smem} bytes > {arch.smem_per_block}")
+    return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
+
+
+def _alignment_checks(spec: KernelSpec) -> List[Tuple[str, str, object, int]]:
+    """(knob field, operand, contiguous extent, element bytes) for each operand TMA reads or writes."""
+    ab, cb = DTYPE_BYTES[spec.types_a], DTYPE_BYTES[spec.types_c]
+    m, n, k = spec.problem_m, spec.problem_n, spec.problem_k
+    return [
+        ("problem_k" if spec.layout_a == "row" else "problem_m", "A", k if spec.layout_a == "row" else m, ab),
+        ("problem_n" if spec.layout_b == "row" else "problem_k", "B", n if spec.layout_b == "row" else k, ab),
+        ("problem_n" if spec.layout_c == "row" else "problem_m", "D", n if spec.layout_c == "row" else m, cb),
+    ]
+
+
+def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
+    if spec.types_a not in ("f16", "bf16") or spec.types_acc != "f32":
+        raise _fail(spec, "types_a", "cutlass-dtypes", f"inputs {spec.types_a}, accumulator {spec.types_acc}")
+    if spec.tile_m not in (64, 128, 256):
+        raise _fail(spec, "tile_m", "wgmma-tile-m", f"tile m={spec.tile_m}")
+    if spec.tile_n % 16 or not 16 <= spec.tile_n <= 256:
+        raise _fail(spec, "tile_n", "wgmma-tile-n", f"tile n={spec.tile_n}")
+    if spec.tile_k not in (32, 64, 128):
+        raise _fail(spec, "tile_k", "cutlass-tile-k", f"tile k={spec.tile_k}")
+    schedule = spec.launch_schedule
+    if schedule == AUTO:
+        schedule = "cooperative" if spec.tile_m % 128 == 0 else "pingpong"
+    if schedule == "cooperative" and spec.tile_m % 128:
+        raise _fail(spec, "tile_m", "cooperative-tile-m", f"tile m={spec.tile_m} with the cooperative schedule")
+    if schedule == "pingpong" and spec.tile_m not in (64, 128):
+        raise _fail(spec, "tile_m", "pingpong-tile-m", f"tile m={spec.tile_m} with the pingpong schedule")
+    consumer_threads = 256 if schedule == "cooperative" else 128
+    per_thread = spec.tile_m * spec.tile_n // consumer_threads
+    if per_thread > 128:
+        raise _fail(spec, "tile_n", "accumulator-registers",
+                    f"{spec.tile_m}x{spec.tile_n} over {consumer_threads} {schedule} consumer threads is "
+                    f"{per_thread} accumulators per thread")
+    if spec.cluster_m * spec.cluster_n > arch.max_cluster:
+        raise _fail(spec, "cluster_n", "cluster-size",
+                    f"cluster {spec.cluster_m}x{spec.cluster_n} > {arch.max_cluster}")
+    if (spec.split_k_slices > 1 or spec.split_k_mode == "stream_k") and schedule != "cooperative":
+        raise _fail(spec, "split_k_slices" if spec.split_k_slices > 1 else "split_k_mode", "split-k-schedule",
+                    f"split_k with the {schedule} schedule")
+    for knob_field, operand, extent, nbytes in _alignment_checks(spec):
+        if extent != ANY and (extent * nbytes) % 16:
+            raise _fail(spec, knob_field, "tma-alignment",
+                        f"{operand}'s contiguous extent {extent} x {nbytes} bytes is not a multiple of 16")
+    per_stage = _mainloop_stage_bytes(spec) + 32  # + the stage's pipeline barriers
+    carve = cutlass_epilogue_smem(spec, schedule)
+    if spec.pipeline_stages == AUTO:
+        stages = min(8, (arch.smem_per_block - carve) // per_stage)
+        if stages < 2:
+            raise _fail(spec, "tile_k", "shared-memory",
+                        f"not even 2 stages of {per_stage} bytes fit beside a {carve}-byte epilogue")
+    else:
+        stages = int(spec.pipeline_stages)
+        if stages < 2:
+            raise _fail(spec, "pipeline_stages", "cutlass-min-stages", f"stages={stages}")
+    smem = stages * per_stage + carve
+    if smem > arch.smem_per_block:
+        raise _fail(spec, "pipeline_stages", "shared-memory",
+                    f"{stages} stages x {per_stage} bytes + {carve} epilogue bytes = {smem} > {arch.smem_per_block}")
+    # Both schedules run three warpgroups: one TMA producer and two MMA consumers.
+    return ValidSpec(spec, "cutlass", arch, stages=stages, warps=12, schedule=schedule, smem_bytes=smem)
+
+
+def validate(spec: KernelSpec, target: str, arch: str = "sm_90") -> ValidSpec:
+    """Check `spec` for `target` on `arch`; return the resolved ValidSpec or raise L2ValidationError."""
+    if target not in TARGETS:
+        raise L2ValidationError(f"unknown target {target!r}; expected one of {', '.join(TARGETS)}",
+                                file=spec.origin.file, line=spec.origin.line, col=spec.origin.col)
+    if arch not in ARCHS:
+        raise _fail(spec, None, "arch", f"unknown architecture {arch!r}")
+    arch_info = ARCHS[arch]
+    _common_rules(spec, target, arch_info)
+    if target == "triton":
+        return _validate_triton(spec, arch_info)
+    return _validate_cutlass(spec, arch_info)
+
+
+def targets_for(spec: KernelSpec) -> Tuple[str, ...]:
+    """The targets a spec asks to be lowered for: its `target` knob, or every target for `any`."""
+    return TARGETS if spec.target == "any" else (spec.target,)

@@ -1,0 +1,1 @@
+"""Package data: Jinja2 templates per target (installed as l2c._templates)."""
