@@ -1,0 +1,51 @@
+"""The `l2c` command line: one subcommand module per job under `l2c/commands/`.
+
+Every user-facing failure is an `L2Error` (or a plain `UsageError`) printed as one line on stderr with
+exit status 2; no traceback reaches a user for bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+from .errors import L2Error
+
+# Each module defines `add_parser(subparsers)`, which registers its subcommand with `func=run(args) -> int`.
+COMMAND_MODULES = [
+    "l2c.commands.compile",
+    "l2c.commands.check",
+]
+
+
+class UsageError(Exception):
+    """A command-line mistake that is not about a spec (missing file, bad flag combination)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="l2c", description="GEMM kernel compiler and tuner.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except L2Error as err:
+        print(err.render(), file=sys.stderr)
+        return 2
+    except UsageError as err:
+        print(f"l2c {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `l2c` CLI, one module each (see l2c/cli.py)."""
