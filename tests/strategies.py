@@ -1,0 +1,72 @@
+"""Hypothesis strategies for kernel specs, drawn from the knob table (never a hand-kept list)."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from l2c.errors import L2ValidationError
+from l2c.ir import KernelSpec
+from l2c.knobs import ANY, AUTO, KNOBS, Knob
+from l2c.validate import validate
+
+NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True).filter(
+    lambda s: s not in ("kernel",))
+
+
+def knob_values(knob: Knob) -> st.SearchStrategy:
+    if knob.kind == "enum":
+        return st.sampled_from(knob.choices)
+    if knob.kind == "int":
+        if knob.choices:
+            return st.sampled_from(knob.choices)
+        return st.integers(knob.lo, knob.hi)
+    if knob.kind == "auto_int":
+        return st.sampled_from((AUTO,) + tuple(knob.choices))
+    if knob.kind == "dim":
+        return st.one_of(st.just(ANY), st.integers(1, 1 << 16))
+    if knob.kind == "float":
+        return st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+    raise AssertionError(knob.kind)
+
+
+@st.composite
+def specs(draw, **fixed) -> KernelSpec:
+    """Any spec the builder accepts (it need not validate for a target). `fixed` pins knobs."""
+    values = {k.field: fixed[k.field] if k.field in fixed else draw(knob_values(k)) for k in KNOBS}
+    return KernelSpec(name=fixed.get("name") or draw(NAMES), **values)
+
+
+def _validates(spec: KernelSpec, target: str, arch: str) -> bool:
+    try:
+        validate(spec, target, arch)
+        return True
+    except L2ValidationError:
+        return False
+
+
+@st.composite
+def valid_specs(draw, target: str, arch: str = "sm_90", **fixed) -> KernelSpec:
+    """Specs that pass validation for `target`. Cross-knob equalities (B's type is A's, the target is
+    `any` or this one) are drawn directly; the remaining rules are rejection-sampled."""
+    pins = dict(fixed)
+    pins.setdefault("target", draw(st.sampled_from(("any", target))))
+    if "types_a" not in pins:
+        pins["types_a"] = draw(st.sampled_from(("f16", "bf16") if target == "cutlass" else ("f16", "bf16", "f32")))
+    pins.setdefault("types_b", pins["types_a"])
+    pins.setdefault("types_acc", "f32")
+    align = 8 if target == "cutlass" else 1   # CUTLASS needs 16-byte (8 x 16-bit) contiguous extents
+    for dim in ("problem_m", "problem_n", "problem_k"):
+        if dim not in pins:
+            pins[dim] = draw(st.one_of(st.just(ANY), st.integers(1, 4096 // align).map(lambda x: x * align)))
+    pins.setdefault("split_k_slices", draw(st.sampled_from((1, 1, 2, 3, 4))))
+    if target == "cutlass":
+        pins.setdefault("tile_m", draw(st.sampled_from((64, 128, 256))))
+        pins.setdefault("tile_k", draw(st.sampled_from((32, 64, 128))))
+        pins.setdefault("types_c", draw(st.sampled_from(("f16", "bf16", "f32"))))
+    if pins["target"] == target:  # a spec that names its target may not set the other target's knobs
+        for knob in KNOBS:
+            if target not in knob.targets:
+                pins.setdefault(knob.field, knob.default)
+    spec = draw(specs(**pins))
+    from hypothesis import assume
+    assume(_validates(spec, target, arch))
+    return spec
