@@ -42,6 +42,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UsageError as err:
         print(f"l2c {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error of ours
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

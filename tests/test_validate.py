@@ -1,0 +1,102 @@
+"""Validation rules: each rejection names file:line:col, the knob and the rule; accepted specs resolve `auto`."""
+import pytest
+from hypothesis import given, settings
+
+from l2c.errors import L2ValidationError
+from l2c.ir import KernelSpec
+from l2c.knobs import AUTO
+from l2c.parser import parse_one
+from l2c.validate import ARCHS, RULES, cutlass_epilogue_smem, validate
+
+from .strategies import valid_specs
+
+
+def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm_90"):
+    spec = parse_one(text, "v.l2")
+    with pytest.raises(L2ValidationError) as info:
+        validate(spec, target, arch)
+    err = info.value
+    assert err.rule == rule, err.render()
+    assert rule in RULES
+    if knob:
+        assert err.knob == knob, err.render()
+    assert err.render().startswith("v.l2:") and f"(rule: {rule})" in err.render()
+    return err
+
+
+@pytest.mark.parametrize("text, target, rule, knob", [
+    ("kernel a { target cutlass }", "triton", "target", "target"),
+    ("kernel a { target cutlass launch warps=8 }", "cutlass", "target-knob", "launch.warps"),
+    ("kernel a { target triton cluster m=2 }", "triton", "target-knob", "cluster.m"),
+    ("kernel a { types a=f16 b=bf16 }", "triton", "same-input-types", "types.b"),
+    ("kernel a { types a=bf16 b=bf16 acc=f16 }", "triton", "acc-type", "types.acc"),
+    ("kernel a { problem k=256 tile k=64 split_k slices=8 }", "triton", "split-k-slices", "split_k.slices"),
+    ("kernel a { split_k mode=stream_k }", "triton", "stream-k-target", "split_k.mode"),
+    ("kernel a { tile m=256 n=256 k=128 pipeline stages=4 launch warps=16 }", "triton", "shared-memory",
+     "pipeline.stages"),
+    ("kernel a { tile m=256 n=256 launch warps=4 }", "triton", "accumulator-registers", "launch.warps"),
+    ("kernel a { types a=f32 b=f32 c=f32 }", "cutlass", "cutlass-dtypes", "types.a"),
+    ("kernel a { tile m=32 }", "cutlass", "wgmma-tile-m", "tile.m"),
+    ("kernel a { tile k=16 }", "cutlass", "cutlass-tile-k", "tile.k"),
+    ("kernel a { tile m=64 n=128 launch schedule=cooperative }", "cutlass", "cooperative-tile-m", "tile.m"),
+    ("kernel a { tile m=256 n=64 launch schedule=pingpong }", "cutlass", "pingpong-tile-m", "tile.m"),
+    ("kernel a { tile m=256 n=256 }", "cutlass", "accumulator-registers", "tile.n"),
+    ("kernel a { cluster m=4 n=4 }", "cutlass", "cluster-size", "cluster.n"),
+    ("kernel a { tile m=64 split_k slices=2 }", "cutlass", "split-k-schedule", "split_k.slices"),
+    ("kernel a { pipeline stages=1 }", "cutlass", "cutlass-min-stages", "pipeline.stages"),
+    ("kernel a { tile m=128 n=256 k=128 pipeline stages=5 }", "cutlass", "shared-memory", "pipeline.stages"),
+    ("kernel a { problem m=4096 n=4096 k=4100 layout a=row }", "cutlass", "tma-alignment", "problem.k"),
+    ("kernel a { problem m=4100 n=64 k=64 layout a=col }", "cutlass", "tma-alignment", "problem.m"),
+    ("kernel a { problem m=64 n=66 k=64 types c=f16 }", "cutlass", "tma-alignment", "problem.n"),
+])
+def test_each_rule_rejects_with_its_name_and_knob(text, target, rule, knob):
+    rejects(text, target, rule, knob)
+
+
+def test_rejection_points_at_the_offending_knob():
+    err = rejects("kernel a {\n  tile m=32 n=64\n}", "cutlass", "wgmma-tile-m", "tile.m")
+    assert (err.line, err.col) == (2, 10)
+
+
+def test_unknown_arch_is_rejected():
+    rejects("kernel a { }", "triton", "arch", arch="sm_42")
+
+
+def test_f32_output_is_four_bytes_aligned():
+    # 66 f32 values = 264 bytes: not a multiple of 16; 68 is.
+    rejects("kernel a { problem m=64 n=66 k=64 types c=f32 layout b=col }", "cutlass", "tma-alignment", "problem.n")
+    validate(parse_one("kernel a { problem m=64 n=68 k=64 types c=f32 layout b=col }"), "cutlass")
+
+
+def test_any_spec_may_carry_the_other_targets_knobs():
+    spec = parse_one("kernel a { launch warps=8 schedule=pingpong cluster n=2 tile m=128 }")
+    assert validate(spec, "triton").warps == 8
+    assert validate(spec, "cutlass").schedule == "pingpong"
+
+
+def test_auto_knobs_are_resolved():
+    v = validate(KernelSpec(tile_m=128, tile_n=256, tile_k=64), "cutlass")
+    assert v.schedule == "cooperative" and 2 <= v.stages <= 8
+    assert v.smem_bytes <= ARCHS["sm_90"].smem_per_block
+    v = validate(KernelSpec(tile_m=64, tile_n=64), "triton")
+    assert v.warps == 4 and v.stages == 4
+
+
+@settings(max_examples=200)
+@given(valid_specs("cutlass"))
+def test_valid_cutlass_specs_fit_shared_memory_and_registers(spec):
+    v = validate(spec, "cutlass")
+    assert v.smem_bytes <= v.arch.smem_per_block
+    assert v.smem_bytes >= cutlass_epilogue_smem(spec, v.schedule)
+    assert v.stages >= 2
+    assert v.schedule in ("cooperative", "pingpong")
+    if spec.pipeline_stages != AUTO:
+        assert v.stages == spec.pipeline_stages
+
+
+@settings(max_examples=200)
+@given(valid_specs("triton"))
+def test_valid_triton_specs_fit(spec):
+    v = validate(spec, "triton")
+    assert v.smem_bytes <= v.arch.smem_per_block
+    assert spec.tile_m * spec.tile_n // (32 * v.warps) <= 256
