@@ -7,6 +7,7 @@ only ever see a `ValidSpec`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -84,19 +85,41 @@ def _mainloop_stage_bytes(spec: KernelSpec) -> int:
     return (spec.tile_m * spec.tile_k + spec.tile_k * spec.tile_n) * ab
 
 
-def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
-    """Estimate of the TMA epilogue's shared memory (the carve-out CUTLASS subtracts before sizing stages).
+# Shared memory of the sm90 kernel outside the main-loop stages and the epilogue: the tile scheduler's and
+# warpgroup-order barriers and the 128-byte alignment of the tensor storage (measured from
+# GemmKernel::SharedStorageSize of built kernels, CUTLASS 4.2).
+CUTLASS_KERNEL_SMEM_OVERHEAD = 384
+# Bytes of one main-loop stage's full/empty pipeline barriers (PipelineTmaAsync).
+CUTLASS_STAGE_BARRIER_BYTES = 16
 
-    The sm90 TMA epilogue stages D (and C when beta != 0) through shared memory in sub-tiles of
-    (64 or 128) x 32: two buffers for D, and C is loaded in up to four.
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
+    """Shared memory of the sm90 TMA epilogue: what `StageCountAutoCarveout` subtracts before sizing stages.
+
+    Mirrors CUTLASS 4.2's epilogue builder: D is stored in (64 or 128) x 32 sub-tiles, double-buffered; when
+    beta != 0 C (same type as D) is loaded into the same buffer, which then holds max(min(subtiles, 4), 3)
+    sub-tiles; a per-column bias is staged through shared memory (one tile row); the C-load pipeline
+    has 16 bytes of barriers per C stage even when C is not read.
     """
     epi_m = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
-    epi_n = min(spec.tile_n, 32)
+    epi_n = math.gcd(min(32, spec.tile_n), spec.tile_n)
+    subtiles = (spec.tile_m // epi_m) * (spec.tile_n // epi_n)
+    stages_d = min(subtiles, 2)
     c_bytes = DTYPE_BYTES[spec.types_c]
-    smem = 2 * epi_m * epi_n * c_bytes
     if spec.epilogue_beta != 0.0:
-        smem += 4 * epi_m * epi_n * c_bytes
-    return smem + 1024  # barriers and alignment
+        stages_c = max(min(subtiles, 4), stages_d + 1)
+        buffers = stages_c
+    else:
+        stages_c = min(subtiles, 4)
+        buffers = stages_d
+    smem = buffers * epi_m * epi_n * c_bytes
+    if spec.epilogue_bias == "col":
+        smem += spec.tile_n * c_bytes
+    return smem + 16 * stages_c
 
 
 def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
@@ -187,10 +210,12 @@ def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
         if extent != ANY and (extent * nbytes) % 16:
             raise _fail(spec, knob_field, "tma-alignment",
                         f"{operand}'s contiguous extent {extent} x {nbytes} bytes is not a multiple of 16")
-    per_stage = _mainloop_stage_bytes(spec) + 32  # + the stage's pipeline barriers
+    per_stage = _mainloop_stage_bytes(spec) + CUTLASS_STAGE_BARRIER_BYTES
     carve = cutlass_epilogue_smem(spec, schedule)
     if spec.pipeline_stages == AUTO:
-        stages = min(8, (arch.smem_per_block - carve) // per_stage)
+        # CUTLASS's StageCountAutoCarveout: whole stages in what the epilogue leaves (128-byte granules).
+        capacity = arch.smem_per_block // 128 * 128
+        stages = (capacity - _round_up(carve, 128)) // per_stage
         if stages < 2:
             raise _fail(spec, "tile_k", "shared-memory",
                         f"not even 2 stages of {per_stage} bytes fit beside a {carve}-byte epilogue")
@@ -198,10 +223,11 @@ def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
         stages = int(spec.pipeline_stages)
         if stages < 2:
             raise _fail(spec, "pipeline_stages", "cutlass-min-stages", f"stages={stages}")
-    smem = stages * per_stage + carve
+    smem = stages * per_stage + carve + CUTLASS_KERNEL_SMEM_OVERHEAD
     if smem > arch.smem_per_block:
         raise _fail(spec, "pipeline_stages", "shared-memory",
-                    f"{stages} stages x {per_stage} bytes + {carve} epilogue bytes = {smem} > {arch.smem_per_block}")
+                    f"{stages} stages x {per_stage} bytes + {carve} epilogue bytes + "
+                    f"{CUTLASS_KERNEL_SMEM_OVERHEAD} kernel bytes = {smem} > {arch.smem_per_block}")
     # Both schedules run three warpgroups: one TMA producer and two MMA consumers.
     return ValidSpec(spec, "cutlass", arch, stages=stages, warps=12, schedule=schedule, smem_bytes=smem)
 

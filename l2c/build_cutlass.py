@@ -1,0 +1,387 @@
+"""The CUTLASS target's builder: render the .cu file, compile it with nvcc into a cached .so, load it with ctypes.
+
+Compiling needs only a CPU and nvcc (CI builds kernels without a GPU); calling a loaded kernel needs the GPU.
+Builds are keyed by a content hash of (source, flags, nvcc version, CUTLASS version) in the user cache
+directory, guarded by a file lock and published by atomic rename, so concurrent builders of the same kernel
+compile it once and nobody loads a half-written .so. A compiler failure, or any ptxas C751x warning (the
+wgmma pipeline got serialized), is a `BuildError` carrying the compiler's message.
+
+The loaded kernel follows docs/CONTRACTS.md: `kernel(a, b, c=None, bias=None, out=None)`. It checks layouts,
+alignment and shapes up front and raises ValueError (so the dispatcher can fall back to torch), queries the
+workspace size once per problem size and keeps that buffer, and launches on torch's current stream.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from . import cache
+from .build import Kernel
+from .errors import BuildError
+from .knobs import ANY, DTYPE_BYTES
+from .lower import render
+from .validate import ValidSpec
+
+NVCC_FLAGS: Tuple[str, ...] = (
+    "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr",
+    "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
+)
+# ptxas C7510-C7519: performance warnings such as "wgmma.mma_async instructions are serialized". A kernel
+# built with one runs, but up to 40% slower than it should: for a tuner that is a broken candidate.
+FORBIDDEN_PTXAS_WARNING = re.compile(r"\bC751\d\b")
+# Compiler output kept in a BuildError; CUTLASS template errors run to megabytes.
+MAX_MESSAGE_CHARS = 20_000
+
+# Status codes of the generated entry points (templates/cutlass/gemm.cu.j2).
+_STATUS = {1: "bad shape", 2: "cannot implement", 3: "workspace too small", 4: "initialize failed",
+           5: "launch failed", 6: "CUDA error"}
+_ARGUMENT_ERRORS = (1, 2)   # raised as ValueError: the call, not the kernel, is at fault
+
+
+# ---- toolchain ------------------------------------------------------------------------------------------
+
+def cutlass_include_dirs() -> List[Path]:
+    """CUTLASS and CUTLASS-util headers shipped inside the pinned `nvidia-cutlass` wheel (cutlass_library)."""
+    try:
+        import cutlass_library
+    except ImportError as err:
+        raise BuildError("the CUTLASS headers come from the `nvidia-cutlass` wheel: "
+                         "pip install nvidia-cutlass==4.2.0.0") from err
+    source = Path(cutlass_library.__file__).resolve().parent / "source"
+    dirs = [source / "include", source / "tools" / "util" / "include"]
+    if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
+        raise BuildError(f"the installed cutlass_library has no headers under {dirs[0]}; reinstall nvidia-cutlass")
+    return dirs
+
+
+def find_nvcc() -> str:
+    """nvcc from PATH, else from $CUDA_HOME/bin or /usr/local/cuda/bin."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
+            return str(Path(root) / "bin" / "nvcc")
+    raise BuildError("nvcc not found: the CUTLASS target compiles with the CUDA toolkit's nvcc (12.3 or newer, "
+                     "for sm_90a). Install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or "
+                     "put its bin/ folder on PATH.")
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version(nvcc: str) -> str:
+    done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BuildError(f"{nvcc} --version failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def _cutlass_version() -> str:
+    try:
+        return metadata.version("nvidia-cutlass")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def nvcc_command(nvcc: str, source: Path, output: Path) -> List[str]:
+    includes = [f"-I{d}" for d in cutlass_include_dirs()]
+    return [nvcc, *NVCC_FLAGS, *includes, str(source), "-o", str(output)]
+
+
+# ---- compile (CPU only) ---------------------------------------------------------------------------------
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return text[:MAX_MESSAGE_CHARS] + f"\n... ({len(text) - MAX_MESSAGE_CHARS} more characters of compiler output)"
+
+
+def compile_source(source: str, name: str) -> Path:
+    """Compile CUDA source into a cached shared library and return its path; BuildError on failure.
+
+    Failures that the compiler reports (errors, C751x warnings) are cached beside the .so, so a broken
+    candidate costs its compile time once, not once per tuning run.
+    """
+    nvcc = find_nvcc()
+    digest = cache.content_hash(source, " ".join(NVCC_FLAGS), _nvcc_version(nvcc), _cutlass_version())[:24]
+    folder = cache.cache_dir("cutlass")
+    library = folder / f"{name}_{digest}.so"
+    failure = folder / f"{name}_{digest}.failed.txt"
+    with cache.locked(library):
+        if library.exists():
+            return library
+        if failure.exists():
+            raise BuildError(failure.read_text())
+        with tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}_{digest}.") as work:
+            work = Path(work)
+            cu, so = work / f"{name}.cu", work / f"{name}.so"
+            cu.write_text(source)
+            command = nvcc_command(nvcc, cu, so)
+            done = subprocess.run(command, capture_output=True, text=True, cwd=work)
+            output = (done.stdout + done.stderr).strip()
+            if done.returncode != 0:
+                message = _clip(f"nvcc failed (exit {done.returncode}) building {name}:\n"
+                                f"{' '.join(command)}\n{output}")
+                if done.returncode > 0:   # the compiler's verdict, not a signal (e.g. out of memory)
+                    cache.write_atomic(failure, message)
+                raise BuildError(message)
+            bad = [line for line in output.splitlines() if FORBIDDEN_PTXAS_WARNING.search(line)]
+            if bad:
+                message = _clip(f"ptxas reported a C751x performance warning building {name} (treated as a "
+                                f"failure: the wgmma pipeline would be serialized):\n" + "\n".join(bad))
+                cache.write_atomic(failure, message)
+                raise BuildError(message)
+            os.replace(so, library)   # same filesystem: an atomic publish
+    return library
+
+
+def compile_cutlass(valid: ValidSpec) -> Path:
+    """Render and compile one validated spec; return the .so path. Needs nvcc, not a GPU."""
+    if valid.target != "cutlass":
+        raise BuildError(f"{valid.name} was validated for {valid.target}, not cutlass")
+    return compile_source(render(valid), valid.name)
+
+
+# ---- load and call (GPU) --------------------------------------------------------------------------------
+
+_I64 = ctypes.c_int64
+_RUN_ARGTYPES = (
+    [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [_I64] * 8
+    + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+)
+
+
+class CutlassKernel(Kernel):
+    """A compiled CUTLASS sm90 GEMM loaded from its .so; call it like every l2c kernel (docs/CONTRACTS.md)."""
+
+    target = "cutlass"
+
+    def __init__(self, valid: ValidSpec, source: str, library_path: Union[str, Path]):
+        super().__init__(valid, source)
+        self.path = Path(library_path)
+        self.library = ctypes.CDLL(str(self.path))
+        prefix = f"l2c_{valid.name}_"
+        self._run = getattr(self.library, prefix + "run")
+        self._run.argtypes = _RUN_ARGTYPES
+        self._run.restype = ctypes.c_int
+        self._workspace_size = getattr(self.library, prefix + "workspace_size")
+        self._workspace_size.argtypes = [ctypes.c_int] * 4 + [ctypes.POINTER(ctypes.c_size_t)]
+        self._workspace_size.restype = ctypes.c_int
+        self._last_error = getattr(self.library, prefix + "last_error")
+        self._last_error.restype = ctypes.c_char_p
+        self._workspaces: Dict[tuple, object] = {}   # (device, M, N, K, L) -> uint8 tensor, kept for reuse
+        spec = valid.spec
+        self._needs_c = spec.epilogue_beta != 0.0
+        self._bias = spec.epilogue_bias
+        self._fixed = (spec.problem_m, spec.problem_n, spec.problem_k, spec.problem_batch)
+
+    @property
+    def stages(self) -> int:
+        """Main-loop stages CUTLASS instantiated (equals `valid.stages`, l2c's prediction)."""
+        return int(self.library[f"l2c_{self.valid.name}_stages"]())
+
+    @property
+    def shared_memory_bytes(self) -> int:
+        """Shared memory per block of the instantiated kernel (l2c's estimate is `valid.smem_bytes`)."""
+        return int(self.library[f"l2c_{self.valid.name}_shared_memory_bytes"]())
+
+    def _error(self, status: int) -> str:
+        detail = (self._last_error() or b"").decode(errors="replace")
+        return f"CUTLASS kernel {self.valid.name}: {_STATUS.get(status, 'status %d' % status)}: {detail}"
+
+    def _workspace(self, device, m: int, n: int, k: int, batch: int):
+        key = (device.index, m, n, k, batch)
+        workspace = self._workspaces.get(key)
+        if workspace is None:
+            import torch
+            size = ctypes.c_size_t(0)
+            status = self._workspace_size(m, n, k, batch, ctypes.byref(size))
+            if status != 0:
+                raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
+            workspace = torch.empty(max(size.value, 1), dtype=torch.uint8, device=device)
+            self._workspaces[key] = workspace
+        return workspace
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        import torch
+        spec = self.valid.spec
+        in_dtype, out_dtype = _torch_dtype(spec.types_a), _torch_dtype(spec.types_c)
+        _check_tensor("a", a, in_dtype)
+        _check_tensor("b", b, in_dtype)
+        if a.dim() != b.dim():
+            raise ValueError(f"a is {a.dim()}-D but b is {b.dim()}-D; both are (M, K)/(K, N) or both batched")
+        m, k = a.shape[-2:]
+        k_b, n = b.shape[-2:]
+        if k != k_b:
+            raise ValueError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
+        batch = a.shape[0] if a.dim() == 3 else 1
+        if a.dim() == 3 and b.shape[0] != batch:
+            raise ValueError(f"batch of a is {batch} but of b is {b.shape[0]}")
+        for name, value, fixed in zip(("M", "N", "K", "batch"), (m, n, k, batch), self._fixed):
+            if fixed != ANY and value != fixed:
+                raise ValueError(f"{self.valid.name} is built for problem {name}={fixed}, got {value}")
+        out_shape = (*a.shape[:-2], m, n)
+        if out is None:
+            stored = (*out_shape[:-2], n, m) if spec.layout_c == "col" else out_shape
+            out = torch.empty(stored, dtype=out_dtype, device=a.device)
+            if spec.layout_c == "col":
+                out = out.transpose(-1, -2)
+        else:
+            _check_tensor("out", out, out_dtype, out_shape)
+        if self._needs_c:
+            if c is None:
+                raise ValueError(f"epilogue beta={spec.epilogue_beta} needs the C input `c`")
+            _check_tensor("c", c, out_dtype, out_shape)
+        elif c is not None:
+            raise ValueError("this kernel has beta=0 and reads no C input; `c` must be None")
+        if self._bias != "none":
+            length = m if self._bias == "row" else n
+            if bias is None:
+                raise ValueError(f"epilogue bias={self._bias} needs `bias` of shape ({length},)")
+            _check_tensor("bias", bias, out_dtype, (length,))
+            if bias.stride(0) != 1 or bias.data_ptr() % 16:
+                raise ValueError("bias must be contiguous and 16-byte aligned")
+        elif bias is not None:
+            raise ValueError("this kernel has no bias epilogue; `bias` must be None")
+        if m == 0 or n == 0:
+            return out
+        if k == 0:
+            raise ValueError("K = 0: nothing to multiply (the CUTLASS kernel needs K >= 1)")
+
+        lda, bsa = _leading_dims("a", a, spec.layout_a)
+        ldb, bsb = _leading_dims("b", b, spec.layout_b)
+        ldd, bsd = _leading_dims("out", out, spec.layout_c)
+        ldc, bsc = _leading_dims("c", c, spec.layout_c) if c is not None else (ldd, bsd)
+        device = a.device
+        if device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                return self._launch(a, b, c, bias, out, m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd)
+        return self._launch(a, b, c, bias, out, m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd)
+
+    def _launch(self, a, b, c, bias, out, m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd):
+        import torch
+        workspace = self._workspace(a.device, m, n, k, batch)
+        status = self._run(
+            a.data_ptr(), b.data_ptr(), c.data_ptr() if c is not None else None,
+            bias.data_ptr() if bias is not None else None, out.data_ptr(),
+            m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd,
+            workspace.data_ptr(), workspace.numel(), torch.cuda.current_stream(a.device).cuda_stream)
+        if status != 0:
+            raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
+        return out
+
+
+def _torch_dtype(name: str):
+    import torch
+    return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[name]
+
+
+def _check_tensor(name: str, t, dtype, shape: Optional[Sequence[int]] = None) -> None:
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"`{name}` is on {t.device}; CUTLASS kernels run on CUDA tensors")
+    if t.dtype != dtype:
+        raise ValueError(f"`{name}` is {t.dtype}, the spec needs {dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"`{name}` has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if shape is None and t.dim() not in (2, 3):
+        raise ValueError(f"`{name}` must be 2-D or batched 3-D, got shape {tuple(t.shape)}")
+
+
+def _leading_dims(name: str, t, layout: str) -> Tuple[int, int]:
+    """(leading dimension, batch stride) in elements of a row- or column-major (batched) matrix, after checking
+    the layout and TMA's 16-byte alignment of the pointer, the contiguous extent and every stride."""
+    rows, cols = t.shape[-2:]
+    if layout == "row":
+        contiguous, extent, outer, ld = t.stride(-1), cols, rows, t.stride(-2)
+    else:
+        contiguous, extent, outer, ld = t.stride(-2), rows, cols, t.stride(-1)
+    if contiguous != 1 and extent > 1:
+        raise ValueError(f"`{name}` must be {layout}-major (stride {'(-1)' if layout == 'row' else '(-2)'} == 1), "
+                         f"got strides {tuple(t.stride())}")
+    if outer == 1:
+        ld = extent   # a single row/column: its stride is arbitrary, pass the packed one
+    nbytes = t.element_size()
+    batch_stride = t.stride(0) if t.dim() == 3 and t.shape[0] > 1 else ld * outer
+    if t.data_ptr() % 16:
+        raise ValueError(f"`{name}` data pointer is not 16-byte aligned (TMA)")
+    if (extent * nbytes) % 16 or (ld * nbytes) % 16 or (batch_stride * nbytes) % 16:
+        raise ValueError(f"`{name}` ({layout}-major, shape {tuple(t.shape)}, strides {tuple(t.stride())}): the "
+                         f"contiguous extent, leading dimension and batch stride must be multiples of 16 bytes")
+    if ld < extent:
+        raise ValueError(f"`{name}` has leading dimension {ld} < its contiguous extent {extent}")
+    return ld, batch_stride
+
+
+# ---- build --------------------------------------------------------------------------------------------
+
+def load_cutlass(valid: ValidSpec, library_path: Union[str, Path], source: Optional[str] = None) -> CutlassKernel:
+    """Wrap a compiled .so as a CutlassKernel (ctypes load; calling it needs a GPU)."""
+    try:
+        return CutlassKernel(valid, source if source is not None else render(valid), library_path)
+    except (OSError, AttributeError) as err:
+        raise BuildError(f"loading {library_path} for {valid.name} failed: {err}") from err
+
+
+def build_cutlass(valid: ValidSpec) -> CutlassKernel:
+    """Compile (cached) and load one spec; raise BuildError on any failure."""
+    if valid.target != "cutlass":
+        raise BuildError(f"{valid.name} was validated for {valid.target}, not cutlass")
+    source = render(valid)
+    return load_cutlass(valid, compile_source(source, valid.name), source)
+
+
+def _compile_in_worker(source: str, name: str) -> Union[str, BuildError]:
+    try:
+        return str(compile_source(source, name))
+    except BuildError as err:
+        return err
+    except Exception as err:  # noqa: BLE001 - a worker never raises: its failure is the candidate's
+        return BuildError(f"building {name} failed: {type(err).__name__}: {err}")
+
+
+def build_many(valids: Sequence[ValidSpec], workers: Optional[int] = None) -> List[Union[CutlassKernel, BuildError]]:
+    """Compile many specs in a process pool and load them; one result per spec, in order, never raising.
+
+    Workers only compile (CPU); loading happens here. Processes are spawned, not forked, so a parent that
+    has initialized CUDA is safe.
+    """
+    import multiprocessing
+
+    workers = max(1, workers or os.cpu_count() or 1)
+    results: List[Union[CutlassKernel, BuildError, None]] = [None] * len(valids)
+    jobs = []
+    for i, valid in enumerate(valids):
+        try:
+            if valid.target != "cutlass":
+                raise BuildError(f"{valid.name} was validated for {valid.target}, not cutlass")
+            jobs.append((i, render(valid)))
+        except Exception as err:  # noqa: BLE001
+            results[i] = err if isinstance(err, BuildError) else BuildError(f"rendering {valid.name}: {err}")
+    if jobs:
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [(i, source, pool.submit(_compile_in_worker, source, valids[i].name)) for i, source in jobs]
+            for i, source, future in futures:
+                try:
+                    outcome = future.result()
+                except Exception as err:  # noqa: BLE001 - e.g. a worker killed by the OOM killer
+                    outcome = BuildError(f"building {valids[i].name}: the worker died: {err}")
+                if isinstance(outcome, BuildError):
+                    results[i] = outcome
+                else:
+                    try:
+                        results[i] = load_cutlass(valids[i], outcome, source)
+                    except BuildError as err:
+                        results[i] = err
+    return results  # type: ignore[return-value]
