@@ -1,0 +1,56 @@
+"""Build: a ValidSpec -> a Kernel object callable on torch tensors, for whichever target it was validated for.
+
+The Kernel call convention and attributes are the contract in docs/CONTRACTS.md; every target returns a
+subclass of `Kernel`. Any failure to generate, write, import or compile a kernel is raised as
+`l2c.errors.BuildError` carrying the underlying message, so a tuner records a failed candidate instead of
+crashing.
+"""
+from __future__ import annotations
+
+from .errors import BuildError
+from .validate import ValidSpec
+
+
+class Kernel:
+    """A built GEMM kernel: `kernel(a, b, c=None, bias=None, out=None) -> out` (see docs/CONTRACTS.md)."""
+
+    target: str = ""
+
+    def __init__(self, valid: ValidSpec, source: str):
+        self.valid = valid
+        self.source = source
+
+    @property
+    def spec(self):
+        return self.valid.spec
+
+    def flops(self, m: int, n: int, k: int, batch: int = 1) -> int:
+        """Floating-point operations of one call: 2*M*N*K multiply-adds per batch (the epilogue is not counted)."""
+        return 2 * m * n * k * batch
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.valid.name} ({self.target})>"
+
+
+def build(valid: ValidSpec) -> Kernel:
+    """Build `valid` for its target; raise BuildError on any failure."""
+    if valid.target == "triton":
+        from .build_triton import build_triton
+        builder = build_triton
+    elif valid.target == "cutlass":
+        try:
+            from .build_cutlass import build_cutlass
+        except ImportError as err:
+            raise BuildError(f"the CUTLASS builder is unavailable: {err}") from err
+        builder = build_cutlass
+    else:
+        raise BuildError(f"unknown target {valid.target!r}")
+    try:
+        return builder(valid)
+    except BuildError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any failure of a builder is a failed candidate
+        raise BuildError(f"{valid.target} build of {valid.name} failed: {type(err).__name__}: {err}") from err

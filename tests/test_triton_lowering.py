@@ -1,0 +1,225 @@
+"""The Triton target end to end: render -> build (cache, import) -> run under the interpreter -> verify.
+
+Every check runs the generated kernel on fresh random inputs with a NaN-poisoned output against the
+float64 reference (l2c.verify). Inputs are f16 or f32 only: bf16 `tl.dot` is broken in the Triton
+interpreter, so bf16 inputs are verified on the GPU by scripts/gpu_check.py. (bf16 *outputs* and C inputs
+are covered here.) Tiles are pinned to 16/32 so the interpreter stays fast.
+"""
+import re
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from l2c import cache
+from l2c.build import Kernel, build
+from l2c.build_triton import TritonKernel, load_module
+from l2c.errors import BuildError
+from l2c.ir import KernelSpec
+from l2c.knobs import ANY
+from l2c.lower import render
+from l2c.validate import validate
+from l2c.verify import verify
+
+from .strategies import valid_specs
+
+SMALL_TILES = (16, 32)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_in_tmp(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
+        yield
+
+
+def kernel_for(**knobs) -> Kernel:
+    name = knobs.pop("name", "t")
+    base = dict(tile_m=16, tile_n=16, tile_k=16)
+    base.update(knobs)
+    return build(validate(KernelSpec(name=name, **base), "triton"))
+
+
+def check(kernel, m, n, k, batch=1, seed=0):
+    result = verify(kernel, m, n, k, batch=batch, device="cpu", seed=seed)
+    assert result.ok, (result, kernel.valid.spec.to_l2())
+    return result
+
+
+@st.composite
+def cases(draw):
+    """(spec, m, n, k, batch): a random valid Triton spec with small tiles and a shape it accepts."""
+    m, n, k = (draw(st.integers(1, 70)) for _ in range(3))
+    batch = draw(st.sampled_from((1, 1, 2, 3)))
+    types_a = draw(st.sampled_from(("f16", "f32")))
+    tile_k = draw(st.sampled_from(SMALL_TILES))
+    fixed_k = draw(st.booleans())
+    slices = draw(st.sampled_from((1, 1, 2, 3)))
+    if fixed_k:
+        slices = min(slices, -(-k // tile_k))
+    pins = dict(
+        types_a=types_a,
+        types_acc=draw(st.sampled_from(("f32", "f16"))) if types_a == "f16" else "f32",
+        problem_m=draw(st.sampled_from((ANY, m))),
+        problem_n=draw(st.sampled_from((ANY, n))),
+        problem_k=k if fixed_k else ANY,
+        problem_batch=draw(st.sampled_from((ANY, batch))),
+        tile_m=draw(st.sampled_from(SMALL_TILES)),
+        tile_n=draw(st.sampled_from(SMALL_TILES)),
+        tile_k=tile_k,
+        split_k_slices=slices,
+        epilogue_alpha=draw(st.sampled_from((1.0, 0.5, -2.0))),
+        epilogue_beta=draw(st.sampled_from((0.0, 0.0, 1.0, -0.75))),
+    )
+    return draw(valid_specs("triton", **pins)), m, n, k, batch
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(cases(), st.integers(0, 2 ** 31))
+def test_random_specs_match_reference(case, seed):
+    spec, m, n, k, batch = case
+    check(build(validate(spec, "triton")), m, n, k, batch, seed=seed)
+
+
+@pytest.mark.parametrize("layout_a", ["row", "col"])
+@pytest.mark.parametrize("layout_b", ["row", "col"])
+@pytest.mark.parametrize("layout_c", ["row", "col"])
+def test_layouts(layout_a, layout_b, layout_c):
+    check(kernel_for(layout_a=layout_a, layout_b=layout_b, layout_c=layout_c, epilogue_beta=0.5), 33, 47, 29)
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu", "silu"])
+@pytest.mark.parametrize("bias", ["none", "row", "col"])
+def test_epilogue(activation, bias):
+    check(kernel_for(epilogue_activation=activation, epilogue_bias=bias, epilogue_alpha=0.75,
+                     epilogue_beta=-1.5, types_c="f32"), 35, 18, 40)
+
+
+@pytest.mark.parametrize("types_c", ["f16", "bf16", "f32"])
+def test_output_and_c_types(types_c):
+    check(kernel_for(types_c=types_c, epilogue_beta=1.0, epilogue_bias="col"), 20, 30, 40)
+
+
+@pytest.mark.parametrize("types_a, acc, math", [("f16", "f16", "tf32"), ("f32", "f32", "tf32"),
+                                                ("f32", "f32", "ieee")])
+def test_input_and_accumulator_types(types_a, acc, math):
+    result = check(kernel_for(types_a=types_a, types_b=types_a, types_acc=acc, types_math=math, types_c="f32"),
+                   24, 40, 70)
+    if math == "ieee" and types_a == "f32":
+        assert result.tolerance < 1e-4
+
+
+@pytest.mark.parametrize("mode", ["workspace", "atomic"])
+@pytest.mark.parametrize("persistent", ["no", "yes"])
+def test_split_k(mode, persistent):
+    kernel = kernel_for(split_k_slices=3, split_k_mode=mode, launch_persistent=persistent, problem_batch=ANY,
+                        epilogue_beta=0.5, epilogue_bias="row", epilogue_activation="silu")
+    check(kernel, 30, 21, 75, batch=2)
+    check(kernel, 30, 21, 75, batch=2, seed=1)   # atomic: the buffer is cleared again on every call
+    check(kernel, 17, 9, 20, batch=1, seed=2)    # K shorter than the slices: empty slices add nothing
+
+
+def test_split_k_workspace_is_cached_and_deterministic():
+    kernel = kernel_for(split_k_slices=4, split_k_mode="workspace")
+    a, b = torch.randn(40, 64).half(), torch.randn(64, 24).half()
+    first = kernel(a, b)
+    buffer = next(iter(kernel.module._workspace.values()))
+    second = kernel(a, b)
+    assert next(iter(kernel.module._workspace.values())) is buffer
+    assert torch.equal(first, second)
+    kernel(a[:20], b)  # a smaller problem reuses the buffer
+    assert next(iter(kernel.module._workspace.values())) is buffer
+
+
+@pytest.mark.parametrize("raster", ["m", "n"])
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("persistent", ["no", "yes"])
+def test_launch_order(raster, group, persistent):
+    check(kernel_for(swizzle_raster=raster, swizzle_group=group, launch_persistent=persistent), 70, 50, 16)
+
+
+def test_batched_fixed_shape():
+    kernel = kernel_for(problem_m=64, problem_n=32, problem_k=64, problem_batch=3, tile_m=32, tile_n=32,
+                        tile_k=32, layout_a="col", epilogue_beta=2.0)
+    check(kernel, 64, 32, 64, batch=3)
+    assert "mask" not in kernel.source  # every dimension is a multiple of its tile: no masks emitted
+
+
+@pytest.mark.parametrize("shape, message", [((49, 32, 64, 3), "M=48"), ((48, 33, 64, 3), "N=32"),
+                                            ((48, 32, 63, 3), "K=64"), ((48, 32, 64, 2), "batch=3")])
+def test_fixed_shape_rejects_other_shapes(shape, message):
+    kernel = kernel_for(problem_m=48, problem_n=32, problem_k=64, problem_batch=3)
+    m, n, k, batch = shape
+    with pytest.raises(ValueError, match=message):
+        kernel(torch.randn(batch, m, k).half(), torch.randn(batch, k, n).half())
+    result = verify(kernel, m, n, k, batch=batch, device="cpu", seed=0)
+    assert not result.ok and "ValueError" in result.reason
+
+
+def test_launcher_checks_operands():
+    kernel = kernel_for(epilogue_beta=1.0)
+    a, b = torch.randn(8, 8).half(), torch.randn(8, 8).half()
+    with pytest.raises(ValueError, match="needs the C input"):
+        kernel(a, b)
+    with pytest.raises(ValueError, match="must be torch.float16"):
+        kernel(a.float(), b, c=torch.randn(8, 8).half())
+    with pytest.raises(ValueError, match="shape"):
+        kernel(a, b, c=torch.randn(8, 9).half())
+    with pytest.raises(ValueError, match="reads no bias"):
+        kernel(a, b, c=torch.randn(8, 8).half(), bias=torch.randn(8).half())
+
+
+def _broken(kernel: TritonKernel, old: str, new: str) -> TritonKernel:
+    assert old in kernel.source
+    source = kernel.source.replace(old, new)
+    module, path = load_module(source, kernel.valid.name + "_broken")
+    return TritonKernel(kernel.valid, source, module, path)
+
+
+def test_verify_catches_unwritten_output():
+    kernel = kernel_for(name="leaky")
+    leaky = _broken(kernel, "mask = (offs_m[:, None] < M)", "mask = (offs_m[:, None] < M - 1)")
+    result = verify(leaky, 20, 20, 20, device="cpu", seed=0)
+    assert not result.ok and result.reason == "unwritten output (NaN)"
+
+
+def test_verify_catches_wrong_values():
+    kernel = kernel_for(name="short_k")
+    short = _broken(kernel, "range(k_tiles)", "range(k_tiles - 1)")
+    result = verify(short, 20, 20, 40, device="cpu", seed=0)
+    assert not result.ok and "exceeds tolerance" in result.reason
+
+
+def test_verify_turns_kernel_exceptions_into_failures():
+    kernel = kernel_for(name="raises")
+    raising = _broken(kernel, "    m, k = a.shape[-2:]", "    raise RuntimeError('boom')")
+    result = verify(raising, 8, 8, 8, device="cpu", seed=0)
+    assert not result.ok and "RuntimeError: boom" in result.reason
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(valid_specs("triton"))
+def test_module_text(spec):
+    """The module carries the canonical spec, compiles, and every named constant it defines is used."""
+    source = render(validate(spec, "triton"))
+    assert spec.to_l2() in "\n".join(line[4:] for line in source.splitlines())
+    compile(source, f"{spec.name}.py", "exec")
+    for name in re.findall(r"^([A-Z_]+) = ", source, flags=re.M):
+        assert len(re.findall(rf"\b{name}\b", source)) > 1, f"{name} is defined but never used"
+    assert "{{" not in source and "{%" not in source
+
+
+def test_build_caches_and_reuses_the_module():
+    first, second = kernel_for(name="twice"), kernel_for(name="twice")
+    assert first.path == second.path and first.module is second.module
+    assert first.path.parent == cache.cache_dir("triton")
+    assert first.target == "triton" and first.flops(2, 3, 4, batch=5) == 2 * 2 * 3 * 4 * 5
+
+
+@pytest.mark.parametrize("source, message", [("def launch(:\n", "does not compile"),
+                                             ("raise RuntimeError('at import')\n", "at import"),
+                                             ("x = 1\n", "no launch")])
+def test_broken_source_is_a_build_error(source, message):
+    with pytest.raises(BuildError, match=message):
+        load_module(source, "broken")
