@@ -1,0 +1,114 @@
+"""`l2c bench KERNELS --shapes SET --protocol P`: measure kernels against torch.matmul, rows to JSON lines."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_OUTPUT = "l2c_bench.jsonl"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="measure kernels against torch.matmul (cuBLAS) on a shape set",
+        description="Measure .l2 spec files, tuned tables (.json) or `torch` (torch.matmul against itself: "
+                    "the protocol's noise floor) against torch.matmul. One JSON row per shape x kernel x "
+                    "protocol, flushed as it completes; --resume continues an interrupted run.")
+    p.add_argument("kernels", nargs="*", help=".l2 spec files, tuned-table .json files, or `torch`")
+    p.add_argument("--shapes", help="grid | llm | square | FILE (one 'M N K' per line); required for "
+                                    "shape-generic specs, a filter for fixed-shape specs and tables")
+    p.add_argument("--protocol", default="kernel", help="comma-separated subset of kernel,call,server "
+                                                        "(default: kernel)")
+    p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, help=f"results file (default: {DEFAULT_OUTPUT})")
+    p.add_argument("--resume", action="store_true", help="continue an existing results file, skipping its rows")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="cuda (default when a GPU is visible) or cpu: the Triton interpreter, for testing "
+                        "the machinery only")
+    p.add_argument("--target", choices=["triton", "cutlass", "all"], default="all",
+                   help="targets to build .l2 specs for (default: every target the spec allows)")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--reps", type=int, default=10, help="kernel protocol: timed repetitions per side")
+    p.add_argument("--iters", type=int, default=20, help="call/server protocols: timed calls per side")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up calls per side and shape")
+    p.add_argument("--warmup-seconds", type=float, default=None,
+                   help="run large matmuls this long first so GPU clocks settle (default: 3 on cuda, 0 on cpu)")
+    p.add_argument("--rate", type=float, default=100.0, help="server protocol: mean calls per second")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-graphs", action="store_true", help="kernel protocol: eager launches, no CUDA graphs")
+    p.add_argument("--no-rotate", action="store_true",
+                   help="kernel protocol: do not rotate buffers for shapes that fit in L2")
+    p.add_argument("--limit", type=int, default=None, help="measure only the first N shapes of the plan")
+    p.set_defaults(func=run)
+
+
+def _device(kind: str):
+    from ..cli import UsageError
+    import torch
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "none"
+    if kind == "none" or (kind == "cuda" and not torch.cuda.is_available()):
+        raise UsageError(
+            "no CUDA GPU is visible (torch.cuda.is_available() is False); l2c bench measures against cuBLAS "
+            "on a GPU. Pass --device cpu to exercise the benchmark machinery with the Triton interpreter "
+            "(its figures say nothing about performance).")
+    if kind == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"   # before any kernel module is built
+    elif os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "yes", "on"):
+        raise UsageError("TRITON_INTERPRET is set: Triton kernels would run in the CPU interpreter and be "
+                         "timed as such; unset it to measure on the GPU")
+    from ..measure import get_device
+    return get_device(kind)
+
+
+def run(args) -> int:
+    from ..bench import (CPU_NOTE, BenchError, Progress, ResultsWriter, Settings, command_line,
+                         environment, load_candidates, plan, run_bench)
+    from ..cli import UsageError
+    from ..measure import parse_protocols
+    from ..shapes import ShapeFileError, load_shapes
+
+    try:
+        protocols = parse_protocols(args.protocol)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    for name in ("reps", "iters"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1")
+    device = _device(args.device)
+    try:
+        shape_set = load_shapes(args.shapes) if args.shapes else None
+        candidates = load_candidates(args.kernels, target=args.target, arch=args.arch)
+        shapes, jobs, skipped = plan(candidates, shape_set)
+        if args.limit is not None:
+            shapes = shapes[: args.limit]
+        writer = ResultsWriter(Path(args.output), resume=args.resume)
+    except (ShapeFileError, BenchError) as err:
+        raise UsageError(str(err)) from None
+
+    warmup_s = args.warmup_seconds if args.warmup_seconds is not None else (3.0 if device.kind == "cuda" else 0.0)
+    settings = Settings(protocols, reps=args.reps, iters=args.iters, warmup=args.warmup, rate=args.rate,
+                        seed=args.seed, graphs=not args.no_graphs, rotate=not args.no_rotate, warmup_s=warmup_s)
+    if device.kind == "cpu":
+        print(f"l2c bench: {CPU_NOTE}", file=sys.stderr)
+    if skipped:
+        print(f"l2c bench: {skipped} fixed-shape kernel(s)/table entries skipped: their shape is not in "
+              f"--shapes {args.shapes}", file=sys.stderr)
+    n_rows = sum(len(jobs[s.key]) for s in shapes) * len(protocols)
+    print(f"l2c bench: {len(candidates)} kernel(s), {len(shapes)} shape(s), protocol(s) {','.join(protocols)}: "
+          f"{n_rows} rows ({len(writer.done)} already in {args.output}) on {device.name}", file=sys.stderr)
+    try:
+        writer.write(environment(device, protocols, command_line(), settings.as_dict()))
+        device.warm_up(warmup_s)
+        written = run_bench(candidates, shapes, jobs, device, settings, writer, Progress(shapes))
+    except KeyboardInterrupt:
+        print(f"l2c bench: interrupted; finished rows are in {args.output}: rerun with --resume to continue",
+              file=sys.stderr)
+        return 130
+    finally:
+        writer.close()
+    print(f"l2c bench: wrote {written} row(s) to {args.output}", file=sys.stderr)
+    from ..report import load_results, print_summary
+    print_summary(load_results(args.output), sys.stdout)
+    if device.kind == "cpu":
+        print(f"note: {CPU_NOTE}")
+    return 0

@@ -1,0 +1,463 @@
+"""Measurement protocols: time a candidate and torch.matmul side by side, in one process, on the same inputs.
+
+Protocols (../shared/BENCHMARKING.md):
+
+- ``kernel``: device time per launch with a warm L2: many back-to-back launches replayed from a CUDA
+  graph (or, where capture fails, launched eagerly) between two CUDA events, median over repetitions.
+  For shapes whose operands fit in L2 the launches rotate over enough buffer sets to exceed twice the
+  L2 size, so cache residency does not flatter either side.
+- ``call``: what an eager PyTorch user sees: synchronize, host clock, one call (output allocated by the
+  call), synchronize; candidate and baseline in random order each iteration on freshly drawn inputs;
+  the per-shape figure is the mean TFLOPS over iterations.
+- ``server``: ``call`` with an exponentially distributed idle gap (default 100 calls/s) before every call.
+
+Every protocol warms both sides up first and never times the warm-up. Both sides are called through
+the same Kernel call convention (docs/CONTRACTS.md), so whatever a call launches (split-K reductions,
+workspace clears, epilogue kernels) is timed on both sides.
+
+The clock, synchronization and sleep go through a `Device`: `CudaDevice` on the GPU, `CpuDevice`
+(no-op synchronize, `time.perf_counter`) for exercising the same scheduling and statistics on CPU with
+interpreter-run Triton kernels. CPU figures say nothing about performance.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+PROTOCOLS = ("kernel", "call", "server")
+
+TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+# A kernel per the contract: fn(a, b, c=None, bias=None, out=None) -> Tensor.
+KernelFn = Callable[..., torch.Tensor]
+
+
+# --------------------------------------------------------------------------------------------- devices
+
+class CpuDevice:
+    """Host-only device: the interpreter runs kernels synchronously, so synchronize is a no-op.
+
+    `l2_bytes` sizes buffer rotation in the `kernel` protocol (0: no rotation); tests set it to
+    exercise rotation.
+    """
+    kind = "cpu"
+
+    def __init__(self, l2_bytes: int = 0):
+        self.torch_device = torch.device("cpu")
+        self.l2_bytes = l2_bytes
+        self.name = "CPU (Triton interpreter)"
+
+    def synchronize(self) -> None:
+        pass
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def prepare(self, runners: Dict[str, Callable[[], None]], graphs: bool = True):
+        return dict(runners), "eager"
+
+    def time_runner(self, runner: Callable[[], None]) -> float:
+        t0 = time.perf_counter()
+        runner()
+        return time.perf_counter() - t0
+
+    def warm_up(self, seconds: float) -> None:
+        pass
+
+
+class CudaDevice:
+    """One CUDA GPU: CUDA events for device time, torch.cuda.synchronize, CUDA-graph replay."""
+    kind = "cuda"
+
+    def __init__(self, index: int = 0):
+        self.torch_device = torch.device("cuda", index)
+        props = torch.cuda.get_device_properties(self.torch_device)
+        self.name = props.name
+        self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.torch_device)
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def prepare(self, runners: Dict[str, Callable[[], None]], graphs: bool = True):
+        """Capture each runner in a CUDA graph; if any capture fails, every side runs eagerly (same method)."""
+        if not graphs:
+            return dict(runners), "eager"
+        replays = {}
+        try:
+            for name, run in runners.items():
+                side = torch.cuda.Stream(self.torch_device)
+                side.wait_stream(torch.cuda.current_stream(self.torch_device))
+                with torch.cuda.stream(side):
+                    run()  # settle lazily created state (cuBLAS workspace, Triton compile) outside capture
+                torch.cuda.current_stream(self.torch_device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    run()
+                replays[name] = graph.replay
+        except Exception:  # noqa: BLE001 - a kernel that cannot be captured is timed eagerly, both sides alike
+            self.synchronize()
+            return dict(runners), "eager"
+        return replays, "graph"
+
+    def time_runner(self, runner: Callable[[], None]) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        runner()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    def warm_up(self, seconds: float) -> None:
+        """Run large fp16 matmuls for `seconds` so clocks settle before the first figure."""
+        if seconds <= 0:
+            return
+        a = torch.randn(4096, 4096, device=self.torch_device, dtype=torch.float16)
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            for _ in range(10):
+                torch.matmul(a, a)
+            self.synchronize()
+
+
+def get_device(kind: str):
+    return CudaDevice() if kind == "cuda" else CpuDevice()
+
+
+# --------------------------------------------------------------------------------------------- problems
+
+@dataclass(frozen=True)
+class Problem:
+    """What one measurement multiplies: dims, element types, layouts and the epilogue both sides compute."""
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "f16"          # A and B
+    out_dtype: str = "f16"      # C/D
+    layout_a: str = "row"
+    layout_b: str = "row"
+    layout_c: str = "row"
+    alpha: float = 1.0
+    beta: float = 0.0
+    bias: str = "none"          # none | row | col
+    activation: str = "none"
+    tf32: bool = True           # f32 inputs multiplied on tf32 tensor cores (both sides)
+
+    @classmethod
+    def from_spec(cls, spec, m: int, n: int, k: int, batch: int = 1) -> "Problem":
+        return cls(m, n, k, batch, dtype=spec.types_a, out_dtype=spec.types_c, layout_a=spec.layout_a,
+                   layout_b=spec.layout_b, layout_c=spec.layout_c, alpha=float(spec.epilogue_alpha),
+                   beta=float(spec.epilogue_beta), bias=spec.epilogue_bias,
+                   activation=spec.epilogue_activation, tf32=spec.types_math == "tf32")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def plain(self) -> bool:
+        return (self.alpha == 1.0 and self.beta == 0.0 and self.bias == "none" and self.activation == "none"
+                and self.out_dtype == self.dtype)
+
+    def footprint_bytes(self) -> int:
+        """Bytes one call touches: A, B, D (and C, bias)."""
+        ab = TORCH_DTYPES[self.dtype].itemsize
+        cb = TORCH_DTYPES[self.out_dtype].itemsize
+        mn = self.m * self.n
+        total = (self.m * self.k + self.k * self.n) * ab + mn * cb * (2 if self.beta != 0.0 else 1)
+        total *= self.batch
+        if self.bias != "none":
+            total += (self.m if self.bias == "row" else self.n) * cb
+        return total
+
+
+@dataclass
+class Operands:
+    a: torch.Tensor
+    b: torch.Tensor
+    out: torch.Tensor
+    c: Optional[torch.Tensor] = None
+    bias: Optional[torch.Tensor] = None
+
+    def call(self, fn: KernelFn, with_out: bool = True) -> torch.Tensor:
+        return fn(self.a, self.b, c=self.c, bias=self.bias, out=self.out if with_out else None)
+
+    def refill(self, gen: torch.Generator) -> None:
+        """Fresh normal random values in place (never zeros: zeros run faster)."""
+        for t in (self.a, self.b, self.c, self.bias):
+            if t is not None:
+                t.normal_(generator=gen)
+
+
+_ALIGN_ELEMS = 128  # each rotated buffer starts 256-byte aligned for 2-byte types (TMA needs 16)
+
+
+def _matrices(count: int, rows: int, cols: int, batch: int, layout: str, dtype: torch.dtype,
+              device: torch.device) -> List[torch.Tensor]:
+    """`count` (batch x) rows x cols matrices in `layout`, carved from one flat buffer."""
+    numel = batch * rows * cols
+    stride = -(-numel // _ALIGN_ELEMS) * _ALIGN_ELEMS
+    flat = torch.empty(count * stride, dtype=dtype, device=device)
+    views = []
+    for i in range(count):
+        chunk = flat[i * stride: i * stride + numel]
+        if layout == "row":
+            t = chunk.view(batch, rows, cols)
+        else:
+            t = chunk.view(batch, cols, rows).transpose(-1, -2)
+        views.append(t if batch > 1 else t[0])
+    return views
+
+
+def make_operands(problem: Problem, device, count: int = 1, seed: int = 0) -> List[Operands]:
+    """`count` independent operand sets with normal random inputs, in the problem's layouts and types."""
+    p, dev = problem, device.torch_device
+    ab, cb = TORCH_DTYPES[p.dtype], TORCH_DTYPES[p.out_dtype]
+    a = _matrices(count, p.m, p.k, p.batch, p.layout_a, ab, dev)
+    b = _matrices(count, p.k, p.n, p.batch, p.layout_b, ab, dev)
+    out = _matrices(count, p.m, p.n, p.batch, p.layout_c, cb, dev)
+    c = _matrices(count, p.m, p.n, p.batch, p.layout_c, cb, dev) if p.beta != 0.0 else [None] * count
+    if p.bias != "none":
+        blen = p.m if p.bias == "row" else p.n
+        bias = list(torch.empty(count, blen, dtype=cb, device=dev).unbind(0))
+    else:
+        bias = [None] * count
+    sets = [Operands(a[i], b[i], out[i], c[i], bias[i]) for i in range(count)]
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed)
+    for s in sets:
+        s.refill(gen)
+        s.out.fill_(float("nan"))
+    return sets
+
+
+class TorchMatmul:
+    """The baseline: torch.matmul (cuBLAS), plus the spec's epilogue as an eager PyTorch user writes it.
+
+    Follows the Kernel call convention so that it is timed exactly like a candidate. A plain GEMM is one
+    `torch.matmul` (into `out` when given; a column-major `out` is computed as (B^T A^T)^T, which is the
+    same cuBLAS call). A column bias uses `torch.addmm` (cuBLASLt fuses it); anything else is composed of
+    in-place torch ops after the matmul.
+    """
+
+    def __init__(self, problem: Problem):
+        self.p = problem
+        self.out_dtype = TORCH_DTYPES[problem.out_dtype]
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        p = self.p
+        if p.plain:
+            if out is None:
+                return torch.matmul(a, b)
+            if p.layout_c == "row":
+                return torch.matmul(a, b, out=out)
+            torch.matmul(b.mT, a.mT, out=out.mT)
+            return out
+        if (p.bias == "col" and p.beta == 0.0 and p.batch == 1 and p.out_dtype == p.dtype):
+            y = torch.addmm(bias, a, b, alpha=p.alpha)
+        else:
+            y = torch.matmul(a, b)
+            if p.alpha != 1.0:
+                y.mul_(p.alpha)
+            if p.beta != 0.0:
+                y.add_(c.to(y.dtype), alpha=p.beta)
+            if p.bias == "row":
+                y.add_(bias.to(y.dtype).unsqueeze(-1))
+            elif p.bias == "col":
+                y.add_(bias.to(y.dtype))
+        if p.activation == "relu":
+            y.relu_()
+        elif p.activation == "gelu":
+            y = torch.nn.functional.gelu(y)
+        elif p.activation == "silu":
+            y = torch.nn.functional.silu(y)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y if y.dtype == self.out_dtype else y.to(self.out_dtype)
+
+
+@contextmanager
+def _matmul_precision(problem: Problem):
+    """Let torch use tf32 for f32 inputs exactly when the spec does (`types math=tf32`)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = problem.tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+# --------------------------------------------------------------------------------------------- results
+
+@dataclass
+class Timing:
+    """Per-shape outcome of one protocol.
+
+    `speedup` is the headline ratio (> 1: candidate faster): baseline_s / candidate_s of the medians for
+    `kernel`; candidate_tflops / baseline_tflops of the per-iteration means for `call` and `server`.
+    `*_s` are per call: the median device time (`kernel`) or the mean host time (`call`, `server`).
+    `*_samples` are the timed samples in seconds per call (warm-up excluded), `order` the side timed
+    first in each iteration ("candidate" or "baseline").
+    """
+    protocol: str
+    flops: int
+    candidate_s: float
+    baseline_s: float
+    candidate_tflops: float
+    baseline_tflops: float
+    speedup: float
+    candidate_samples: List[float] = field(repr=False)
+    baseline_samples: List[float] = field(repr=False)
+    order: List[str] = field(repr=False)
+    details: Dict[str, object] = field(default_factory=dict)
+
+    def as_row(self) -> Dict[str, object]:
+        """JSON-ready fields for a results row (samples rounded to ns)."""
+        return {
+            "candidate_s": self.candidate_s, "baseline_s": self.baseline_s,
+            "candidate_tflops": self.candidate_tflops, "baseline_tflops": self.baseline_tflops,
+            "speedup": self.speedup, "iterations": len(self.candidate_samples),
+            "candidate_samples_s": [round(s, 9) for s in self.candidate_samples],
+            "baseline_samples_s": [round(s, 9) for s in self.baseline_samples],
+            **self.details,
+        }
+
+
+def _tflops(flops: int, seconds: float) -> float:
+    return flops / seconds / 1e12 if seconds > 0 else float("inf")
+
+
+SIDES = ("candidate", "baseline")
+
+
+# --------------------------------------------------------------------------------------------- protocols
+
+def measure_kernel(candidate: KernelFn, baseline: KernelFn, problem: Problem, device, *, reps: int = 10,
+                   warmup: int = 3, target_rep_s: float = 1e-3, max_launches: int = 4096, rotate: bool = True,
+                   graphs: bool = True, seed: int = 0, rng: Optional[random.Random] = None) -> Timing:
+    """Median device time per launch over `reps` interleaved repetitions of back-to-back launches."""
+    rng = rng or random.Random(seed)
+    sets_n = 1
+    if rotate and device.l2_bytes > 0:
+        sets_n = max(1, min(max_launches, math.ceil(2 * device.l2_bytes / max(1, problem.footprint_bytes()))))
+    sets = make_operands(problem, device, sets_n, seed)
+    fns = {"candidate": candidate, "baseline": baseline}
+    with _matmul_precision(problem):
+        for _ in range(warmup):
+            for name in SIDES:
+                sets[0].call(fns[name])
+        device.synchronize()
+        one = max(device.time_runner(lambda f=fns[name]: sets[0].call(f)) for name in SIDES)
+        launches = max(sets_n, min(max_launches, math.ceil(target_rep_s / max(one, 1e-7))))
+
+        def runner(fn):
+            def run():
+                for i in range(launches):
+                    sets[i % sets_n].call(fn)
+            return run
+
+        batches, method = device.prepare({name: runner(fns[name]) for name in SIDES}, graphs=graphs)
+        for name in SIDES:          # one untimed pass of each batch (graph upload, caches, clocks)
+            device.time_runner(batches[name])
+        samples: Dict[str, List[float]] = {name: [] for name in SIDES}
+        order: List[str] = []
+        for _ in range(reps):
+            names = list(SIDES)
+            rng.shuffle(names)
+            order.append(names[0])
+            for name in names:
+                samples[name].append(device.time_runner(batches[name]) / launches)
+    cand, base = statistics.median(samples["candidate"]), statistics.median(samples["baseline"])
+    return Timing("kernel", problem.flops, cand, base, _tflops(problem.flops, cand), _tflops(problem.flops, base),
+                  base / cand if cand > 0 else float("inf"), samples["candidate"], samples["baseline"], order,
+                  {"method": method, "launches_per_rep": launches, "buffer_sets": sets_n})
+
+
+def measure_call(candidate: KernelFn, baseline: KernelFn, problem: Problem, device, *, iters: int = 20,
+                 warmup: int = 3, rate: Optional[float] = None, seed: int = 0,
+                 rng: Optional[random.Random] = None) -> Timing:
+    """Synchronized host-clock time of single calls, sides in random order on fresh inputs per iteration.
+
+    With `rate` (calls per second), an idle gap drawn from Exp(rate) precedes every call: the `server`
+    protocol.
+    """
+    rng = rng or random.Random(seed)
+    x = make_operands(problem, device, 1, seed)[0]
+    gen = torch.Generator(device=device.torch_device)
+    gen.manual_seed(seed + 1)
+    fns = {"candidate": candidate, "baseline": baseline}
+    samples: Dict[str, List[float]] = {name: [] for name in SIDES}
+    order: List[str] = []
+    gaps: List[float] = []
+    with _matmul_precision(problem):
+        for _ in range(warmup):
+            for name in SIDES:
+                x.call(fns[name], with_out=False)
+        device.synchronize()
+        for _ in range(iters):
+            x.refill(gen)
+            names = list(SIDES)
+            rng.shuffle(names)
+            order.append(names[0])
+            for name in names:
+                device.synchronize()
+                if rate:
+                    gap = rng.expovariate(rate)
+                    gaps.append(gap)
+                    device.sleep(gap)
+                t0 = device.clock()
+                x.call(fns[name], with_out=False)
+                device.synchronize()
+                samples[name].append(device.clock() - t0)
+    flops = problem.flops
+    cand_tf = statistics.fmean(_tflops(flops, t) for t in samples["candidate"])
+    base_tf = statistics.fmean(_tflops(flops, t) for t in samples["baseline"])
+    details: Dict[str, object] = {}
+    if rate:
+        details = {"rate_per_s": rate, "mean_gap_s": statistics.fmean(gaps)}
+    return Timing("server" if rate else "call", flops, statistics.fmean(samples["candidate"]),
+                  statistics.fmean(samples["baseline"]), cand_tf, base_tf, cand_tf / base_tf,
+                  samples["candidate"], samples["baseline"], order, details)
+
+
+def measure(protocol: str, candidate: KernelFn, baseline: KernelFn, problem: Problem, device, *,
+            reps: int = 10, iters: int = 20, warmup: int = 3, rate: float = 100.0, seed: int = 0,
+            graphs: bool = True, rotate: bool = True) -> Timing:
+    """Run one protocol by name (kernel, call, server)."""
+    if protocol == "kernel":
+        return measure_kernel(candidate, baseline, problem, device, reps=reps, warmup=warmup, seed=seed,
+                              graphs=graphs, rotate=rotate)
+    if protocol == "call":
+        return measure_call(candidate, baseline, problem, device, iters=iters, warmup=warmup, seed=seed)
+    if protocol == "server":
+        return measure_call(candidate, baseline, problem, device, iters=iters, warmup=warmup, seed=seed,
+                            rate=rate)
+    raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+
+
+def parse_protocols(text: str) -> List[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in PROTOCOLS]
+    if bad or not names:
+        raise ValueError(f"unknown protocol(s) {', '.join(bad) or repr(text)}; expected a comma-separated "
+                         f"subset of {', '.join(PROTOCOLS)}")
+    return list(dict.fromkeys(names))
+

@@ -1,0 +1,165 @@
+"""Problem-shape sets that `l2c bench` measures on, and the FLOP buckets results are broken down by.
+
+Sets (see ../shared/BENCHMARKING.md):
+
+- ``grid``: the 1,000 shapes M, N, K in {64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384}^3,
+  the public HGEMM benchmark grid.
+- ``llm``: the linear layers of common open LLMs as ``Y = X @ W^T`` with M = tokens, K = in-features,
+  N = out-features, at token counts 1, 16, 128, 512, 2048, 8192. Models (dims from their published
+  configs; models with identical linear dims are listed once):
+
+  ====================  ======  ============  =====  ========  ========  ===========
+  model                 hidden  intermediate  heads  kv heads  head dim  fused QKV N
+  ====================  ======  ============  =====  ========  ========  ===========
+  Llama-3.2-1B          2048    8192          32     8         64        3072
+  Llama-3.2-3B          3072    8192          24     8         128       5120
+  Llama-3.1-8B          4096    14336         32     8         128       6144
+  (Mistral-7B has the same linear dims as Llama-3.1-8B)
+  Qwen2.5-7B            3584    18944         28     4         128       4608
+  Qwen2.5-14B           5120    13824         40     8         128       7168
+  Llama-3.1-70B         8192    28672         64     8         128       10240
+  ====================  ======  ============  =====  ========  ========  ===========
+
+  Per model five layers: fused QKV (N = (heads + 2 kv heads) x head dim, K = hidden), attention output
+  (N = K = hidden), MLP up or gate alone (N = intermediate, K = hidden; what HF eager runs), fused
+  gate+up (N = 2 x intermediate, K = hidden; what vLLM runs) and MLP down (N = hidden, K = intermediate).
+- ``square``: M = N = K over the grid sizes plus 1000, 3000, 5000 (off the power-of-two tiles, still
+  16-byte aligned for f16).
+- a file: one ``M N K`` (optionally ``M N K BATCH``) per line, separated by spaces or commas; ``#``
+  starts a comment. A bad line is reported as ``file:line: ...``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+GRID_DIMS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
+LLM_TOKENS = (1, 16, 128, 512, 2048, 8192)
+SQUARE_EXTRA = (1000, 3000, 5000)
+
+# name -> (hidden, intermediate, attention heads, kv heads, head dim)
+LLM_MODELS: Dict[str, Tuple[int, int, int, int, int]] = {
+    "Llama-3.2-1B": (2048, 8192, 32, 8, 64),
+    "Llama-3.2-3B": (3072, 8192, 24, 8, 128),
+    "Llama-3.1-8B": (4096, 14336, 32, 8, 128),
+    "Qwen2.5-7B": (3584, 18944, 28, 4, 128),
+    "Qwen2.5-14B": (5120, 13824, 40, 8, 128),
+    "Llama-3.1-70B": (8192, 28672, 64, 8, 128),
+}
+
+# FLOP bucket edges (decimal units): label, lower bound inclusive.
+BUCKETS: Tuple[Tuple[str, float], ...] = (
+    ("<1 GFLOP", 0.0),
+    ("1-64 GFLOP", 1e9),
+    ("64 GFLOP-1 TFLOP", 64e9),
+    (">=1 TFLOP", 1e12),
+)
+BUCKET_LABELS = tuple(label for label, _ in BUCKETS)
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """One GEMM problem: (batch of) M x K times K x N. `label` says where it came from (not compared)."""
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    label: str = field(default="", compare=False)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def key(self) -> Tuple[int, int, int, int]:
+        return (self.m, self.n, self.k, self.batch)
+
+    def __str__(self) -> str:
+        dims = f"{self.m}x{self.n}x{self.k}"
+        return dims if self.batch == 1 else f"{self.batch}x{dims}"
+
+
+def bucket(flops: float) -> str:
+    """The FLOP bucket label of a problem of `flops` floating-point operations (2*M*N*K*batch)."""
+    label = BUCKETS[0][0]
+    for name, lower in BUCKETS:
+        if flops >= lower:
+            label = name
+    return label
+
+
+def grid_shapes() -> List[Shape]:
+    return [Shape(m, n, k, label="grid") for m in GRID_DIMS for n in GRID_DIMS for k in GRID_DIMS]
+
+
+def llm_layers() -> List[Tuple[str, int, int]]:
+    """(model/layer label, N, K) of every linear layer in LLM_MODELS, before token counts are applied."""
+    layers = []
+    for model, (hidden, inter, heads, kv_heads, head_dim) in LLM_MODELS.items():
+        layers += [
+            (f"{model} qkv", (heads + 2 * kv_heads) * head_dim, hidden),
+            (f"{model} o_proj", hidden, hidden),
+            (f"{model} up", inter, hidden),
+            (f"{model} gate_up", 2 * inter, hidden),
+            (f"{model} down", hidden, inter),
+        ]
+    return layers
+
+
+def llm_shapes() -> List[Shape]:
+    """Every (tokens, layer) of the LLM set; a shape shared by several layers is listed once."""
+    by_key: Dict[Tuple[int, int, int], List[str]] = {}
+    for tokens in LLM_TOKENS:
+        for label, n, k in llm_layers():
+            by_key.setdefault((tokens, n, k), []).append(f"{label} T={tokens}")
+    return [Shape(m, n, k, label="; ".join(labels)) for (m, n, k), labels in by_key.items()]
+
+
+def square_shapes() -> List[Shape]:
+    return [Shape(d, d, d, label="square") for d in sorted(GRID_DIMS + SQUARE_EXTRA)]
+
+
+class ShapeFileError(ValueError):
+    """A line of a shapes file that is not `M N K [BATCH]`; the message starts with file:line."""
+
+
+def read_shape_file(path: str | Path) -> List[Shape]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ShapeFileError(f"{path}: cannot read shapes file: {err}") from None
+    shapes: List[Shape] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].replace(",", " ").strip()
+        if not line:
+            continue
+        fields = line.split()
+        where = f"{path}:{lineno}"
+        if len(fields) not in (3, 4):
+            raise ShapeFileError(f"{where}: expected 'M N K' or 'M N K BATCH', got {raw.strip()!r}")
+        try:
+            dims = [int(f) for f in fields]
+        except ValueError:
+            raise ShapeFileError(f"{where}: dimensions must be whole numbers, got {raw.strip()!r}") from None
+        if any(d < 1 for d in dims):
+            raise ShapeFileError(f"{where}: dimensions must be positive, got {raw.strip()!r}")
+        shapes.append(Shape(*dims, label=where))
+    if not shapes:
+        raise ShapeFileError(f"{path}: no shapes in file")
+    return shapes
+
+
+SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes}
+
+
+def load_shapes(name: str) -> List[Shape]:
+    """A named set (grid, llm, square) or, for anything else, a file of shapes. Duplicates are dropped."""
+    shapes = SETS[name]() if name in SETS else read_shape_file(name)
+    seen, unique = set(), []
+    for s in shapes:
+        if s.key not in seen:
+            seen.add(s.key)
+            unique.append(s)
+    return unique

@@ -1,0 +1,165 @@
+"""`l2c bench` and `l2c report` end to end on the CPU device: rows, failures, resume, plots, errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from l2c.bench import read_rows, row_key
+from l2c.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+SPECS = """
+kernel tiny {
+  target   triton
+  problem  m=any n=any k=any
+  types    a=f16 b=f16 c=f16 acc=f32
+  tile     m=16 n=16 k=16
+  swizzle  group=1
+}
+kernel tiny_fixed {
+  target   triton
+  problem  m=16 n=32 k=16
+  types    a=f16 b=f16 c=f16 acc=f32
+  tile     m=16 n=16 k=16
+}
+kernel f32_any_target {
+  problem  m=any n=any k=any
+  types    a=f32 b=f32 c=f32 acc=f32 math=ieee
+  tile     m=16 n=16 k=16
+  swizzle  group=1
+}
+"""
+
+FAST = ["--device", "cpu", "--reps", "2", "--iters", "2", "--warmup", "1"]
+
+
+def l2c(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "l2c", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def results(path):
+    return [r for r in read_rows(path) if r["type"] == "result"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_no_gpu_is_a_clear_exit_2(tmp_path, capsys):
+    assert main(["bench", "torch", "--shapes", "square", "-o", str(tmp_path / "r.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU is visible" in err and "--device cpu" in err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_bad_shapes_file_names_file_and_line(tmp_path, capsys):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("16 16 16\n16 sixteen 16\n")
+    assert main(["bench", "torch", "--shapes", str(shapes), *FAST, "-o", str(tmp_path / "r.jsonl")]) == 2
+    assert f"{shapes}:2: dimensions must be whole numbers" in capsys.readouterr().err
+
+
+def test_generic_spec_needs_shapes_and_output_is_not_overwritten(tmp_path, capsys):
+    spec = tmp_path / "k.l2"
+    spec.write_text(SPECS)
+    assert main(["bench", str(spec), *FAST, "-o", str(tmp_path / "r.jsonl")]) == 2
+    assert "shape-generic" in capsys.readouterr().err
+    (tmp_path / "r.jsonl").write_text('{"type": "env"}\n')
+    assert main(["bench", "torch", "--shapes", "square", *FAST, "-o", str(tmp_path / "r.jsonl")]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_bench_specs_end_to_end(tmp_path, capsys):
+    """Generic specs run on every shape, the fixed spec on its own; failures are recorded and never timed."""
+    spec = tmp_path / "k.l2"
+    spec.write_text(SPECS)
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("16 16 16\n16 32 16   # tiny_fixed's shape\n")
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", str(spec), "--shapes", str(shapes), "--protocol", "kernel,call", *FAST,
+                 "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "CPU mode" in captured.err and "CPU mode" in captured.out
+    rows = read_rows(out)
+    env = rows[0]
+    assert env["type"] == "env" and env["device"] == "cpu" and "CPU mode" in env["note"]
+    for key in ("gpu", "driver", "cuda", "torch", "triton", "cutlass", "protocols", "command", "date", "hostname"):
+        assert key in env
+    assert env["protocols"] == ["kernel", "call"] and env["cutlass"] == "4.2.0.0"
+    res = rows[1:]
+    by = {}
+    for r in res:
+        by.setdefault(r["kernel"], []).append(r)
+    k = f"{spec}:"
+    assert sorted(by) == sorted([k + "tiny@triton", k + "tiny_fixed@triton", k + "f32_any_target@triton",
+                                 k + "f32_any_target@cutlass"])
+    assert len(by[k + "tiny@triton"]) == 4 and len(by[k + "f32_any_target@triton"]) == 4
+    assert {(r["m"], r["n"], r["k"]) for r in by[k + "tiny_fixed@triton"]} == {(16, 32, 16)}
+    for r in by[k + "tiny@triton"] + by[k + "tiny_fixed@triton"] + by[k + "f32_any_target@triton"]:
+        assert r["status"] == "ok" and r["verified"] is True and r["rel_error"] <= r["tolerance"]
+        assert r["speedup"] > 0 and len(r["candidate_samples_s"]) == 2
+    for r in by[k + "f32_any_target@cutlass"]:
+        assert r["status"] == "invalid" and "cutlass-dtypes" in r["reason"] and "speedup" not in r
+    assert len({row_key(r) for r in res}) == len(res)
+    assert "tiny_fixed@triton [kernel]: 1 shape(s) measured" in captured.out
+
+    # l2c report on the same file: summary on stdout, plots written (one scatter per kernel and protocol)
+    plots = tmp_path / "plots"
+    assert main(["report", str(out), "-o", str(plots)]) == 0
+    rep = capsys.readouterr().out
+    assert "f32_any_target@cutlass [kernel]: 0 shape(s) measured; 2 invalid" in rep
+    assert "best-of [kernel]" in rep and "NOTE: CPU mode" in rep
+    pngs = sorted(plots.glob("*.png"))
+    assert len(pngs) == 8 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_report_without_matplotlib_prints_summary_and_skips_plots(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "r.jsonl"
+    rows = [{"type": "result", "kernel": "x", "m": 64, "n": 64, "k": 64, "batch": 1, "flops": 2 * 64 ** 3,
+             "protocol": "call", "status": "ok", "speedup": 1.5}]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import matplotlib now raises ImportError
+    assert main(["report", str(out), "-o", str(tmp_path / "plots")]) == 0
+    text = capsys.readouterr().out
+    assert "x [call]: 1 shape(s) measured" in text and "geomean speedup 1.500x" in text
+    assert "plots skipped: matplotlib is not installed" in text
+    assert not (tmp_path / "plots").exists()
+
+
+def test_resume_after_kill_completes_without_duplicates(tmp_path):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("".join(f"{8 + i % 5 * 8} {8 + i % 3 * 8} {8 + i * 8}\n" for i in range(120)))
+    out = tmp_path / "r.jsonl"
+    args = [sys.executable, "-m", "l2c", "bench", "torch", "--shapes", str(shapes), "--protocol", "kernel,call",
+            "--device", "cpu", "--reps", "2", "--iters", "2", "--warmup", "1", "-o", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_text().count('"type": "result"') >= 6:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run finished before it could be interrupted"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    proc.stdout.close()
+    proc.stderr.close()
+    done_before = results(out)
+    assert 6 <= len(done_before) < 240
+    with open(out, "a") as f:                       # a row torn by the kill, as a killed writer can leave
+        f.write('{"type": "result", "kernel": "torch", "m": 8')
+
+    resumed = subprocess.run(args + ["--resume"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"({len(done_before)} already in" in resumed.stderr
+    rows = results(out)
+    assert len(rows) == 240 and len({row_key(r) for r in rows}) == 240
+    assert rows[:len(done_before)] == done_before    # finished rows kept as they were
+    assert all(r["status"] == "ok" for r in rows)
+    assert sum(1 for r in read_rows(out) if r["type"] == "env") == 2   # one header per session

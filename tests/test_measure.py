@@ -1,0 +1,162 @@
+"""Protocol scheduling on the CPU device with real interpreter-run Triton kernels (built by l2c.build).
+
+The CPU device differs from the GPU one only in its clock/sync/sleep; the scheduling and statistics
+under test are the code that runs on the H200.
+"""
+import random
+import statistics
+import time
+
+import pytest
+import torch
+
+from l2c.build import build
+from l2c.measure import CpuDevice, Problem, TorchMatmul, measure, measure_call, measure_kernel, parse_protocols
+from l2c.parser import parse_one
+from l2c.validate import validate
+
+TINY = """
+kernel tiny {
+  target   triton
+  problem  m=any n=any k=any
+  types    a=f16 b=f16 c=f16 acc=f32
+  tile     m=16 n=16 k=16
+  swizzle  group=1
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return build(validate(parse_one(TINY), "triton"))
+
+
+class Recorder:
+    """Calls `fn` and logs (side, checksum of A, data pointer of A, out given) for every call."""
+
+    def __init__(self, side, fn, log):
+        self.side, self.fn, self.log = side, fn, log
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        self.log.append((self.side, float(a.float().sum()), a.data_ptr(), out is not None))
+        return self.fn(a, b, c=c, bias=bias, out=out)
+
+
+def _sides(kernel, problem, log):
+    return Recorder("candidate", kernel, log), Recorder("baseline", TorchMatmul(problem), log)
+
+
+def test_call_protocol_interleaves_randomly_on_fresh_inputs(kernel):
+    problem = Problem(16, 16, 16)
+    log = []
+    cand, base = _sides(kernel, problem, log)
+    iters, warmup = 12, 2
+    t = measure_call(cand, base, problem, CpuDevice(), iters=iters, warmup=warmup, rng=random.Random(3))
+    assert len(t.candidate_samples) == len(t.baseline_samples) == iters
+    assert [s for s, *_ in log].count("candidate") == [s for s, *_ in log].count("baseline") == warmup + iters
+    timed = log[2 * warmup:]
+    pairs = [timed[i:i + 2] for i in range(0, len(timed), 2)]
+    assert all({p[0][0], p[1][0]} == {"candidate", "baseline"} for p in pairs)
+    assert [p[0][0] for p in pairs] == t.order
+    assert {"candidate", "baseline"} == set(t.order)                       # both orders occur
+    assert all(p[0][1] == p[1][1] for p in pairs)                          # same inputs for both sides
+    assert len({p[0][1] for p in pairs}) == iters                          # fresh inputs every iteration
+    assert not any(given_out for *_, given_out in timed)                   # the call allocates its output
+    flops = problem.flops
+    assert t.candidate_tflops == pytest.approx(statistics.fmean(flops / s / 1e12 for s in t.candidate_samples))
+    assert t.speedup == pytest.approx(t.candidate_tflops / t.baseline_tflops)
+
+
+def test_order_is_random_but_reproducible(kernel):
+    problem = Problem(16, 16, 16)
+    base = TorchMatmul(problem)
+    orders = [measure_call(base, base, problem, CpuDevice(), iters=16, warmup=0, seed=s).order for s in (1, 1, 2)]
+    assert orders[0] == orders[1] and orders[0] != orders[2]
+
+
+def test_warm_up_is_not_timed():
+    """A candidate whose first calls are slow (a compile, a clock ramp) must not show it in the samples."""
+    problem = Problem(8, 8, 8)
+    base = TorchMatmul(problem)
+    calls = []
+
+    def slow_start(a, b, c=None, bias=None, out=None):
+        calls.append(1)
+        if len(calls) <= 2:
+            time.sleep(0.2)
+        return base(a, b, out=out)
+
+    t = measure_call(slow_start, base, problem, CpuDevice(), iters=5, warmup=2)
+    assert max(t.candidate_samples) < 0.1
+    calls.clear()
+    t = measure_kernel(slow_start, base, problem, CpuDevice(), reps=3, warmup=2)
+    assert max(t.candidate_samples) < 0.1
+
+
+def test_kernel_protocol_rotates_buffers_and_times_both_sides_alike(kernel):
+    problem = Problem(16, 16, 16)
+    log = []
+    cand, base = _sides(kernel, problem, log)
+    footprint = problem.footprint_bytes()
+    assert footprint == 3 * 16 * 16 * 2
+    device = CpuDevice(l2_bytes=2 * footprint)          # rotate over 2 * L2 / footprint = 4 buffer sets
+    t = measure_kernel(cand, base, problem, device, reps=3, warmup=1, rng=random.Random(0))
+    assert t.details["buffer_sets"] == 4 and t.details["method"] == "eager"
+    launches = t.details["launches_per_rep"]
+    assert launches >= 4
+    assert len(t.candidate_samples) == len(t.baseline_samples) == 3
+    for side in ("candidate", "baseline"):
+        calls = [c for c in log if c[0] == side]
+        assert len({ptr for _, _, ptr, _ in calls}) == 4                  # every buffer set is used
+        # warm-up + calibration + one untimed pass + timed repetitions, the same on both sides
+        assert len(calls) == 1 + 1 + launches + 3 * launches
+        assert all(given_out for *_, given_out in calls)                  # preallocated, rotated outputs
+    assert t.candidate_s == statistics.median(t.candidate_samples)
+    assert t.speedup == pytest.approx(t.baseline_s / t.candidate_s)
+
+
+@pytest.mark.parametrize("protocol", ["kernel", "call"])
+def test_a_slower_candidate_measures_slower(protocol):
+    """The ratio's direction: a candidate that does the same work plus 3 ms must lose clearly."""
+    problem = Problem(8, 8, 8)
+    base = TorchMatmul(problem)
+
+    def slower(a, b, c=None, bias=None, out=None):
+        time.sleep(0.003)
+        return base(a, b, out=out)
+
+    t = measure(protocol, slower, base, problem, CpuDevice(), reps=3, iters=5, warmup=1)
+    assert t.speedup < 0.5
+    assert t.candidate_s > 0.003 > t.baseline_s
+
+
+def test_server_protocol_sleeps_between_calls_but_does_not_time_the_gaps():
+    problem = Problem(8, 8, 8)
+    base = TorchMatmul(problem)
+    start = time.perf_counter()
+    t = measure("server", base, base, problem, CpuDevice(), iters=4, warmup=1, rate=25.0)
+    wall = time.perf_counter() - start
+    assert t.protocol == "server" and t.details["rate_per_s"] == 25.0
+    assert wall >= 8 * t.details["mean_gap_s"]                     # 8 gaps slept (4 iterations x 2 sides)
+    assert statistics.fmean(t.candidate_samples + t.baseline_samples) < t.details["mean_gap_s"]
+
+
+def test_baseline_follows_the_spec_epilogue_and_layouts():
+    spec = parse_one("""
+kernel e { problem m=any n=any k=any
+  types a=f32 b=f32 c=f32 acc=f32 math=ieee
+  layout a=col b=row c=col
+  epilogue alpha=0.5 beta=2.0 bias=row activation=relu }""")
+    problem = Problem.from_spec(spec, 5, 7, 3)
+    from l2c.measure import make_operands
+    x = make_operands(problem, CpuDevice(), 1, seed=0)[0]
+    assert x.a.stride(-2) == 1 and x.out.stride(-2) == 1           # column-major as the spec says
+    got = TorchMatmul(problem)(x.a, x.b, c=x.c, bias=x.bias, out=x.out)
+    want = torch.relu(0.5 * (x.a @ x.b) + 2.0 * x.c + x.bias[:, None])
+    assert got is x.out and torch.allclose(got, want, atol=1e-5)
+
+
+def test_parse_protocols():
+    assert parse_protocols("kernel, call,kernel") == ["kernel", "call"]
+    with pytest.raises(ValueError, match="warm"):
+        parse_protocols("kernel,warm")

@@ -1,0 +1,152 @@
+"""Shape sets, FLOP buckets and the report's statistics, on hand-computable inputs."""
+import json
+import math
+import sys
+
+import pytest
+
+from l2c import shapes
+from l2c.report import Point, best_of, load_results, print_summary, stats, summarize, write_plots
+from l2c.shapes import Shape, bucket, load_shapes, read_shape_file
+
+
+def test_grid_is_the_thousand_shape_cube():
+    grid = load_shapes("grid")
+    assert len(grid) == 1000 and len({s.key for s in grid}) == 1000
+    assert {s.m for s in grid} == {s.n for s in grid} == {s.k for s in grid} == set(shapes.GRID_DIMS)
+
+
+def test_llm_set_has_the_documented_layers():
+    llm = load_shapes("llm")
+    keys = {(s.m, s.n, s.k) for s in llm}
+    assert len(keys) == len(llm)
+    assert {s.m for s in llm} == set(shapes.LLM_TOKENS)
+    assert (1, 6144, 4096) in keys            # Llama-3.1-8B fused QKV at one token
+    assert (8192, 4096, 14336) in keys        # Llama-3.1-8B down projection
+    assert (512, 2 * 28672, 8192) in keys     # Llama-3.1-70B fused gate+up
+    assert (16, 4608, 3584) in keys           # Qwen2.5-7B fused QKV
+    for hidden, *_ in shapes.LLM_MODELS.values():
+        assert 2048 <= hidden <= 8192
+    s = next(s for s in llm if (s.m, s.n, s.k) == (1, 6144, 4096))
+    assert "Llama-3.1-8B qkv T=1" in s.label
+
+
+def test_square_set():
+    sq = load_shapes("square")
+    assert all(s.m == s.n == s.k for s in sq)
+    assert {1000, 4096, 16384} <= {s.m for s in sq}
+
+
+@pytest.mark.parametrize("flops, label", [
+    (0, "<1 GFLOP"), (2 * 512 ** 3, "<1 GFLOP"), (1e9 - 1, "<1 GFLOP"), (1e9, "1-64 GFLOP"),
+    (2 * 1024 ** 3, "1-64 GFLOP"), (64e9 - 1, "1-64 GFLOP"), (64e9, "64 GFLOP-1 TFLOP"),
+    (2 * 4096 ** 3, "64 GFLOP-1 TFLOP"), (1e12, ">=1 TFLOP"), (2 * 8192 ** 3, ">=1 TFLOP"),
+])
+def test_buckets(flops, label):
+    assert bucket(flops) == label
+
+
+def test_flops_counts_batch():
+    assert Shape(2, 3, 5, batch=7).flops == 2 * 2 * 3 * 5 * 7
+
+
+def test_shape_file(tmp_path):
+    f = tmp_path / "s.txt"
+    f.write_text("# my shapes\n\n64 128 256\n  1,4096,4096   # decode\n8 16 32 4\n64 128 256\n")
+    got = load_shapes(str(f))
+    assert [s.key for s in got] == [(64, 128, 256, 1), (1, 4096, 4096, 1), (8, 16, 32, 4)]
+    assert got[1].label == f"{f}:4"
+
+
+@pytest.mark.parametrize("text, lineno, fragment", [
+    ("64 64 64\n64 64\n", 2, "expected 'M N K'"),
+    ("# c\n64 x 64\n", 2, "whole numbers"),
+    ("1 2 3\n\n1 0 3\n", 3, "positive"),
+    ("1 2 3 4 5\n", 1, "expected 'M N K'"),
+])
+def test_shape_file_errors_name_file_and_line(tmp_path, text, lineno, fragment):
+    f = tmp_path / "bad.txt"
+    f.write_text(text)
+    with pytest.raises(shapes.ShapeFileError) as err:
+        read_shape_file(f)
+    assert str(err.value).startswith(f"{f}:{lineno}: ") and fragment in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------- statistics
+
+def test_stats_hand_computed():
+    s = stats([2.0, 0.5, 1.0, 4.0])
+    assert s.n == 4
+    assert s.geomean == pytest.approx(math.sqrt(2))      # (2 * 0.5 * 1 * 4) ** (1/4) = 4 ** (1/4)
+    assert s.mean == pytest.approx(7.5 / 4)
+    assert s.won == 2                                     # exactly 1.0 is not a win
+    with pytest.raises(ValueError):
+        stats([1.0, 0.0])
+
+
+def test_summarize_worst_and_buckets():
+    pts = [
+        Point(64, 64, 64, 1, 2 * 64 ** 3, 0.8),             # <1 GFLOP
+        Point(128, 128, 128, 1, 2 * 128 ** 3, 1.25),        # <1 GFLOP
+        Point(2048, 2048, 2048, 1, 2 * 2048 ** 3, 1.1),     # 1-64 GFLOP (17.2 GFLOP)
+        Point(8192, 8192, 8192, 1, 2 * 8192 ** 3, 0.5),     # >=1 TFLOP
+    ]
+    s = summarize(pts)
+    assert s.worst.shape == "8192x8192x8192" and s.worst.speedup == 0.5
+    assert s.best.shape == "128x128x128"
+    assert list(s.buckets) == ["<1 GFLOP", "1-64 GFLOP", ">=1 TFLOP"]     # empty bucket left out
+    small = s.buckets["<1 GFLOP"]
+    assert small.n == 2 and small.won == 1 and small.geomean == pytest.approx(1.0)
+    assert small.mean == pytest.approx(1.025)
+    assert s.overall.won_share == pytest.approx(0.5)
+
+
+def _row(kernel, m, n, k, speedup, protocol="kernel", status="ok", base_s=1e-3):
+    row = {"type": "result", "kernel": kernel, "m": m, "n": n, "k": k, "batch": 1, "flops": 2 * m * n * k,
+           "protocol": protocol, "status": status}
+    if status == "ok":
+        row.update(candidate_s=base_s / speedup, baseline_s=base_s, speedup=speedup)
+    return row
+
+
+def _write(path, rows):
+    env = {"type": "env", "device": "cuda", "gpu": "NVIDIA H200", "command": "l2c bench ...", "date": "d"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [env] + rows))
+
+
+def test_summary_and_best_of_from_a_results_file(tmp_path, capsys):
+    rows = [_row("a", 64, 64, 64, 2.0), _row("a", 128, 128, 128, 0.5), _row("a", 256, 256, 256, 1.0),
+            _row("b", 64, 64, 64, 1.0), _row("b", 128, 128, 128, 0.8),
+            _row("b", 256, 256, 256, 0.0, status="verify_failed"),
+            _row("torch", 64, 64, 64, 9.0)]      # the A/A check never enters best-of
+    f = tmp_path / "r.jsonl"
+    _write(f, rows)
+    res = load_results(f)
+    best = best_of(res)
+    assert {p.shape: (p.kernel, p.speedup) for p in best["kernel"]} == {
+        "64x64x64": ("a", 2.0), "128x128x128": ("b", 0.8), "256x256x256": ("a", 1.0)}
+    print_summary(res, sys.stdout)
+    out = capsys.readouterr().out
+    assert "b [kernel]: 2 shape(s) measured; 1 verify_failed" in out
+    assert f"geomean speedup {math.sqrt(0.8):.3f}x (headline)" in out       # b: sqrt(1.0 * 0.8)
+    assert "worst 0.500x at 128x128x128" in out
+    assert "best-of [kernel] — best of all candidates per shape (as a tuned dispatcher" in out
+    assert f"geomean speedup {(2.0 * 0.8) ** (1 / 3):.3f}x" in out
+
+
+def test_plots_are_valid_pngs_with_grid_heatmaps(tmp_path):
+    import matplotlib.image
+
+    dims = shapes.GRID_DIMS[:4]
+    rows = [_row("k", m, n, k, 0.5 + (m * 7 + n * 3 + k) % 13 / 8) for m in dims for n in dims for k in dims[:2]]
+    rows += [_row("k2", m, n, k, 1.1) for m in dims for n in dims for k in dims[:2]]
+    f = tmp_path / "r.jsonl"
+    _write(f, rows)
+    written = write_plots(load_results(f), tmp_path / "plots")
+    names = sorted(p.name for p in written)
+    assert "k_kernel_grid_heatmap.png" in names and "k_kernel_speedup_vs_flops.png" in names
+    assert "best-of_kernel_grid_heatmap.png" in names
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = matplotlib.image.imread(p)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
