@@ -381,12 +381,12 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
 
     written = 0
     for shape in shapes:
+        worked = False
         for cand in jobs[shape.key]:
-            todo = [p for p in settings.protocols
-                    if row_key({"kernel": cand.id, "m": shape.m, "n": shape.n, "k": shape.k,
-                                "batch": shape.batch, "protocol": p}) not in writer.done]
+            todo = pending(cand, shape, settings.protocols, writer.done)
             if not todo:
                 continue
+            worked = True
             if cand.failure is not None:
                 status, extra = cand.failure[0], {"reason": cand.failure[1]}
             else:
@@ -413,9 +413,18 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
                 writer.write(row)
                 writer.done.add(row_key(row))
                 written += 1
-        if progress is not None:
+        if progress is not None and worked:
             progress.step(shape)
     return written
+
+
+def pending(cand: Candidate, shape: Shape, protocols: List[str], done: Set[Tuple]) -> List[str]:
+    """The protocols of (candidate, shape) that have no row yet."""
+    return [p for p in protocols if (cand.id, shape.m, shape.n, shape.k, shape.batch, p) not in done]
+
+
+def remaining_shapes(shapes: List[Shape], jobs: Dict, protocols: List[str], done: Set[Tuple]) -> List[Shape]:
+    return [s for s in shapes if any(pending(c, s, protocols, done) for c in jobs[s.key])]
 
 
 def _empty_cache(device) -> None:

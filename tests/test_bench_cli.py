@@ -163,3 +163,28 @@ def test_resume_after_kill_completes_without_duplicates(tmp_path):
     assert rows[:len(done_before)] == done_before    # finished rows kept as they were
     assert all(r["status"] == "ok" for r in rows)
     assert sum(1 for r in read_rows(out) if r["type"] == "env") == 2   # one header per session
+
+
+def test_tuned_table_entries_run_on_their_own_shapes(tmp_path, capsys):
+    from l2c.parser import parse
+    tiny = parse(SPECS)[0].to_l2()
+    table = {"format": 1, "arch": "sm_90", "gpu": "NVIDIA H200", "protocol": "kernel", "entries": [
+        {"m": 16, "n": 16, "k": 32, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "triton",
+         "spec": tiny, "tflops": 1.0, "baseline_tflops": 1.0},
+        {"m": 8, "n": 24, "k": 16, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "triton",
+         "spec": tiny, "tflops": 1.0, "baseline_tflops": 1.0},
+    ]}
+    path = tmp_path / "sm_90.json"
+    path.write_text(json.dumps(table))
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", str(path), "--protocol", "call", *FAST, "-o", str(out)]) == 0
+    rows = results(out)
+    assert [(r["kernel"], r["m"], r["n"], r["k"], r["status"]) for r in rows] == [
+        (f"{path}#0:tiny@triton", 16, 16, 32, "ok"), (f"{path}#1:tiny@triton", 8, 24, 16, "ok")]
+    # --shapes filters table entries to the shapes in the set
+    shapes = tmp_path / "s.txt"
+    shapes.write_text("8 24 16\n")
+    out2 = tmp_path / "r2.jsonl"
+    assert main(["bench", str(path), "--shapes", str(shapes), "--protocol", "call", *FAST, "-o", str(out2)]) == 0
+    assert [(r["m"], r["n"], r["k"]) for r in results(out2)] == [(8, 24, 16)]
+    assert "1 fixed-shape kernel(s)/table entries skipped" in capsys.readouterr().err

@@ -62,7 +62,7 @@ def _device(kind: str):
 
 def run(args) -> int:
     from ..bench import (CPU_NOTE, BenchError, Progress, ResultsWriter, Settings, command_line,
-                         environment, load_candidates, plan, run_bench)
+                         environment, load_candidates, plan, remaining_shapes, run_bench)
     from ..cli import UsageError
     from ..measure import parse_protocols
     from ..shapes import ShapeFileError, load_shapes
@@ -99,7 +99,8 @@ def run(args) -> int:
     try:
         writer.write(environment(device, protocols, command_line(), settings.as_dict()))
         device.warm_up(warmup_s)
-        written = run_bench(candidates, shapes, jobs, device, settings, writer, Progress(shapes))
+        progress = Progress(remaining_shapes(shapes, jobs, protocols, writer.done))
+        written = run_bench(candidates, shapes, jobs, device, settings, writer, progress)
     except KeyboardInterrupt:
         print(f"l2c bench: interrupted; finished rows are in {args.output}: rerun with --resume to continue",
               file=sys.stderr)
