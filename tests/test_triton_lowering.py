@@ -198,7 +198,7 @@ def test_verify_turns_kernel_exceptions_into_failures():
     assert not result.ok and "RuntimeError: boom" in result.reason
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(valid_specs("triton"))
 def test_module_text(spec):
     """The module carries the canonical spec, compiles, and every named constant it defines is used."""

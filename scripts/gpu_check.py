@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Check the Triton target on a real GPU: what the CPU interpreter tests cannot cover.
+
+    python scripts/gpu_check.py [--random N] [--seed S]
+
+- bf16 inputs (bf16 `tl.dot` is broken in the Triton interpreter, so tests/ cannot run it);
+- production tiles (64..256), warps and pipeline stages, compiled for the real device;
+- every layout, epilogue, split-K mode, persistent grid and batch, on odd and even shapes;
+- N random valid Triton specs drawn from the knob table (tiles of any size);
+- the call path: a split-K kernel called again with `out` given allocates no device memory;
+- one speed sanity line (4096^3 f16) against torch.matmul, for orientation only (use `l2c bench` to measure).
+
+Each kernel is verified with l2c.verify (fresh random inputs, NaN-poisoned output, reference in float64 or
+float32). Exits 1 if any check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+import torch
+
+from l2c.build import build
+from l2c.errors import BuildError, L2ValidationError
+from l2c.ir import KernelSpec
+from l2c.knobs import ANY, AUTO, KNOBS
+from l2c.parser import parse_one
+from l2c.validate import validate
+from l2c.verify import verify
+
+ODD_SHAPES = [(1, 1, 1), (127, 255, 129), (1000, 1000, 1000), (333, 4097, 77)]
+EVEN_SHAPES = [(512, 512, 512), (2048, 1024, 4096)]
+
+FIXED = [
+    # (spec body, shapes, batch)
+    ("types a=bf16 b=bf16 c=bf16 tile m=128 n=128 k=64", ODD_SHAPES + EVEN_SHAPES, 1),
+    ("types a=bf16 b=bf16 c=f32 layout a=col b=col c=col tile m=128 n=256 k=64 launch warps=8", ODD_SHAPES, 1),
+    ("types a=bf16 b=bf16 c=bf16 tile m=64 n=128 k=64 split_k slices=4 mode=workspace "
+     "epilogue beta=0.5 bias=col activation=gelu", ODD_SHAPES, 1),
+    ("types a=bf16 b=bf16 c=bf16 tile m=128 n=128 k=64 launch persistent=yes split_k slices=3 mode=atomic "
+     "epilogue bias=row activation=silu", ODD_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 tile m=128 n=256 k=64 launch warps=8 pipeline stages=3", ODD_SHAPES + EVEN_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 acc=f16 tile m=128 n=128 k=32", ODD_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 layout a=col tile m=128 n=128 k=64 launch persistent=yes swizzle group=8 raster=n",
+     ODD_SHAPES + EVEN_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 layout b=col tile m=64 n=64 k=64 problem batch=any epilogue alpha=0.5 beta=-1.0 "
+     "activation=relu", [(127, 255, 129), (512, 512, 512)], 4),
+    ("types a=f32 b=f32 c=f32 math=tf32 tile m=64 n=64 k=32", ODD_SHAPES, 1),
+    ("types a=f32 b=f32 c=f32 math=ieee tile m=64 n=64 k=32 split_k slices=2", ODD_SHAPES, 1),
+    ("problem m=4096 n=4096 k=4096 types a=f16 b=f16 c=f16 tile m=128 n=256 k=64 launch warps=8 pipeline stages=3",
+     [(4096, 4096, 4096)], 1),
+]
+
+
+def random_specs(count: int, rng: random.Random):
+    """Valid Triton specs with every searchable knob drawn from the knob table."""
+    found = 0
+    while found < count:
+        values = {}
+        for knob in KNOBS:
+            if not knob.searchable or "triton" not in knob.targets:
+                continue
+            if knob.choices:
+                values[knob.field] = rng.choice(((AUTO,) if knob.kind == "auto_int" else ()) + tuple(knob.choices))
+            else:
+                values[knob.field] = rng.choice((1, 1, 2, 3, 4, 8))
+        if values.get("split_k_mode") == "stream_k":
+            continue
+        dtype = rng.choice(("f16", "bf16", "f32"))
+        spec = KernelSpec(name=f"random_{found}", types_a=dtype, types_b=dtype,
+                          types_c=rng.choice(("f16", "bf16", "f32")),
+                          types_math=rng.choice(("tf32", "ieee")), layout_a=rng.choice(("row", "col")),
+                          layout_b=rng.choice(("row", "col")), layout_c=rng.choice(("row", "col")),
+                          epilogue_beta=rng.choice((0.0, 1.0)), epilogue_bias=rng.choice(("none", "row", "col")),
+                          epilogue_activation=rng.choice(("none", "relu", "gelu", "silu")),
+                          problem_batch=rng.choice((1, ANY)), **values)
+        try:
+            yield validate(spec, "triton")
+            found += 1
+        except L2ValidationError:
+            continue
+
+
+def run_check(valid, shapes, batch, seed, failures):
+    try:
+        kernel = build(valid)
+    except BuildError as err:
+        failures.append((valid.name, "build", str(err)))
+        print(f"BUILD FAIL {valid.name}: {err}")
+        return None
+    for m, n, k in shapes:
+        t0 = time.perf_counter()
+        res = verify(kernel, m, n, k, batch=batch, device="cuda", seed=seed)
+        status = "ok  " if res.ok else "FAIL"
+        print(f"{status} {valid.name:<12} {m:>5}x{n:>5}x{k:>5} b{batch}  rel {res.rel_error:.2e} "
+              f"tol {res.tolerance:.1e}  {time.perf_counter() - t0:5.1f}s  {res.reason}")
+        if not res.ok:
+            failures.append((valid.name, f"{m}x{n}x{k}x{batch}", res.reason))
+            print(valid.spec.to_l2())
+    return kernel
+
+
+def check_no_allocation(failures):
+    valid = validate(parse_one("kernel alloc { types a=f16 b=f16 c=f16 tile m=64 n=64 k=64 "
+                               "split_k slices=4 mode=atomic }"), "triton")
+    kernel = build(valid)
+    a = torch.randn(300, 5000, device="cuda", dtype=torch.float16)
+    b = torch.randn(5000, 200, device="cuda", dtype=torch.float16)
+    out = kernel(a, b)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    kernel(a, b, out=out)
+    torch.cuda.synchronize()
+    extra = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    print(f"{'ok  ' if extra == 0 else 'FAIL'} call path: {extra} device allocations on a repeated split-K call")
+    if extra:
+        failures.append(("alloc", "call path", f"{extra} allocations"))
+
+
+def speed_line():
+    import triton.testing
+    valid = validate(parse_one(f"kernel speed {{ {FIXED[-1][0]} }}"), "triton")
+    kernel = build(valid)
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    out = torch.empty(4096, 4096, device="cuda", dtype=torch.float16)
+    ms_l2c = triton.testing.do_bench(lambda: kernel(a, b, out=out))
+    ms_torch = triton.testing.do_bench(lambda: torch.matmul(a, b, out=out))
+    tflops = lambda ms: 2 * 4096 ** 3 / ms / 1e9
+    print(f"info 4096^3 f16: l2c triton {tflops(ms_l2c):.0f} TFLOP/s, torch.matmul {tflops(ms_torch):.0f} TFLOP/s "
+          f"(do_bench, for orientation only)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--random", type=int, default=24, help="number of random valid specs (default 24)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device", file=sys.stderr)
+        return 2
+    import triton
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    failures = []
+    for i, (body, shapes, batch) in enumerate(FIXED):
+        run_check(validate(parse_one(f"kernel fixed_{i} {{ {body} }}"), "triton"), shapes, batch, args.seed + i,
+                  failures)
+    rng = random.Random(args.seed)
+    for valid in random_specs(args.random, rng):
+        m, n, k = rng.choice(ODD_SHAPES[1:] + EVEN_SHAPES[:1])
+        batch = rng.choice((1, 1, 3)) if valid.spec.problem_batch == ANY else 1
+        run_check(valid, [(m, n, k)], batch, rng.randrange(2 ** 31), failures)
+    check_no_allocation(failures)
+    speed_line()
+    print(f"\n{len(failures)} failure(s)")
+    for f in failures:
+        print("  ", *f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

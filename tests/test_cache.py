@@ -1,0 +1,56 @@
+"""The build cache: location override, content hashing, the inter-process lock and atomic writes."""
+import threading
+
+import filelock
+import pytest
+
+from l2c import cache
+
+
+def test_cache_dir_honours_env(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.ENV_VAR, str(tmp_path / "c"))
+    assert cache.cache_dir() == tmp_path / "c"
+    sub = cache.cache_dir("triton", "x")
+    assert sub == tmp_path / "c" / "triton" / "x" and sub.is_dir()
+
+
+def test_cache_dir_default_is_user_cache(monkeypatch):
+    import platformdirs
+    monkeypatch.delenv(cache.ENV_VAR, raising=False)
+    monkeypatch.setattr(platformdirs, "user_cache_dir", lambda app: f"/tmp/l2c-test-default-{app}")
+    assert str(cache.cache_dir()) == "/tmp/l2c-test-default-l2c"
+
+
+def test_content_hash_separates_parts():
+    assert cache.content_hash("ab", "c") != cache.content_hash("a", "bc")
+    assert cache.content_hash("x", "y") == cache.content_hash("x", "y")
+    assert len(cache.content_hash("x")) == 64
+
+
+def test_locked_excludes_a_second_holder(tmp_path):
+    target = tmp_path / "kernel.so"
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with cache.locked(target):
+            holding.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert holding.wait(10)
+    with pytest.raises(filelock.Timeout):
+        with cache.locked(target, timeout=0.1):
+            pass
+    release.set()
+    t.join()
+    with cache.locked(target, timeout=1):
+        pass
+
+
+def test_write_atomic_replaces_whole_file(tmp_path):
+    path = tmp_path / "f.py"
+    cache.write_atomic(path, "old")
+    cache.write_atomic(path, b"new")
+    assert path.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.py"]
