@@ -83,11 +83,16 @@ def random_specs(count: int, rng: random.Random):
             continue
 
 
+RECORDS = []   # one row per (spec, shape): written to --out as JSON
+
+
 def run_check(valid, shapes, batch, seed, failures):
     try:
         kernel = build(valid)
     except BuildError as err:
         failures.append((valid.name, "build", str(err)))
+        RECORDS.append({"spec": valid.spec.to_l2(), "target": valid.target, "status": "build_failed",
+                        "reason": str(err)[-2000:]})
         print(f"BUILD FAIL {valid.name}: {err}")
         return None
     for m, n, k in shapes:
@@ -96,6 +101,9 @@ def run_check(valid, shapes, batch, seed, failures):
         status = "ok  " if res.ok else "FAIL"
         print(f"{status} {valid.name:<12} {m:>5}x{n:>5}x{k:>5} b{batch}  rel {res.rel_error:.2e} "
               f"tol {res.tolerance:.1e}  {time.perf_counter() - t0:5.1f}s  {res.reason}")
+        RECORDS.append({"spec": valid.spec.to_l2(), "target": valid.target, "m": m, "n": n, "k": k,
+                        "batch": batch, "status": "ok" if res.ok else "verify_failed",
+                        "rel_error": res.rel_error, "tolerance": res.tolerance, "reason": res.reason})
         if not res.ok:
             failures.append((valid.name, f"{m}x{n}x{k}x{batch}", res.reason))
             print(valid.spec.to_l2())
@@ -137,6 +145,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--random", type=int, default=24, help="number of random valid specs (default 24)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write every check as JSON here (commit it under benchmarks/results/)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device", file=sys.stderr)
@@ -154,6 +163,14 @@ def main(argv=None) -> int:
         run_check(valid, [(m, n, k)], batch, rng.randrange(2 ** 31), failures)
     check_no_allocation(failures)
     speed_line()
+    if args.out:
+        import json
+        from l2c.bench import environment
+        from l2c.measure import get_device
+        env = environment(get_device("cuda"), [], " ".join(["python"] + sys.argv), {"seed": args.seed})
+        with open(args.out, "w") as f:
+            json.dump({"environment": env, "checks": RECORDS,
+                       "failures": [list(x) for x in failures]}, f, indent=1, default=str)
     print(f"\n{len(failures)} failure(s)")
     for f in failures:
         print("  ", *f)
