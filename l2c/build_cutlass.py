@@ -104,6 +104,11 @@ def _clip(text: str) -> str:
     return text[:MAX_MESSAGE_CHARS] + f"\n... ({len(text) - MAX_MESSAGE_CHARS} more characters of compiler output)"
 
 
+def forbidden_ptxas_warnings(output: str) -> List[str]:
+    """The lines of compiler output that carry a C751x ptxas performance warning."""
+    return [line for line in output.splitlines() if FORBIDDEN_PTXAS_WARNING.search(line)]
+
+
 def compile_source(source: str, name: str) -> Path:
     """Compile CUDA source into a cached shared library and return its path; BuildError on failure.
 
@@ -133,7 +138,7 @@ def compile_source(source: str, name: str) -> Path:
                 if done.returncode > 0:   # the compiler's verdict, not a signal (e.g. out of memory)
                     cache.write_atomic(failure, message)
                 raise BuildError(message)
-            bad = [line for line in output.splitlines() if FORBIDDEN_PTXAS_WARNING.search(line)]
+            bad = forbidden_ptxas_warnings(output)
             if bad:
                 message = _clip(f"ptxas reported a C751x performance warning building {name} (treated as a "
                                 f"failure: the wgmma pipeline would be serialized):\n" + "\n".join(bad))

@@ -85,25 +85,34 @@ def _mainloop_stage_bytes(spec: KernelSpec) -> int:
     return (spec.tile_m * spec.tile_k + spec.tile_k * spec.tile_n) * ab
 
 
-# Shared memory of the sm90 kernel outside the main-loop stages and the epilogue: the tile scheduler's and
-# warpgroup-order barriers and the 128-byte alignment of the tensor storage (measured from
-# GemmKernel::SharedStorageSize of built kernels, CUTLASS 4.2).
-CUTLASS_KERNEL_SMEM_OVERHEAD = 384
-# Bytes of one main-loop stage's full/empty pipeline barriers (PipelineTmaAsync).
-CUTLASS_STAGE_BARRIER_BYTES = 16
+# Shared memory layout of CUTLASS 4.2's sm90 warp-specialized GEMM (GemmKernel::SharedStorage), modelled so
+# that validation predicts the stage count CUTLASS instantiates and the kernel's shared memory (checked
+# against built kernels in tests/test_cutlass_build.py):
+#   [barriers: main loop, C load, load order, scheduler | padded to the tensor alignment]
+#   [epilogue tensors: C/D sub-tile buffers + fusion storage | padded to the D swizzle alignment]
+#   [main-loop stages of A and B tiles]
+CUTLASS_STAGE_BARRIER_BYTES = 16      # full + empty barrier of one TMA pipeline stage
+CUTLASS_KERNEL_BARRIER_BYTES = 64     # load-order, math-order (pingpong) and tile-scheduler state
 
 
 def _round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
 
-def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
-    """Shared memory of the sm90 TMA epilogue: what `StageCountAutoCarveout` subtracts before sizing stages.
+def _swizzle_alignment(contiguous_bytes: int) -> int:
+    """Shared-memory alignment CUTLASS gives a TMA buffer: that of the widest swizzle atom dividing its rows."""
+    for width, alignment in ((128, 1024), (64, 512), (32, 256)):
+        if contiguous_bytes % width == 0:
+            return alignment
+    return 128
 
-    Mirrors CUTLASS 4.2's epilogue builder: D is stored in (64 or 128) x 32 sub-tiles, double-buffered; when
-    beta != 0 C (same type as D) is loaded into the same buffer, which then holds max(min(subtiles, 4), 3)
-    sub-tiles; a per-column bias is staged through shared memory (one tile row); the C-load pipeline
-    has 16 bytes of barriers per C stage even when C is not read.
+
+def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
+    """(tensor storage bytes, C-load pipeline stages, alignment) of the sm90 TMA epilogue (CUTLASS 4.2 builder).
+
+    D is stored in (64 or 128) x 32 sub-tiles, double-buffered; when beta != 0, C (same type as D) is loaded
+    into the same buffer, which then holds max(min(sub-tiles, 4), 3) sub-tiles; a per-column bias is staged
+    through shared memory (one tile row). An empty fusion storage still takes a byte, hence an alignment unit.
     """
     epi_m = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
     epi_n = math.gcd(min(32, spec.tile_n), spec.tile_n)
@@ -116,10 +125,24 @@ def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
     else:
         stages_c = min(subtiles, 4)
         buffers = stages_d
-    smem = buffers * epi_m * epi_n * c_bytes
-    if spec.epilogue_bias == "col":
-        smem += spec.tile_n * c_bytes
-    return smem + 16 * stages_c
+    alignment = _swizzle_alignment((epi_n if spec.layout_c == "row" else epi_m) * c_bytes)
+    fusion = spec.tile_n * c_bytes if spec.epilogue_bias == "col" else 1
+    tensors = _round_up(buffers * epi_m * epi_n * c_bytes + fusion, alignment)
+    return tensors, stages_c, alignment
+
+
+def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
+    """sizeof(CollectiveEpilogue::SharedStorage): what `StageCountAutoCarveout` subtracts before sizing stages."""
+    tensors, stages_c, alignment = _cutlass_epilogue(spec, schedule)
+    return _round_up(tensors + CUTLASS_STAGE_BARRIER_BYTES * stages_c, alignment)
+
+
+def cutlass_kernel_smem(spec: KernelSpec, schedule: str, stages: int) -> int:
+    """GemmKernel::SharedStorageSize of the sm90 kernel with `stages` main-loop stages."""
+    tensors, stages_c, alignment = _cutlass_epilogue(spec, schedule)
+    barriers = CUTLASS_STAGE_BARRIER_BYTES * (stages + stages_c) + CUTLASS_KERNEL_BARRIER_BYTES
+    aligned = max(alignment, 128)
+    return _round_up(_round_up(barriers, aligned) + tensors + stages * _mainloop_stage_bytes(spec), aligned)
 
 
 def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
@@ -223,11 +246,11 @@ def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
         stages = int(spec.pipeline_stages)
         if stages < 2:
             raise _fail(spec, "pipeline_stages", "cutlass-min-stages", f"stages={stages}")
-    smem = stages * per_stage + carve + CUTLASS_KERNEL_SMEM_OVERHEAD
+    smem = cutlass_kernel_smem(spec, schedule, stages)
     if smem > arch.smem_per_block:
         raise _fail(spec, "pipeline_stages", "shared-memory",
-                    f"{stages} stages x {per_stage} bytes + {carve} epilogue bytes + "
-                    f"{CUTLASS_KERNEL_SMEM_OVERHEAD} kernel bytes = {smem} > {arch.smem_per_block}")
+                    f"{stages} stages x {per_stage} bytes beside a {carve}-byte epilogue, with barriers and "
+                    f"alignment, is {smem} bytes > {arch.smem_per_block}")
     # Both schedules run three warpgroups: one TMA producer and two MMA consumers.
     return ValidSpec(spec, "cutlass", arch, stages=stages, warps=12, schedule=schedule, smem_bytes=smem)
 
