@@ -269,6 +269,8 @@ def validate(spec: KernelSpec, target: str, arch: str = "sm_90") -> ValidSpec:
     return _validate_cutlass(spec, arch_info)
 
 
-def targets_for(spec: KernelSpec) -> Tuple[str, ...]:
-    """The targets a spec asks to be lowered for: its `target` knob, or every target for `any`."""
-    return TARGETS if spec.target == "any" else (spec.target,)
+def targets_for(spec: KernelSpec, requested: str = "all") -> Tuple[str, ...]:
+    """The targets to lower a spec for: those its `target` knob allows (every target for `any`), narrowed to
+    `requested` unless that is "all". Empty when the spec names a target other than the requested one."""
+    allowed = TARGETS if spec.target == "any" else (spec.target,)
+    return allowed if requested == "all" else tuple(t for t in allowed if t == requested)

@@ -1,6 +1,8 @@
 """`l2c check spec.l2`: parse and validate only; print each kernel's resolved knobs or the first error."""
 from __future__ import annotations
 
+import sys
+
 from ..knobs import KNOBS
 from ..parser import parse_file
 from ..validate import RULES, targets_for, validate
@@ -29,7 +31,9 @@ def run(args) -> int:
         raise UsageError("no .l2 files given")
     for path in args.specs:
         for spec in parse_file(path):
-            targets = targets_for(spec) if args.target == "all" else (args.target,)
+            targets = targets_for(spec, args.target)
+            if not targets:
+                print(f"{path}: {spec.name}: skipped (the spec is for {spec.target} only)", file=sys.stderr)
             for target in targets:
                 v = validate(spec, target, args.arch)
                 extra = f" schedule={v.schedule}" if target == "cutlass" else f" warps={v.warps}"

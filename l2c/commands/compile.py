@@ -1,6 +1,8 @@
 """`l2c compile spec.l2`: validate each kernel and write its generated sources."""
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 
 from ..lower import file_name, render
@@ -23,7 +25,9 @@ def run(args) -> int:
     jobs = []
     for path in args.specs:   # validate everything before writing anything
         for spec in parse_file(path):
-            targets = targets_for(spec) if args.target == "all" else (args.target,)
+            targets = targets_for(spec, args.target)
+            if not targets:
+                print(f"{path}: {spec.name}: skipped (the spec is for {spec.target} only)", file=sys.stderr)
             jobs += [validate(spec, t, args.arch) for t in targets]
     out_dir.mkdir(parents=True, exist_ok=True)
     for valid in jobs:
