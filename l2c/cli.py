@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "l2c.commands.propose",
     "l2c.commands.bench",
     "l2c.commands.report",
+    "l2c.commands.tune",
 ]
 
 

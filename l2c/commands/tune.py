@@ -1,0 +1,144 @@
+"""`l2c tune`: search the spec space per shape (Optuna + learned policy + optional LLM proposals).
+
+Measures on the GPU (`--runner gpu`, the default). `--runner interpreter` runs real Triton kernels
+under the CPU interpreter (a test of the machinery; its figures mean nothing) and `--runner model` uses
+the analytic cost model of search/costmodel.py (a CPU demo; figures are a model, not measurements).
+Rerunning the same command resumes: finished trials are kept, lost ones are retried.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("tune", help="search for the fastest correct kernel per shape and export a tuned table")
+    p.add_argument("--shapes", required=True, help="grid | llm | square | FILE | MxNxK,MxNxK,...")
+    p.add_argument("--dtype", default="f16", choices=["f16", "bf16", "f32"])
+    p.add_argument("--layout", default="row,row,row", help="layouts of A,B,C (row|col each)")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--trials", type=int, default=50, help="evaluated candidates per shape (default 50)")
+    p.add_argument("--target", default="triton,cutlass", help="comma-separated targets to search over")
+    p.add_argument("--protocol", default="kernel", choices=["kernel", "call", "server"])
+    p.add_argument("--runner", default="gpu", choices=["gpu", "interpreter", "model"])
+    p.add_argument("--storage", default=None,
+                   help="Optuna storage: an RDB URL (sqlite:///..., postgresql://...), journal:PATH, or :memory: "
+                        "(default: studies.sqlite next to the store)")
+    p.add_argument("--store", default=None, help="results store (SQLite file; default in the user data dir)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes, one per GPU (CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--compile-workers", type=int, default=None,
+                   help="CPU processes compiling ahead of measurement (default: CPU count for --runner gpu)")
+    p.add_argument("--sampler", default="auto", choices=["auto", "tpe", "random", "policy"])
+    p.add_argument("--policy", default="auto",
+                   help="policy file, `auto` (policy.pt next to the store, trained on it) or `off`")
+    p.add_argument("--policy-fraction", type=float, default=0.5, help="share of trials the policy samples")
+    p.add_argument("--warm-start", type=int, default=8, help="policy/LLM proposals enqueued per new study")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="write the tuned table (<arch>.json) and the winning .l2 specs here")
+    p.add_argument("--no-llm", action="store_true", help="do not ask an LLM even when one is configured")
+    p.add_argument("--llm-model-dir", default=None, help="local HF model for LLM proposals (L2C_LLM_MODEL_DIR)")
+    p.add_argument("--llm-server", default=None, help="OpenAI-compatible server URL (L2C_LLM_URL)")
+    p.add_argument("--llm-model", default=None, help="model name on the server (L2C_LLM_MODEL)")
+    p.set_defaults(func=run)
+
+
+def _llm(args, targets, log):
+    if args.no_llm:
+        return None
+    from l2c.search.llm import LLMProposer, backend_from_config
+    backend = backend_from_config(args.llm_model_dir, args.llm_server, args.llm_model)
+    if backend is None:
+        log("no LLM configured; searching without LLM proposals")
+        return None
+    return LLMProposer(backend, target=targets[0])
+
+
+def run(args) -> int:
+    import optuna
+
+    from ..cli import UsageError
+    from l2c.search.driver import TuneConfig, export, tune
+    from l2c.search.space import check_targets, problems, shapes_from_arg
+    from l2c.search.store import Store
+
+    log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
+    try:
+        targets = check_targets([t.strip() for t in args.target.split(",") if t.strip()])
+        probs = problems(shapes_from_arg(args.shapes), dtype=args.dtype, layout=args.layout, arch=args.arch)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if not probs:
+        raise UsageError("no shapes to tune")
+    if args.trials < 1 or args.workers < 1:
+        raise UsageError("--trials and --workers must be at least 1")
+    if args.runner == "gpu":
+        import torch
+        if not torch.cuda.is_available():
+            print("l2c tune: error: no CUDA GPU on this machine; tuning measures kernels on a GPU. "
+                  "Use --runner interpreter to exercise the machinery on CPU (tiny shapes; figures mean nothing) "
+                  "or --runner model for the analytic cost-model demo.", file=sys.stderr)
+            return 2
+        if torch.cuda.device_count() < args.workers:
+            raise UsageError(f"--workers {args.workers} but only {torch.cuda.device_count()} GPU(s) are visible")
+    elif args.workers > 1:
+        raise UsageError("--workers > 1 is for GPU runs (one process per GPU)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    store = Store(args.store)
+    compile_workers = args.compile_workers
+    if compile_workers is None:
+        import os
+        compile_workers = (os.cpu_count() or 1) if args.runner == "gpu" else 0
+    cfg = TuneConfig(targets=targets, n_trials=args.trials, protocol=args.protocol, sampler=args.sampler,
+                     policy_fraction=args.policy_fraction, warm_start=args.warm_start, seed=args.seed,
+                     compile_workers=compile_workers)
+
+    from l2c.search.runners import make_runner
+    runner = make_runner(args.runner, args.protocol) if args.workers == 1 else args.runner
+    gpu = runner.gpu if not isinstance(runner, str) else None
+
+    policy, policy_path = None, None
+    if args.policy != "off":
+        from l2c.search.policy import Policy, default_policy_path
+        policy_path = default_policy_path(store.path) if args.policy == "auto" else Path(args.policy)
+        n = sum(1 for _ in store.results(gpu=gpu, protocol=args.protocol)) if gpu else 0
+        if args.policy != "auto" and policy_path.exists():
+            policy = Policy.load(policy_path)
+            log(f"policy loaded from {policy_path} (trained on {policy.trained_on} results)")
+        elif n >= 20:
+            policy = Policy(seed=args.seed or 0)
+            policy.fit_store(store, gpu=gpu, protocol=args.protocol)
+            policy.save(policy_path)
+            log(f"policy trained on {n} stored results for {gpu}/{args.protocol}; saved to {policy_path}")
+        else:
+            log(f"policy: only {n} stored results for this GPU and protocol; searching with "
+                f"{'TPE' if args.sampler in ('auto', 'policy') else args.sampler} alone until there are more")
+        if policy is None and cfg.sampler == "policy":
+            cfg.sampler = "tpe"
+
+    llm = _llm(args, targets, log)
+    log(f"tuning {len(probs)} shape(s) x {args.trials} trials, targets {','.join(targets)}, "
+        f"protocol {args.protocol}, runner {args.runner}; store {store.path}")
+    studies = tune(probs, cfg, runner, store, storage_arg=args.storage, workers=args.workers, policy=policy,
+                   policy_path=policy_path, llm=llm, log=log)
+    gpu = gpu or studies[0].study_name.split("|")[3]
+
+    if policy_path is not None:   # learn from this run for the next one
+        from l2c.search.policy import Policy
+        fresh = Policy(seed=args.seed or 0)
+        n = fresh.fit_store(store, gpu=gpu, protocol=args.protocol)
+        if n:
+            fresh.save(policy_path)
+            log(f"policy retrained on {n} results; saved to {policy_path}")
+    for p in probs:
+        best = store.best(p.key(), gpu, args.protocol)
+        if best is None:
+            print(f"{p.shape}: no verified kernel")
+        else:
+            print(f"{p.shape}: {best.speedup:.3f}x vs torch.matmul ({best.tflops:.4g} vs {best.baseline_tflops:.4g} "
+                  f"TFLOP/s, {best.target}, {args.protocol}{', MODEL' if args.runner == 'model' else ''})")
+    if args.export:
+        for arch, path in export(store, probs, gpu, args.protocol, Path(args.export)).items():
+            print(f"wrote {path} and {Path(args.export) / 'specs'}/*.l2")
+    return 0

@@ -1,0 +1,480 @@
+"""The tuning driver: one Optuna study per (problem, target set, GPU, protocol), driven by ask/tell.
+
+A trial goes: ask -> define-by-run point (space.suggest_params) -> validation (an invalid point is told
+PRUNED with its rule and never built) -> duplicate check (a point already evaluated in the study is
+PRUNED, not re-run) -> results-store lookup (a result measured before, e.g. before a crash, is reused)
+-> compile (a CPU process pool for GPU runners) -> evaluate on this process's GPU -> store -> tell.
+The objective is the speedup over torch.matmul; a build or verify failure is told FAIL with its reason
+and can never win. Specs are built shape-generic (M, N, K `any`), so one build serves every shape.
+
+Crash safety: every outcome reaches the store before it is told; trials left RUNNING by a dead worker
+are marked FAIL (status `lost`) and their points re-enqueued when the tune is started again, so a resumed
+study finishes with exactly the requested number of evaluated points and none evaluated twice.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import optuna
+from optuna.trial import TrialState
+
+from .runners import Outcome, Runner
+from .space import Problem, TARGET_PARAM, check_point, check_targets, spec_from_params, suggest_params
+from .store import Result, Store
+
+COUNTED = ("ok", "build_failed", "verify_failed")   # statuses that spend the trial budget
+
+
+@dataclass
+class TuneConfig:
+    targets: Tuple[str, ...] = ("triton", "cutlass")
+    n_trials: int = 50
+    protocol: str = "kernel"
+    sampler: str = "auto"              # auto (policy+tpe when a policy is given, else tpe) | tpe | random | policy
+    policy_fraction: float = 0.5
+    warm_start: int = 8                # policy proposals enqueued into a fresh study
+    seed: Optional[int] = None
+    compile_workers: int = 0           # CPU processes building ahead of measurement (GPU runner)
+    max_ask_factor: int = 10           # give up a study after this many asks per budgeted trial
+    share_best: bool = True            # enqueue each study's new best into its sibling studies
+
+
+def parse_storage(arg: Optional[str], default_dir: Path):
+    """`None` -> SQLite file in default_dir; `journal:PATH`; `:memory:`; any Optuna RDB URL."""
+    if arg == ":memory:":
+        return optuna.storages.InMemoryStorage()
+    if arg and arg.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        path = arg[len("journal:"):]
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(path))
+    if not arg:
+        default_dir.mkdir(parents=True, exist_ok=True)
+        arg = f"sqlite:///{default_dir / 'studies.sqlite'}"
+    kwargs = {"connect_args": {"timeout": 120}} if arg.startswith("sqlite") else {}
+    heartbeat = {} if arg.startswith("sqlite") else {"heartbeat_interval": 60, "grace_period": 300}
+    return optuna.storages.RDBStorage(arg, engine_kwargs=kwargs, **heartbeat)
+
+
+def study_name(problem: Problem, targets: Sequence[str], gpu: str, protocol: str) -> str:
+    return f"l2c|{problem.key()}|{'+'.join(check_targets(targets))}|{gpu}|{protocol}"
+
+
+def make_sampler(cfg: TuneConfig, problem: Problem, policy=None, seed_offset: int = 0):
+    seed = None if cfg.seed is None else cfg.seed + seed_offset
+    kind = cfg.sampler
+    if kind == "auto":
+        kind = "policy" if policy is not None else "tpe"
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if kind == "policy":
+        if policy is None:
+            raise ValueError("sampler 'policy' needs a trained policy")
+        from .policy import PolicySampler
+        return PolicySampler(policy, problem, cfg.targets, fraction=cfg.policy_fraction, seed=seed)
+    raise ValueError(f"unknown sampler {cfg.sampler!r}")
+
+
+def open_study(storage, problem: Problem, cfg: TuneConfig, gpu: str, sampler=None) -> optuna.Study:
+    return optuna.create_study(storage=storage, study_name=study_name(problem, cfg.targets, gpu, cfg.protocol),
+                               direction="maximize", sampler=sampler, load_if_exists=True)
+
+
+def _point_key(params: Dict[str, object]) -> Tuple:
+    return tuple(sorted((k, str(v)) for k, v in params.items()))
+
+
+def counted_trials(study: optuna.Study) -> List[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+            if t.user_attrs.get("status") in COUNTED]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reclaim_lost_trials(study: optuna.Study, everything: bool = False) -> int:
+    """Mark trials a dead worker left RUNNING as FAIL (status `lost`) and re-enqueue their points.
+
+    A trial is dead when its worker ran on this host and that process is gone, or (`everything`) always —
+    the coordinator of a single tune run knows no other worker is alive. RDB storages with heartbeats also
+    fail stale trials of remote workers.
+    """
+    if isinstance(study._storage, optuna.storages.RDBStorage) and study._storage.is_heartbeat_enabled():
+        optuna.storages.fail_stale_trials(study)
+    host = socket.gethostname()
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker = str(t.user_attrs.get("worker", ""))
+        w_host, _, w_pid = worker.rpartition(":")
+        dead = everything or (w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid)))
+        if not dead:
+            continue
+        study._storage.set_trial_user_attr(t._trial_id, "status", "lost")
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        if TARGET_PARAM in t.params:
+            attrs = {"source": t.user_attrs.get("source", "enqueued"), "retry_of": t.number}
+            study.enqueue_trial(dict(t.params), user_attrs=attrs)
+        n += 1
+    return n
+
+
+@dataclass
+class _Pending:
+    trial: optuna.trial.Trial
+    params: Dict[str, object]
+    source: str
+    spec: object = None
+    build: Optional[Future] = None
+    cached: Optional[Result] = None
+
+
+class StudyWorker:
+    """Runs the trials of one study for one runner; `step()` evaluates one batch of asked trials."""
+
+    def __init__(self, study: optuna.Study, problem: Problem, runner: Runner, store: Store, cfg: TuneConfig,
+                 pool: Optional[ProcessPoolExecutor] = None, on_result: Optional[Callable] = None):
+        self.study, self.problem, self.runner, self.store, self.cfg = study, problem, runner, store, cfg
+        self.pool = pool
+        self.on_result = on_result
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.default_source = {"RandomSampler": "random"}.get(type(study.sampler).__name__, "tpe")
+
+    def done(self) -> bool:
+        trials = self.study.get_trials(deepcopy=False)
+        counted = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
+                      and t.user_attrs.get("status") in COUNTED)
+        running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+        return counted + running >= self.cfg.n_trials or len(trials) >= self.cfg.n_trials * self.cfg.max_ask_factor
+
+    def _source(self, trial) -> str:
+        attrs = trial.user_attrs
+        if "source" in attrs:
+            return str(attrs["source"])
+        by = getattr(self.study.sampler, "source_for", None)
+        return by(trial.number) if by else self.default_source
+
+    def _result(self, p: _Pending, status: str, outcome: Optional[Outcome] = None, reason: str = "") -> Result:
+        o = outcome or Outcome(status, reason=reason)
+        return Result(problem=self.problem.key(), spec=p.spec.to_l2(), target=p.params[TARGET_PARAM],
+                      gpu=self.runner.gpu, protocol=self.runner.protocol, status=status, tflops=o.tflops,
+                      baseline_tflops=o.baseline_tflops, speedup=o.speedup, reason=o.reason or reason,
+                      source=p.source, params=p.params)
+
+    def _tell(self, p: _Pending, r: Result) -> None:
+        t = p.trial
+        t.set_user_attr("status", r.status)
+        t.set_user_attr("source", r.source)
+        if r.reason:
+            t.set_user_attr("reason", r.reason[:500])
+        if r.status == "ok":
+            t.set_user_attr("tflops", r.tflops)
+            t.set_user_attr("baseline_tflops", r.baseline_tflops)
+            self.study.tell(t, r.speedup)
+        elif r.status in ("invalid", "duplicate"):
+            self.study.tell(t, state=TrialState.PRUNED)
+        else:
+            self.study.tell(t, state=TrialState.FAIL)
+        if self.on_result:
+            self.on_result(self, r)
+
+    def _ask(self) -> Optional[_Pending]:
+        trial = self.study.ask()
+        trial.set_user_attr("worker", self.worker_id)
+        params = suggest_params(trial, self.cfg.targets)
+        p = _Pending(trial, params, self._source(trial))
+        p.spec = spec_from_params(params, self.problem, generic=True)
+        valid, reason = check_point(params, self.problem)
+        if valid is None:   # the constraint: record why, never build
+            r = self._result(p, "invalid", reason=reason)
+            self.store.record(r)
+            self._tell(p, r)
+            return None
+        key = _point_key(params)
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
+                                                                TrialState.RUNNING)):
+            if t.number == trial.number or _point_key(t.params) != key:
+                continue
+            if t.user_attrs.get("status") in COUNTED or t.state == TrialState.RUNNING:   # done, or another worker's
+                r = self._result(p, "duplicate", reason=f"same point as trial {t.number}")
+                self._tell(p, r)
+                return None
+        p.cached = self.store.get(self.problem.key(), p.spec.to_l2(), params[TARGET_PARAM], self.runner.gpu,
+                                  self.runner.protocol)
+        if p.cached is not None and p.cached.status not in COUNTED:
+            p.cached = None
+        return p
+
+    def step(self, batch: int = 1) -> int:
+        """Ask up to `batch` trials, build them in the pool, evaluate them here; returns trials told."""
+        pending: List[_Pending] = []
+        told = 0
+        for _ in range(batch):
+            if self.done():
+                break
+            p = self._ask()
+            if p is None:
+                told += 1
+                continue
+            if p.cached is None and self.pool is not None and getattr(self.runner, "uses_compile_pool", False):
+                from .runners import precompile
+                p.build = self.pool.submit(precompile, p.spec.to_l2(), p.params[TARGET_PARAM], self.problem.arch)
+            pending.append(p)
+        for p in pending:
+            if p.cached is not None:
+                r = replace(p.cached, source=p.source)
+            else:
+                failure = p.build.result() if p.build is not None else None
+                if failure is not None and hasattr(self.runner, "note_build_failure"):
+                    self.runner.note_build_failure(p.spec, failure)
+                outcome = self.runner.evaluate(p.spec, self.problem)
+                r = self._result(p, outcome.status, outcome)
+                self.store.record(r)
+            self._tell(p, r)
+            told += 1
+        return told
+
+
+def best_of(study: optuna.Study) -> Optional[float]:
+    ok = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
+    return max(ok) if ok else None
+
+
+def run_studies(workers: List[StudyWorker], batch: int = 1, progress: Optional[Callable] = None) -> None:
+    """Round-robin over the studies until each has spent its budget (or gave up asking)."""
+    active = list(workers)
+    while active:
+        for w in list(active):
+            if w.done() or w.step(batch) == 0:
+                active.remove(w)
+            if progress:
+                progress()
+
+
+def share_best(source: StudyWorker, r: Result, siblings: Sequence[StudyWorker]) -> None:
+    """A new best spec of one shape is a candidate for the others: enqueue it there (built already)."""
+    best = best_of(source.study)
+    if r.status != "ok" or best is None or r.speedup is None or r.speedup < best:
+        return
+    for w in siblings:
+        if w is not source and not w.done():
+            w.study.enqueue_trial(dict(r.params), user_attrs={"source": "enqueued"}, skip_if_exists=True)
+
+
+def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=None, llm=None,
+               store: Optional[Store] = None, log: Callable[[str], None] = lambda s: None) -> Dict[str, int]:
+    """Enqueue policy and LLM proposals into a study that has not started yet."""
+    added = {"policy": 0, "llm": 0}
+    if study.get_trials(deepcopy=False):
+        return added
+    if policy is not None and cfg.warm_start > 0:
+        for params in policy.propose(problem, cfg.targets, cfg.warm_start):
+            study.enqueue_trial(params, user_attrs={"source": "policy"}, skip_if_exists=True)
+            added["policy"] += 1
+    if llm is not None:
+        from ..parser import parse_one
+        from .space import params_from_spec
+        for target in cfg.targets:
+            history = [(parse_one(r.spec), r.tflops, r.baseline_tflops)
+                       for r in (store.results(problem=problem.key()) if store is not None else ())
+                       if r.target == target]
+            try:
+                proposals = llm.propose(problem, history, cfg.warm_start or 4, target=target)
+            except Exception as err:   # a dead LLM server or an infeasible problem must not stop the tune
+                log(f"LLM proposer failed for {target}: {type(err).__name__}: {err}; continuing without it")
+                continue
+            for prop in proposals:
+                try:
+                    params = params_from_spec(prop.spec, prop.target)
+                except ValueError as err:
+                    log(f"LLM proposal outside the search space, skipped: {err}")
+                    continue
+                study.enqueue_trial(params, user_attrs={"source": "llm"}, skip_if_exists=True)
+                added["llm"] += 1
+    return added
+
+
+# ---------------------------------------------------------------------------------------------------
+# A whole tune: studies for many problems, one or many worker processes, progress, resumable
+# ---------------------------------------------------------------------------------------------------
+
+class Progress:
+    """One status line: trials done, best speedup so far, elapsed; rewritten in place on a terminal."""
+
+    def __init__(self, studies: Sequence[optuna.Study], n_trials: int, stream=sys.stderr, every_s: float = 1.0):
+        self.studies, self.total = list(studies), n_trials * len(studies)
+        self.stream, self.every_s = stream, every_s
+        self.t0 = time.time()
+        self._last = 0.0
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+
+    def line(self) -> str:
+        done = sum(min(len(counted_trials(s)), self.total) for s in self.studies)
+        bests = [b for b in (best_of(s) for s in self.studies) if b is not None]
+        best = f"{max(bests):.3f}x" if bests else "-"
+        geo = f"{math.exp(sum(map(math.log, bests)) / len(bests)):.3f}x" if bests else "-"
+        return (f"trials {done}/{self.total}  best speedup {best}  geomean of per-shape bests {geo}  "
+                f"elapsed {time.time() - self.t0:.0f}s")
+
+    def __call__(self, force: bool = False) -> None:
+        now = time.time()
+        if not force and now - self._last < (self.every_s if self.tty else max(self.every_s, 10.0)):
+            return
+        self._last = now
+        end = "\n" if force or not self.tty else ""
+        print(("\r" if self.tty else "") + self.line(), end=end, file=self.stream, flush=True)
+
+
+def _samplers_and_studies(storage, problems, cfg, gpu, policy, worker_index=0):
+    studies = []
+    for i, p in enumerate(problems):
+        sampler = make_sampler(cfg, p, policy, seed_offset=1000 * worker_index + i)
+        studies.append(open_study(storage, p, cfg, gpu, sampler))
+    return studies
+
+
+def _run_worker(problems, cfg, runner, store, storage, policy, worker_index, progress=None):
+    studies = _samplers_and_studies(storage, problems, cfg, runner.gpu, policy, worker_index)
+    pool = None
+    if cfg.compile_workers > 0 and getattr(runner, "uses_compile_pool", False):
+        pool = ProcessPoolExecutor(cfg.compile_workers)
+    try:
+        workers: List[StudyWorker] = []
+        hook = (lambda w, r: share_best(w, r, workers)) if cfg.share_best and len(problems) > 1 else None
+        for s, p in zip(studies, problems):
+            workers.append(StudyWorker(s, p, runner, store, cfg, pool=pool, on_result=hook))
+        k = worker_index % max(1, len(workers))   # workers start on different studies
+        run_studies(workers[k:] + workers[:k], batch=max(1, cfg.compile_workers), progress=progress)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _worker_main(index, problems, cfg, runner_kind, store_path, storage_arg, storage_dir, policy_path):
+    """Entry point of one GPU worker process: sees only its GPU (CUDA_VISIBLE_DEVICES)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from .runners import make_runner
+    runner = make_runner(runner_kind, cfg.protocol)
+    policy = None
+    if policy_path:
+        from .policy import Policy
+        policy = Policy.load(policy_path)
+    storage = parse_storage(storage_arg, Path(storage_dir))
+    _run_worker(problems, cfg, runner, Store(store_path), storage, policy, index)
+
+
+def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, storage_arg: Optional[str] = None,
+         storage_dir: Optional[Path] = None, workers: int = 1, policy=None, policy_path: Optional[Path] = None,
+         llm=None, log: Callable[[str], None] = print, progress_stream=sys.stderr) -> List[optuna.Study]:
+    """Tune every problem; `runner` is a Runner (in-process) or a runner kind for `workers` processes."""
+    cfg = replace(cfg, targets=check_targets(cfg.targets))
+    storage_dir = Path(storage_dir or Path(store.path).parent)
+    if workers > 1 and storage_arg == ":memory:":
+        raise ValueError("several workers need a shared storage (SQLite file, journal: or an RDB URL)")
+    if isinstance(runner, str):
+        from .runners import make_runner
+        gpu_runner = make_runner(runner, cfg.protocol) if workers == 1 else None
+        gpu = gpu_runner.gpu if gpu_runner else _probe_gpu_name(runner)
+    else:
+        gpu_runner, gpu = runner, runner.gpu
+    storage = parse_storage(storage_arg, storage_dir)
+    studies = [open_study(storage, p, cfg, gpu) for p in problems]
+    for s, p in zip(studies, problems):
+        lost = reclaim_lost_trials(s, everything=True)
+        if lost:
+            log(f"{p.shape}: {lost} trial(s) lost by an earlier run re-enqueued")
+        added = warm_start(s, p, cfg, policy=policy, llm=llm, store=store, log=log)
+        if any(added.values()):
+            log(f"{p.shape}: warm start with {added['policy']} policy and {added['llm']} LLM proposal(s)")
+    progress = Progress(studies, cfg.n_trials, stream=progress_stream)
+    if workers == 1:
+        _run_worker(problems, cfg, gpu_runner, store, storage, policy, 0, progress=progress)
+    else:
+        import multiprocessing as mp
+        if policy is not None and policy_path is None:
+            raise ValueError("several workers load the policy from a file: pass policy_path")
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_worker_main, args=(i, list(problems), cfg, runner, store.path, storage_arg,
+                                                         str(storage_dir), str(policy_path) if policy else None))
+                 for i in range(workers)]
+        for pr in procs:
+            pr.start()
+        try:
+            while any(pr.is_alive() for pr in procs):
+                progress()
+                time.sleep(1.0)
+        finally:
+            for pr in procs:
+                pr.join()
+        bad = [pr.exitcode for pr in procs if pr.exitcode]
+        if bad:
+            log(f"{len(bad)} worker(s) exited with status {bad}; rerun the same command to resume")
+    progress(force=True)
+    return studies
+
+
+def _probe_gpu_name(kind: str) -> str:
+    if kind == "gpu":
+        import torch
+        return torch.cuda.get_device_name(0)
+    from .runners import make_runner
+    return make_runner(kind).gpu
+
+
+# ---------------------------------------------------------------------------------------------------
+# Export: the tuned table (docs/CONTRACTS.md) and the winning .l2 specs
+# ---------------------------------------------------------------------------------------------------
+
+def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, out_dir: Path) -> Dict[str, Path]:
+    """Write `<arch>.json` (merged with an existing table) and `specs/*.l2`; returns the tables written."""
+    import json
+    from ..parser import parse_one
+    out_dir = Path(out_dir)
+    (out_dir / "specs").mkdir(parents=True, exist_ok=True)
+    by_arch: Dict[str, List[dict]] = {}
+    for p in problems:
+        best = store.best(p.key(), gpu, protocol)
+        if best is None:
+            continue
+        lay = "".join(x[0] for x in (p.layout_a, p.layout_b, p.layout_c))
+        name = f"gemm_{p.shape}_{p.dtype}_{lay}_{best.target}"
+        text = parse_one(best.spec).replace(name=name).to_l2()
+        (out_dir / "specs" / f"{name}.l2").write_text(text)
+        by_arch.setdefault(p.arch, []).append(
+            {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch, "dtype": p.dtype, "layout": p.layout,
+             "target": best.target, "spec": text, "tflops": best.tflops, "baseline_tflops": best.baseline_tflops,
+             "speedup": best.speedup})
+    written = {}
+    for arch, entries in by_arch.items():
+        path = out_dir / f"{arch}.json"
+        table = {"format": 1, "arch": arch, "gpu": gpu, "protocol": protocol, "entries": []}
+        if path.exists():
+            old = json.loads(path.read_text())
+            if old.get("protocol") == protocol and old.get("gpu") == gpu:
+                table["entries"] = old.get("entries", [])
+        key = lambda e: (e["m"], e["n"], e["k"], e.get("batch", 1), e["dtype"], e["layout"])
+        merged = {key(e): e for e in table["entries"]}
+        merged.update({key(e): e for e in entries})
+        table["entries"] = sorted(merged.values(), key=key)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(table, indent=1) + "\n")
+        tmp.replace(path)
+        written[arch] = path
+    return written

@@ -1,0 +1,141 @@
+"""The results store: every evaluated (problem, spec, target, GPU, protocol) and what came of it.
+
+SQLite in WAL mode with a busy timeout, so any number of worker processes can write one file. One row
+per key; a re-measurement replaces the row. The learned policy trains on this table and the tuned
+table is exported from it. Optuna's own storage holds the studies; this holds the outcomes in a form
+that outlives any one study.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Union
+
+STATUSES = ("ok", "build_failed", "verify_failed", "invalid")
+SOURCES = ("tpe", "random", "policy", "llm", "enqueued")
+
+
+def default_store_path() -> Path:
+    from platformdirs import user_data_dir
+    return Path(user_data_dir("l2c")) / "results.sqlite"
+
+
+@dataclass
+class Result:
+    problem: str               # Problem.key()
+    spec: str                  # canonical .l2 text (shape-generic: the kernel that was built)
+    target: str
+    gpu: str
+    protocol: str
+    status: str
+    tflops: Optional[float] = None
+    baseline_tflops: Optional[float] = None
+    speedup: Optional[float] = None
+    reason: str = ""
+    source: str = "tpe"
+    params: Dict[str, object] = field(default_factory=dict)   # the search-space point, for the policy
+    time: float = 0.0
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    problem TEXT NOT NULL, spec TEXT NOT NULL, target TEXT NOT NULL, gpu TEXT NOT NULL,
+    protocol TEXT NOT NULL, status TEXT NOT NULL, tflops REAL, baseline_tflops REAL, speedup REAL,
+    reason TEXT NOT NULL DEFAULT '', source TEXT NOT NULL, params TEXT NOT NULL, time REAL NOT NULL,
+    PRIMARY KEY (problem, spec, target, gpu, protocol)
+);
+CREATE INDEX IF NOT EXISTS results_by_problem ON results (problem, gpu, protocol, status);
+"""
+_COLUMNS = ("problem", "spec", "target", "gpu", "protocol", "status", "tflops", "baseline_tflops", "speedup",
+            "reason", "source", "params", "time")
+
+
+class Store:
+    """A results store on one SQLite file (':memory:' for a throwaway one)."""
+
+    def __init__(self, path: Union[str, Path, None] = None, timeout_s: float = 60.0):
+        self.path = str(path) if path is not None else str(default_store_path())
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._timeout_s = timeout_s
+        self._conn: Optional[sqlite3.Connection] = None
+        self._pid = -1
+        with self._db() as db:
+            db.executescript(_SCHEMA)
+
+    def _db(self) -> sqlite3.Connection:
+        # A connection must not cross a fork: reopen in a child process.
+        if self._conn is None or self._pid != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=self._timeout_s, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
+            if self.path != ":memory:":
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn, self._pid = conn, os.getpid()
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    def __getstate__(self):  # picklable for worker processes: reconnect on the other side
+        return {"path": self.path, "_timeout_s": self._timeout_s, "_conn": None, "_pid": -1}
+
+    def record(self, r: Result) -> None:
+        if r.status not in STATUSES:
+            raise ValueError(f"unknown status {r.status!r}")
+        row = (r.problem, r.spec, r.target, r.gpu, r.protocol, r.status, r.tflops, r.baseline_tflops, r.speedup,
+               r.reason, r.source, json.dumps(r.params, sort_keys=True), r.time or time.time())
+        db = self._db()
+        with db:  # one transaction, retried by SQLite's busy handler under contention
+            db.execute(f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES "
+                       f"({', '.join('?' * len(_COLUMNS))})", row)
+
+    @staticmethod
+    def _result(row) -> Result:
+        d = dict(zip(_COLUMNS, row))
+        d["params"] = json.loads(d["params"])
+        return Result(**d)
+
+    def get(self, problem: str, spec: str, target: str, gpu: str, protocol: str) -> Optional[Result]:
+        cur = self._db().execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND spec=? AND target=? AND gpu=? "
+            "AND protocol=?", (problem, spec, target, gpu, protocol))
+        row = cur.fetchone()
+        return self._result(row) if row else None
+
+    def results(self, problem: Optional[str] = None, gpu: Optional[str] = None,
+                protocol: Optional[str] = None, status: Optional[str] = None) -> Iterator[Result]:
+        where, args = [], []
+        for col, value in (("problem", problem), ("gpu", gpu), ("protocol", protocol), ("status", status)):
+            if value is not None:
+                where.append(f"{col}=?")
+                args.append(value)
+        sql = f"SELECT {', '.join(_COLUMNS)} FROM results"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        for row in self._db().execute(sql + " ORDER BY time", args).fetchall():
+            yield self._result(row)
+
+    def best(self, problem: str, gpu: str, protocol: str) -> Optional[Result]:
+        """The fastest verified result for a problem; failures can never win."""
+        cur = self._db().execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok' "
+            "ORDER BY speedup DESC LIMIT 1", (problem, gpu, protocol))
+        row = cur.fetchone()
+        return self._result(row) if row else None
+
+    def problems(self, gpu: Optional[str] = None, protocol: Optional[str] = None) -> List[str]:
+        sql, args = "SELECT DISTINCT problem FROM results", []
+        if gpu is not None or protocol is not None:
+            sql += " WHERE " + " AND ".join(f"{c}=?" for c, v in (("gpu", gpu), ("protocol", protocol)) if v)
+            args = [v for v in (gpu, protocol) if v]
+        return [r[0] for r in self._db().execute(sql, args).fetchall()]
+
+    def count(self) -> int:
+        return self._db().execute("SELECT COUNT(*) FROM results").fetchone()[0]

@@ -1,0 +1,332 @@
+"""The tuner (issue #5): search space, store, driver with real interpreter kernels, policy transfer,
+resume after a kill, and concurrent writers. Everything here runs on CPU."""
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from l2c.parser import parse_one
+from l2c.search.driver import COUNTED, StudyWorker, TuneConfig, counted_trials, export, parse_storage, run_studies, tune
+from l2c.search.runners import FunctionRunner, InterpreterRunner, ModelRunner
+from l2c.search.space import (KNOB_PARAMS, Problem, check_point, params_from_spec, params_for, problems,
+                              shapes_from_arg, spec_from_params, suggest_params)
+from l2c.search.store import Result, Store
+from l2c.validate import validate
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------------ space
+
+def test_space_is_the_searchable_knob_table_and_conditional_on_target():
+    from l2c.knobs import KNOBS
+    assert [p.name for p in KNOB_PARAMS] == [k.field for k in KNOBS if k.searchable]
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(30):
+        t = study.ask()
+        params = suggest_params(t, ["triton", "cutlass"])
+        target = params["target"]
+        seen.add(target)
+        assert set(t.params) == {"target"} | {p.name for p in params_for(target)}
+        if target == "triton":
+            assert "cluster_m" not in params and "launch_warps" in params
+        else:
+            assert "launch_warps" not in params and "cluster_m" in params
+        study.tell(t, 1.0)
+    assert seen == {"triton", "cutlass"}
+
+
+def test_spec_from_params_round_trips_and_generic_keeps_dims_open():
+    p = Problem(256, 512, 128, dtype="bf16", layout_b="col")
+    params = {"target": "cutlass", "tile_m": 128, "tile_n": 128, "tile_k": 64, "pipeline_stages": "auto",
+              "launch_schedule": "cooperative", "cluster_m": 2, "cluster_n": 1, "swizzle_group": 8,
+              "swizzle_raster": "m", "split_k_slices": 1, "split_k_mode": "workspace"}
+    spec = spec_from_params(params, p)
+    assert (spec.problem_m, spec.types_a, spec.layout_b, spec.target) == (256, "bf16", "col", "cutlass")
+    assert params_from_spec(parse_one(spec.to_l2())) == params
+    generic = spec_from_params(params, p, generic=True)
+    assert generic.fixed_shape is None
+    valid, reason = check_point(params, p)
+    assert valid is not None and reason is None
+    bad, reason = check_point(dict(params, tile_m=32), p)
+    assert bad is None and reason.startswith("wgmma-tile-m")
+    assert Problem.from_key(p.key()) == p
+
+
+def test_shapes_argument():
+    assert shapes_from_arg("64x32x16,8x8x8x4") == [(64, 32, 16, 1), (8, 8, 8, 4)]
+    assert len(shapes_from_arg("square")) > 5
+    with pytest.raises(ValueError):
+        shapes_from_arg("64x32")
+    with pytest.raises(ValueError):
+        problems([(1, 2, 3)], layout="row,row")
+
+
+# ------------------------------------------------------------------------------------------------ store
+
+def _writer(path: str, who: int, n: int) -> None:
+    store = Store(path, timeout_s=60)
+    for i in range(n):
+        store.record(Result(problem=f"p{i % 5}", spec=f"spec {who}-{i}", target="triton", gpu="g", protocol="kernel",
+                            status="ok", speedup=1.0 + i, source="tpe", params={"i": i}))
+
+
+def test_store_two_processes_write_one_sqlite_file(tmp_path):
+    path = str(tmp_path / "results.sqlite")
+    Store(path)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, w, 150)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    store = Store(path)
+    assert store.count() == 300
+    assert store.best("p4", "g", "kernel").speedup == 150.0
+    rows = list(store.results(problem="p0"))
+    assert len(rows) == 60 and rows[0].params["i"] % 5 == 0
+
+
+def test_store_failures_never_win(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    base = dict(problem="p", target="triton", gpu="g", protocol="kernel", source="tpe")
+    store.record(Result(spec="a", status="verify_failed", speedup=99.0, reason="wrong", **base))
+    store.record(Result(spec="b", status="ok", speedup=0.5, **base))
+    assert store.best("p", "g", "kernel").spec == "b"
+
+
+# ------------------------------------------------------------------------------- driver, real kernels
+
+def test_tune_with_interpreter_kernels_builds_valid_points_only_and_once(tmp_path, monkeypatch):
+    import l2c.build
+    real_build = l2c.build.build
+    built = []
+
+    def counting_build(valid):
+        built.append((valid.spec.to_l2(), valid.target))
+        return real_build(valid)
+
+    monkeypatch.setattr(l2c.build, "build", counting_build)
+    probs = [Problem(32, 32, 32), Problem(48, 32, 16)]
+    store = Store(tmp_path / "r.sqlite")
+    runner = InterpreterRunner()
+    cfg = TuneConfig(targets=("triton",), n_trials=4, seed=0)
+    studies = tune(probs, cfg, runner, store, storage_arg=f"journal:{tmp_path / 'j.log'}", log=lambda s: None)
+
+    # every invalid point was recorded with its rule and told PRUNED; build() saw only evaluated points
+    invalid = [t for s in studies for t in s.trials if t.user_attrs.get("status") == "invalid"]
+    assert invalid and all(t.state == TrialState.PRUNED and t.user_attrs["reason"] for t in invalid)
+    assert all(check_point(t.params, p)[0] is None for s, p in zip(studies, probs) for t in s.trials
+               if t.user_attrs.get("status") == "invalid")
+    evaluated = {spec_from_params(t.params, p, generic=True).to_l2()
+                 for s, p in zip(studies, probs) for t in counted_trials(s)}
+    # compile once: one build per distinct shape-generic spec, however many shapes measured it
+    assert {spec for spec, _ in built} == evaluated
+    assert len(built) == len(evaluated) == runner.builds
+    for s in studies:
+        counted = counted_trials(s)
+        assert len(counted) == cfg.n_trials
+        assert len({tuple(sorted(t.params.items())) for t in counted}) == len(counted)
+    ok = list(store.results(status="ok"))
+    assert ok and all(r.speedup > 0 and r.tflops > 0 for r in ok)
+    # the tuned table follows docs/CONTRACTS.md and its specs parse and validate
+    written = export(store, probs, runner.gpu, "kernel", tmp_path / "out")
+    table = json.loads(written["sm_90"].read_text())
+    assert table["format"] == 1 and table["arch"] == "sm_90" and table["protocol"] == "kernel"
+    assert {(e["m"], e["n"], e["k"]) for e in table["entries"]} == {(32, 32, 32), (48, 32, 16)}
+    for e in table["entries"]:
+        assert e["layout"] == "row,row,row" and e["dtype"] == "f16" and e["tflops"] > 0 and e["baseline_tflops"] > 0
+        validate(parse_one(e["spec"]), e["target"])
+    assert len(list((tmp_path / "out" / "specs").glob("*.l2"))) == 2
+
+
+def test_invalid_points_are_never_built_and_failures_cannot_win(tmp_path):
+    calls = []
+
+    def reward(params, problem):
+        calls.append(params)
+        assert check_point(params, problem)[0] is not None   # the runner only ever sees valid points
+        return -1.0 if params["tile_k"] == 16 else params["tile_m"] / 64   # tile_k 16 "fails verification"
+
+    runner = FunctionRunner(reward)
+    store = Store(":memory:")
+    p = Problem(256, 256, 256)
+    cfg = TuneConfig(targets=("triton", "cutlass"), n_trials=25, seed=1, sampler="random")
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    run_studies([StudyWorker(study, p, runner, store, cfg)])
+    states = {t.user_attrs.get("status") for t in study.trials}
+    assert "invalid" in states and "verify_failed" in states
+    assert len(calls) == 25
+    assert study.best_trial.user_attrs["status"] == "ok"
+    assert store.best(p.key(), runner.gpu, "kernel").status == "ok"
+
+
+# -------------------------------------------------------------------------------------- the policy
+
+def _clip(x: int) -> int:
+    return min(256, max(16, x))
+
+
+def planted_reward(params, p: Problem) -> float:
+    """Planted structure: the best tile is (M/8, N/8, K/32) clipped to the tile range."""
+    want = (_clip(p.m // 8), _clip(p.n // 8), _clip(p.k // 32))
+    got = (params["tile_m"], params["tile_n"], params["tile_k"])
+    return 2.0 * math.exp(-0.5 * sum(abs(math.log2(g) - math.log2(w)) for g, w in zip(got, want)))
+
+
+def test_policy_learns_planted_structure_and_beats_tpe_and_random_on_held_out_shapes():
+    from l2c.search.efficiency import compare
+    rng = random.Random(7)
+    sizes = [128, 256, 512, 1024, 2048]
+    shapes = [(m, n, k) for m in sizes for n in sizes for k in (512, 1024, 2048, 4096, 8192)]
+    rng.shuffle(shapes)
+    train = [Problem(*s) for s in shapes[:16]]
+    held = [Problem(*s) for s in shapes[16:20]]
+    r = compare(train, held, FunctionRunner(planted_reward), targets=("triton",), n_train_trials=30,
+                n_trials=10, seeds=(0, 1, 2), warm=4)
+    final = {m: r["methods"][m]["final"] for m in ("random", "tpe", "policy")}
+    early = {m: r["methods"][m]["geomean_best_after_n"][4] for m in ("random", "tpe", "policy")}
+    assert final["policy"] > 1.2 * final["tpe"] and final["policy"] > 1.2 * final["random"], final
+    assert early["policy"] > 1.2 * max(early["tpe"], early["random"]), early
+
+
+def test_policy_save_load_and_proposals_are_valid(tmp_path):
+    from l2c.search.policy import Policy, PolicySampler
+    p = Problem(512, 512, 512)
+    samples = []
+    for tm in (64, 128, 256):
+        params = {"target": "cutlass", "tile_m": tm, "tile_n": 128, "tile_k": 64, "pipeline_stages": "auto",
+                  "launch_schedule": "auto", "cluster_m": 1, "cluster_n": 1, "swizzle_group": 8,
+                  "swizzle_raster": "m", "split_k_slices": 1, "split_k_mode": "workspace"}
+        samples.append((p, params, math.log(2.0 if tm == 128 else 0.5)))
+    pol = Policy(seed=0)
+    pol.fit(samples, epochs=150)
+    assert pol.mode(p, ["cutlass"])["tile_m"] == 128
+    pol.save(tmp_path / "policy.pt")
+    again = Policy.load(tmp_path / "policy.pt")
+    assert again.mode(p, ["cutlass"]) == pol.mode(p, ["cutlass"])
+    props = again.propose(p, ["triton", "cutlass"], 6)
+    assert 1 <= len(props) <= 6 and props[0]["tile_m"] == 128
+    assert all(check_point(x, p)[0] is not None for x in props)
+    assert len({tuple(sorted((k, str(v)) for k, v in x.items())) for x in props}) == len(props)
+    # as a sampler inside a study, mixed with TPE, tagging which one drew each trial
+    sampler = PolicySampler(again, p, ["triton", "cutlass"], fraction=0.5, seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), TuneConfig(n_trials=12))])
+    assert {t.user_attrs["source"] for t in study.trials} == {"policy", "tpe"}
+
+
+# ------------------------------------------------------------------------------ resume and workers
+
+def _tune_cmd(tmp_path, trials):
+    return [sys.executable, "-m", "l2c", "tune", "--runner", "model", "--shapes", "512x512x512,64x64x8192",
+            "--trials", str(trials), "--store", str(tmp_path / "r.sqlite"), "--storage",
+            f"journal:{tmp_path / 'studies.journal'}", "--policy", "off", "--seed", "5", "--no-llm"]
+
+
+def test_resume_after_kill_keeps_trials_and_finishes_without_duplicates(tmp_path):
+    trials = 30
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(_tune_cmd(tmp_path, trials), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    store_path = tmp_path / "r.sqlite"
+    while time.time() < deadline:   # kill mid-study: some results stored, the study far from done
+        if store_path.exists() and Store(store_path).count() >= 12:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    storage = parse_storage(f"journal:{tmp_path / 'studies.journal'}", tmp_path)
+    before = {}
+    for s in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=s.study_name, storage=storage)
+        before[s.study_name] = {t.number: t.params for t in counted_trials(study)}
+    assert 0 < sum(map(len, before.values())) < 2 * trials
+
+    out = subprocess.run(_tune_cmd(tmp_path, trials), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "512x512x512:" in out.stdout and "64x64x8192:" in out.stdout
+    for name, old in before.items():
+        study = optuna.load_study(study_name=name, storage=storage)
+        counted = counted_trials(study)
+        assert len(counted) == trials
+        now = {t.number: t.params for t in counted}
+        assert all(now[n] == params for n, params in old.items())        # nothing lost
+        points = [tuple(sorted((k, str(v)) for k, v in t.params.items())) for t in counted]
+        assert len(set(points)) == len(points)                             # nothing evaluated twice
+        assert not study.get_trials(states=(TrialState.RUNNING,))
+    # the store holds exactly one row per evaluated point and problem
+    assert sum(1 for r in Store(store_path).results() if r.status in COUNTED) == 2 * trials
+
+
+def _sqlite_worker(storage_url: str, store_path: str, n: int) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    p = Problem(1024, 1024, 1024)
+    cfg = TuneConfig(n_trials=n)
+    storage = parse_storage(storage_url, Path(store_path).parent)
+    study = optuna.create_study(storage=storage, study_name="shared", direction="maximize", load_if_exists=True,
+                                sampler=optuna.samplers.TPESampler(seed=os.getpid()))
+    run_studies([StudyWorker(study, p, ModelRunner(), Store(store_path), cfg)])
+
+
+def test_two_workers_share_one_sqlite_study(tmp_path):
+    url = f"sqlite:///{tmp_path / 'studies.sqlite'}"
+    store_path = str(tmp_path / "r.sqlite")
+    parse_storage(url, tmp_path)   # create the schema once, before the race
+    optuna.create_study(storage=url, study_name="shared", direction="maximize")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_sqlite_worker, args=(url, store_path, 12)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0, 0]
+    study = optuna.load_study(study_name="shared", storage=url)
+    counted = counted_trials(study)
+    assert 12 <= len(counted) <= 13     # the budget check races at most one trial per extra worker
+    workers = {t.user_attrs["worker"] for t in counted}
+    assert len(workers) == 2
+    assert sum(1 for r in Store(store_path).results() if r.status in COUNTED) == len(counted)
+
+
+def test_trials_of_a_dead_worker_are_failed_and_retried(tmp_path):
+    from l2c.search.driver import reclaim_lost_trials
+    storage = parse_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)
+    p = Problem(512, 512, 512)
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    study.enqueue_trial({"target": "cutlass", "tile_m": 128, "tile_n": 128, "tile_k": 64, "pipeline_stages": "auto",
+                         "launch_schedule": "auto", "cluster_m": 1, "cluster_n": 1, "swizzle_group": 8,
+                         "swizzle_raster": "m", "split_k_slices": 1, "split_k_mode": "workspace"})
+    t = study.ask()
+    t.set_user_attr("worker", f"{__import__('socket').gethostname()}:{dead.pid}")
+    params = suggest_params(t, ["cutlass"])            # killed after sampling, before telling
+    alive = study.ask()
+    alive.set_user_attr("worker", f"{__import__('socket').gethostname()}:{os.getpid()}")
+    assert reclaim_lost_trials(study) == 1             # only the dead worker's trial
+    lost = study.trials[t.number]
+    assert lost.state == TrialState.FAIL and lost.user_attrs["status"] == "lost"
+    assert study.trials[alive.number].state == TrialState.RUNNING
+    study.tell(alive, state=TrialState.FAIL)
+    run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), TuneConfig(targets=("cutlass",), n_trials=3))])
+    retried = [x for x in study.trials if x.user_attrs.get("retry_of") == t.number]
+    assert len(retried) == 1 and retried[0].params == params and retried[0].user_attrs["status"] in COUNTED
