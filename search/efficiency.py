@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from .driver import COUNTED, StudyWorker, TuneConfig, make_sampler, run_studies, warm_start
-from .policy import Policy
+from .policy import FAIL_REWARD, Policy
 from .space import Problem
 from .store import Store
 
@@ -59,6 +59,15 @@ def collect(problems: Sequence[Problem], runner, store: Store, n_trials: int, ta
         run_search(p, runner, store, replace(cfg, seed=seed + i), study_name=f"train-{i}")
 
 
+def _samples(store: Store, keys, runner):
+    out = []
+    for r in store.results(gpu=runner.gpu, protocol=runner.protocol):
+        if r.problem in keys and r.params:
+            reward = math.log(r.speedup) if r.status == "ok" and r.speedup else FAIL_REWARD
+            out.append((Problem.from_key(r.problem), r.params, reward))
+    return out
+
+
 def compare(train: Sequence[Problem], held_out: Sequence[Problem], runner, *, targets=("triton", "cutlass"),
             n_train_trials: int = 40, n_trials: int = 20, seeds: Sequence[int] = (0, 1, 2),
             methods: Sequence[str] = METHODS, train_store: Optional[Store] = None,
@@ -70,12 +79,12 @@ def compare(train: Sequence[Problem], held_out: Sequence[Problem], runner, *, ta
     train_keys = {p.key() for p in train}
     if any(p.key() in train_keys for p in held_out):
         raise ValueError("a held-out shape is also a training shape")
-    have = {r.problem for r in train_store.results(gpu=runner.gpu, protocol=runner.protocol)}
-    todo = [p for p in train if p.key() not in have]
-    log(f"collecting TPE data on {len(todo)} training shape(s) x {n_train_trials} trials")
-    collect(todo, runner, train_store, n_train_trials, targets, seed=1000)
+    log(f"collecting TPE data on {len(train)} training shape(s) x {n_train_trials} trials (stored results reused)")
+    collect(train, runner, train_store, n_train_trials, targets, seed=1000)
     policy = Policy(seed=0)
-    n_samples = policy.fit_store(train_store, gpu=runner.gpu, protocol=runner.protocol)
+    samples = _samples(train_store, train_keys, runner)   # never the held-out shapes
+    policy.fit(samples)
+    n_samples = len(samples)
     log(f"policy trained on {n_samples} results")
     curves: Dict[str, Dict[str, List[List[float]]]] = {m: {} for m in methods}
     for method in methods:

@@ -330,3 +330,13 @@ def test_trials_of_a_dead_worker_are_failed_and_retried(tmp_path):
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), TuneConfig(targets=("cutlass",), n_trials=3))])
     retried = [x for x in study.trials if x.user_attrs.get("retry_of") == t.number]
     assert len(retried) == 1 and retried[0].params == params and retried[0].user_attrs["status"] in COUNTED
+
+
+def test_compile_pool_builds_ahead_of_measurement(tmp_path):
+    runner = InterpreterRunner()
+    runner.uses_compile_pool = True          # as the GPU runner: builds go to a CPU process pool first
+    store = Store(tmp_path / "r.sqlite")
+    cfg = TuneConfig(targets=("triton",), n_trials=3, seed=2, compile_workers=2)
+    (study,) = tune([Problem(32, 16, 32)], cfg, runner, store, storage_arg=":memory:", log=lambda s: None)
+    assert len(counted_trials(study)) == 3
+    assert all(r.status == "ok" for r in store.results() if r.status != "invalid")

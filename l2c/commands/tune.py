@@ -23,11 +23,11 @@ def add_parser(sub) -> None:
     p.add_argument("--runner", default="gpu", choices=["gpu", "interpreter", "model"])
     p.add_argument("--storage", default=None,
                    help="Optuna storage: an RDB URL (sqlite:///..., postgresql://...), journal:PATH, or :memory: "
-                        "(default: studies.sqlite next to the store)")
+                        "(default: journal file studies.journal next to the store)")
     p.add_argument("--store", default=None, help="results store (SQLite file; default in the user data dir)")
     p.add_argument("--workers", type=int, default=1, help="worker processes, one per GPU (CUDA_VISIBLE_DEVICES)")
     p.add_argument("--compile-workers", type=int, default=None,
-                   help="CPU processes compiling ahead of measurement (default: CPU count for --runner gpu)")
+                   help="CPU processes compiling ahead of measurement (default: up to 8 when CUTLASS is searched on the GPU)")
     p.add_argument("--sampler", default="auto", choices=["auto", "tpe", "random", "policy"])
     p.add_argument("--policy", default="auto",
                    help="policy file, `auto` (policy.pt next to the store, trained on it) or `off`")
@@ -41,6 +41,10 @@ def add_parser(sub) -> None:
     p.add_argument("--llm-server", default=None, help="OpenAI-compatible server URL (L2C_LLM_URL)")
     p.add_argument("--llm-model", default=None, help="model name on the server (L2C_LLM_MODEL)")
     p.set_defaults(func=run)
+
+
+_CAVEAT = {"model": "; analytic cost MODEL, not a measurement",
+           "interpreter": "; CPU interpreter, not a performance figure"}
 
 
 def _llm(args, targets, log):
@@ -89,7 +93,8 @@ def run(args) -> int:
     compile_workers = args.compile_workers
     if compile_workers is None:
         import os
-        compile_workers = (os.cpu_count() or 1) if args.runner == "gpu" else 0
+        # Triton compiles on first call, in the measuring process: a pool only pays for nvcc (CUTLASS).
+        compile_workers = min(8, os.cpu_count() or 1) if args.runner == "gpu" and "cutlass" in targets else 0
     cfg = TuneConfig(targets=targets, n_trials=args.trials, protocol=args.protocol, sampler=args.sampler,
                      policy_fraction=args.policy_fraction, warm_start=args.warm_start, seed=args.seed,
                      compile_workers=compile_workers)
@@ -137,7 +142,7 @@ def run(args) -> int:
             print(f"{p.shape}: no verified kernel")
         else:
             print(f"{p.shape}: {best.speedup:.3f}x vs torch.matmul ({best.tflops:.4g} vs {best.baseline_tflops:.4g} "
-                  f"TFLOP/s, {best.target}, {args.protocol}{', MODEL' if args.runner == 'model' else ''})")
+                  f"TFLOP/s, {best.target}, {args.protocol}{_CAVEAT.get(args.runner, '')})")
     if args.export:
         for arch, path in export(store, probs, gpu, args.protocol, Path(args.export)).items():
             print(f"wrote {path} and {Path(args.export) / 'specs'}/*.l2")
