@@ -13,6 +13,7 @@ study finishes with exactly the requested number of evaluated points and none ev
 """
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import socket
@@ -111,18 +112,21 @@ def _pid_alive(pid: int) -> bool:
 def reclaim_lost_trials(study: optuna.Study, everything: bool = False) -> int:
     """Mark trials a dead worker left RUNNING as FAIL (status `lost`) and re-enqueue their points.
 
-    A trial is dead when its worker ran on this host and that process is gone, or (`everything`) always —
-    the coordinator of a single tune run knows no other worker is alive. RDB storages with heartbeats also
-    fail stale trials of remote workers.
+    A trial is dead when its worker ran on this host and that process is gone, when it never got as far as
+    naming its worker (killed right after `ask`, two minutes ago or more), or always with `everything`
+    (`l2c tune --reclaim all`: the caller knows no other worker is alive, e.g. after a remote host died on
+    a journal file). RDB storages with heartbeats also fail stale trials of remote workers.
     """
     if isinstance(study._storage, optuna.storages.RDBStorage) and study._storage.is_heartbeat_enabled():
         optuna.storages.fail_stale_trials(study)
     host = socket.gethostname()
     n = 0
+    now = datetime.datetime.now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = str(t.user_attrs.get("worker", ""))
         w_host, _, w_pid = worker.rpartition(":")
-        dead = everything or (w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid)))
+        orphan = not worker and t.datetime_start is not None and (now - t.datetime_start).total_seconds() > 120
+        dead = everything or orphan or (w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid)))
         if not dead:
             continue
         study._storage.set_trial_user_attr(t._trial_id, "status", "lost")
@@ -382,7 +386,8 @@ def _worker_main(index, problems, cfg, runner_kind, store_path, storage_arg, sto
 
 def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, storage_arg: Optional[str] = None,
          storage_dir: Optional[Path] = None, workers: int = 1, policy=None, policy_path: Optional[Path] = None,
-         llm=None, log: Callable[[str], None] = print, progress_stream=sys.stderr) -> List[optuna.Study]:
+         llm=None, log: Callable[[str], None] = print, progress_stream=sys.stderr,
+         reclaim_all: bool = False) -> List[optuna.Study]:
     """Tune every problem; `runner` is a Runner (in-process) or a runner kind for `workers` processes."""
     cfg = replace(cfg, targets=check_targets(cfg.targets))
     storage_dir = Path(storage_dir or Path(store.path).parent)
@@ -397,7 +402,7 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, sto
     storage = parse_storage(storage_arg, storage_dir)
     studies = [open_study(storage, p, cfg, gpu) for p in problems]
     for s, p in zip(studies, problems):
-        lost = reclaim_lost_trials(s, everything=True)
+        lost = reclaim_lost_trials(s, everything=reclaim_all)
         if lost:
             log(f"{p.shape}: {lost} trial(s) lost by an earlier run re-enqueued")
         added = warm_start(s, p, cfg, policy=policy, llm=llm, store=store, log=log)

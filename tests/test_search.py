@@ -340,3 +340,46 @@ def test_compile_pool_builds_ahead_of_measurement(tmp_path):
     (study,) = tune([Problem(32, 16, 32)], cfg, runner, store, storage_arg=":memory:", log=lambda s: None)
     assert len(counted_trials(study)) == 3
     assert all(r.status == "ok" for r in store.results() if r.status != "invalid")
+
+
+def test_two_worker_processes_through_tune(tmp_path):
+    probs = [Problem(256, 4096, 4096), Problem(64, 1024, 8192)]
+    store = Store(tmp_path / "r.sqlite")
+    cfg = TuneConfig(n_trials=8, seed=0)
+    studies = tune(probs, cfg, "model", store, storage_arg=f"journal:{tmp_path / 'j.log'}", workers=2,
+                   log=lambda s: None)
+    for s in studies:
+        s = optuna.load_study(study_name=s.study_name, storage=parse_storage(f"journal:{tmp_path / 'j.log'}", tmp_path))
+        counted = counted_trials(s)
+        assert 8 <= len(counted) <= 9
+        assert not s.get_trials(states=(TrialState.RUNNING,))
+    pids = {t.user_attrs["worker"] for s in studies for t in counted_trials(
+        optuna.load_study(study_name=s.study_name, storage=parse_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)))}
+    assert len(pids) == 2 and os.getpid() not in {int(w.rsplit(":", 1)[1]) for w in pids}
+
+
+def test_llm_proposals_enter_the_study_tagged_llm():
+    from l2c.search.driver import warm_start
+    from l2c.search.llm import Proposal
+    p = Problem(512, 512, 512)
+    text = spec_from_params({"target": "cutlass", "tile_m": 128, "tile_n": 64, "tile_k": 64, "pipeline_stages": 4,
+                             "launch_schedule": "cooperative", "cluster_m": 2, "cluster_n": 1, "swizzle_group": 4,
+                             "swizzle_raster": "n", "split_k_slices": 1, "split_k_mode": "workspace"}, p).to_l2()
+
+    class OneSpecProposer:   # the LLMProposer seam: propose(problem, history, n, target) -> [Proposal]
+        def __init__(self):
+            self.calls = []
+
+        def propose(self, problem, history, n, target=None):
+            self.calls.append((problem, list(history), n, target))
+            spec = parse_one(text)
+            return [Proposal(spec, text, "llm:test", "cutlass")] if target == "cutlass" else []
+
+    llm = OneSpecProposer()
+    study = optuna.create_study(direction="maximize")
+    added = warm_start(study, p, TuneConfig(n_trials=3), llm=llm, store=Store(":memory:"))
+    assert added == {"policy": 0, "llm": 1}
+    assert [c[3] for c in llm.calls] == ["triton", "cutlass"]
+    run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), TuneConfig(n_trials=3))])
+    first = study.trials[0]
+    assert first.user_attrs["source"] == "llm" and first.params == params_from_spec(parse_one(text))

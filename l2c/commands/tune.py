@@ -36,6 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--export", default=None, metavar="DIR",
                    help="write the tuned table (<arch>.json) and the winning .l2 specs here")
+    p.add_argument("--reclaim", choices=["dead", "all"], default="dead",
+                   help="trials left running: retry those of dead local workers (default) or all of them "
+                        "(when no other worker anywhere is running)")
     p.add_argument("--no-llm", action="store_true", help="do not ask an LLM even when one is configured")
     p.add_argument("--llm-model-dir", default=None, help="local HF model for LLM proposals (L2C_LLM_MODEL_DIR)")
     p.add_argument("--llm-server", default=None, help="OpenAI-compatible server URL (L2C_LLM_URL)")
@@ -126,7 +129,7 @@ def run(args) -> int:
     log(f"tuning {len(probs)} shape(s) x {args.trials} trials, targets {','.join(targets)}, "
         f"protocol {args.protocol}, runner {args.runner}; store {store.path}")
     studies = tune(probs, cfg, runner, store, storage_arg=args.storage, workers=args.workers, policy=policy,
-                   policy_path=policy_path, llm=llm, log=log)
+                   policy_path=policy_path, llm=llm, log=log, reclaim_all=args.reclaim == "all")
     gpu = gpu or studies[0].study_name.split("|")[3]
 
     if policy_path is not None:   # learn from this run for the next one
