@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -32,6 +32,8 @@ from .space import Problem, TARGET_PARAM, check_point, check_targets, spec_from_
 from .store import Result, Store
 
 COUNTED = ("ok", "build_failed", "verify_failed")   # statuses that spend the trial budget
+POISONED_EXIT = 3                                    # a worker process whose CUDA context a kernel broke
+MAX_RESTARTS = 50
 
 
 @dataclass
@@ -251,6 +253,10 @@ class StudyWorker:
                 self.store.record(r)
             self._tell(p, r)
             told += 1
+            poisoned = getattr(self.runner, "poisoned", None)
+            if poisoned:   # recorded and told; the rest of this batch is retried by the next run
+                from .runners import RunnerPoisoned
+                raise RunnerPoisoned(poisoned)
         return told
 
 
@@ -374,29 +380,35 @@ def _worker_main(index, problems, cfg, runner_kind, store_path, storage_arg, sto
     """Entry point of one GPU worker process: sees only its GPU (CUDA_VISIBLE_DEVICES)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from .runners import make_runner
-    runner = make_runner(runner_kind, cfg.protocol)
+    from .runners import RunnerPoisoned, make_runner
     policy = None
     if policy_path:
         from .policy import Policy
         policy = Policy.load(policy_path)
     storage = parse_storage(storage_arg, Path(storage_dir))
-    _run_worker(problems, cfg, runner, Store(store_path), storage, policy, index)
+    try:
+        _run_worker(problems, cfg, make_runner(runner_kind, cfg.protocol), Store(store_path), storage, policy, index)
+    except RunnerPoisoned as err:   # the parent reclaims this worker's trials and starts a fresh process
+        print(f"worker {index}: a kernel broke the CUDA context ({str(err)[:200]}); restarting",
+              file=sys.stderr, flush=True)
+        sys.exit(POISONED_EXIT)
 
 
 def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, storage_arg: Optional[str] = None,
          storage_dir: Optional[Path] = None, workers: int = 1, policy=None, policy_path: Optional[Path] = None,
          llm=None, log: Callable[[str], None] = print, progress_stream=sys.stderr,
          reclaim_all: bool = False) -> List[optuna.Study]:
-    """Tune every problem; `runner` is a Runner (in-process) or a runner kind for `workers` processes."""
+    """Tune every problem.
+
+    `runner` is a Runner (evaluated in this process) or a runner kind ("gpu"): then `workers` spawned
+    processes, one per GPU, evaluate; one whose CUDA context a faulting kernel broke is restarted.
+    """
     cfg = replace(cfg, targets=check_targets(cfg.targets))
     storage_dir = Path(storage_dir or Path(store.path).parent)
-    if workers > 1 and storage_arg == ":memory:":
-        raise ValueError("several workers need a shared storage (SQLite file, journal: or an RDB URL)")
-    if isinstance(runner, str):
-        from .runners import make_runner
-        gpu_runner = make_runner(runner, cfg.protocol) if workers == 1 else None
-        gpu = gpu_runner.gpu if gpu_runner else _probe_gpu_name(runner)
+    if (workers > 1 or isinstance(runner, str)) and storage_arg == ":memory:":
+        raise ValueError("worker processes need a shared storage (a journal: file, SQLite file or an RDB URL)")
+    if isinstance(runner, str):   # a runner kind: measured in worker processes, one per GPU
+        gpu_runner, gpu = None, _probe_gpu_name(runner)
     else:
         gpu_runner, gpu = runner, runner.gpu
     storage = parse_storage(storage_arg, storage_dir)
@@ -409,21 +421,34 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, sto
         if any(added.values()):
             log(f"{p.shape}: warm start with {added['policy']} policy and {added['llm']} LLM proposal(s)")
     progress = Progress(studies, cfg.n_trials, stream=progress_stream)
-    if workers == 1:
+    if workers == 1 and not isinstance(runner, str):
         _run_worker(problems, cfg, gpu_runner, store, storage, policy, 0, progress=progress)
     else:
         import multiprocessing as mp
         if policy is not None and policy_path is None:
-            raise ValueError("several workers load the policy from a file: pass policy_path")
+            raise ValueError("worker processes load the policy from a file: pass policy_path")
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_worker_main, args=(i, list(problems), cfg, runner, store.path, storage_arg,
+
+        def start(i):
+            pr = ctx.Process(target=_worker_main, args=(i, list(problems), cfg, runner, store.path, storage_arg,
                                                          str(storage_dir), str(policy_path) if policy else None))
-                 for i in range(workers)]
-        for pr in procs:
             pr.start()
+            return pr
+
+        procs = [start(i) for i in range(workers)]
+        restarts = 0
         try:
-            while any(pr.is_alive() for pr in procs):
+            while True:
+                for i, pr in enumerate(procs):
+                    if pr.exitcode == POISONED_EXIT and restarts < MAX_RESTARTS:
+                        for s in studies:   # its unfinished trials go back in the queue
+                            reclaim_lost_trials(s)
+                        restarts += 1
+                        procs[i] = start(i)
                 progress()
+                if not any(pr.is_alive() for pr in procs) and (
+                        restarts >= MAX_RESTARTS or all(pr.exitcode != POISONED_EXIT for pr in procs)):
+                    break
                 time.sleep(1.0)
         finally:
             for pr in procs:

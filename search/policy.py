@@ -2,30 +2,29 @@
 
 A small torch network maps problem features (log2 M, N, K, their ratios, dtype, layouts, arch) to a
 categorical distribution over the target and then, given the target, over each searchable knob (the
-knob heads see the chosen target: autoregressive in the one place where the space is conditional). It is
-trained by policy gradient (REINFORCE's estimator with a per-problem mean-reward baseline and an
-entropy bonus, in its off-policy-stable advantage-weighted form: see `Policy.fit`) on every (problem, spec, reward) in the results store: reward = log(speedup), failures (invalid, build
-or verify) get log(0.1). It warm-starts new studies (`propose` -> `study.enqueue_trial`) and samples
-inside studies as `PolicySampler`, mixed with TPE. This is what carries what was learned on one shape
-over to the next.
+knob heads see the chosen target: autoregressive in the one place where the space is conditional).
+It is trained by policy gradient on every (problem, spec, reward) in the results store: REINFORCE's
+estimator with a per-problem mean-reward baseline and an entropy bonus, in its off-policy-stable
+advantage-weighted form (see `Policy.fit`); reward = log(speedup), failures (invalid, build or verify)
+get log(0.1). It warm-starts new studies (`propose` -> `study.enqueue_trial`) and samples inside studies
+as `PolicySampler`, mixed with TPE. This is what carries what was learned on one shape to the next.
 """
 from __future__ import annotations
 
 import math
 import random
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import optuna
 import torch
 from optuna.samplers import BaseSampler, TPESampler
 from torch import nn
 
 from ..knobs import DTYPE_BYTES
 from ..validate import ARCHS
-from .space import KNOB_PARAMS, PARAMS, TARGET_PARAM, Problem, check_point, check_targets, params_for
 from ..knobs import TARGETS
+from .space import KNOB_PARAMS, PARAMS, TARGET_PARAM, Problem, check_point, check_targets, params_for
 
 FAIL_REWARD = math.log(0.1)
 DTYPES = tuple(DTYPE_BYTES)

@@ -53,16 +53,25 @@ def precompile(spec_text: str, target: str, arch: str) -> Optional[str]:
         return f"build: {type(err).__name__}: {err}"
 
 
+# CUDA errors after which the process's context is unusable: every later launch fails too.
+STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
+                      "illegal instruction", "device-side assert", "CUDA error: an illegal")
+
+
+class RunnerPoisoned(RuntimeError):
+    """A kernel broke the GPU context of this process; its outcome is recorded, the worker must restart."""
+
+
 class PipelineRunner:
     """build -> verify -> measure through the l2c modules; GPURunner and InterpreterRunner configure it."""
 
     uses_compile_pool = False
 
-    def __init__(self, protocol: str, device: str, gpu: str, verify_seed: int = 0):
+    def __init__(self, protocol: str, device: str, gpu: str, verify_seed: Optional[int] = None):
         self.protocol = protocol
         self.device = device
         self.gpu = gpu
-        self.verify_seed = verify_seed
+        self.verify_seed = verify_seed                   # None: fresh random inputs every check
         self.builds = 0                                  # build() calls made (tests count them)
         self._kernels: Dict[Tuple[str, str], object] = {}   # (spec text, target) -> Kernel | failure text
 
@@ -84,7 +93,15 @@ class PipelineRunner:
         """A compile-pool build failed: remember it so the spec is not built again here."""
         self._kernels[(spec.to_l2(), spec.target)] = reason
 
+    poisoned: Optional[str] = None
+
     def evaluate(self, spec: KernelSpec, problem: Problem) -> Outcome:
+        outcome = self._evaluate(spec, problem)
+        if self.device == "cuda" and outcome.status != "ok" and any(e in outcome.reason for e in STICKY_CUDA_ERRORS):
+            self.poisoned = outcome.reason
+        return outcome
+
+    def _evaluate(self, spec: KernelSpec, problem: Problem) -> Outcome:
         t0 = time.perf_counter()
         kernel = self._kernel(spec, problem)
         if isinstance(kernel, str):

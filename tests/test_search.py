@@ -153,6 +153,8 @@ def test_tune_with_interpreter_kernels_builds_valid_points_only_and_once(tmp_pat
         assert e["layout"] == "row,row,row" and e["dtype"] == "f16" and e["tflops"] > 0 and e["baseline_tflops"] > 0
         validate(parse_one(e["spec"]), e["target"])
     assert len(list((tmp_path / "out" / "specs").glob("*.l2"))) == 2
+    from l2c.dispatch import TunedTable
+    TunedTable.load(written["sm_90"])    # the dispatcher reads what the tuner writes
 
 
 def test_invalid_points_are_never_built_and_failures_cannot_win(tmp_path):

@@ -103,8 +103,13 @@ def run(args) -> int:
                      compile_workers=compile_workers)
 
     from l2c.search.runners import make_runner
-    runner = make_runner(args.runner, args.protocol) if args.workers == 1 else args.runner
-    gpu = runner.gpu if not isinstance(runner, str) else None
+    # GPU measurements run in worker processes (a faulting kernel costs a restart, not the tune)
+    runner = args.runner if args.runner == "gpu" else make_runner(args.runner, args.protocol)
+    if args.runner == "gpu":
+        import torch
+        gpu = torch.cuda.get_device_name(0)
+    else:
+        gpu = runner.gpu
 
     policy, policy_path = None, None
     if args.policy != "off":
@@ -130,7 +135,6 @@ def run(args) -> int:
         f"protocol {args.protocol}, runner {args.runner}; store {store.path}")
     studies = tune(probs, cfg, runner, store, storage_arg=args.storage, workers=args.workers, policy=policy,
                    policy_path=policy_path, llm=llm, log=log, reclaim_all=args.reclaim == "all")
-    gpu = gpu or studies[0].study_name.split("|")[3]
 
     if policy_path is not None:   # learn from this run for the next one
         from l2c.search.policy import Policy
