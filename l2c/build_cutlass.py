@@ -19,7 +19,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -356,13 +356,14 @@ def _compile_in_worker(source: str, name: str) -> Union[str, BuildError]:
 
 
 def build_many(valids: Sequence[ValidSpec], workers: Optional[int] = None) -> List[Union[CutlassKernel, BuildError]]:
-    """Compile many specs in a process pool and load them; one result per spec, in order, never raising.
+    """Compile many specs in parallel and load them; one result per spec, in order, never raising.
 
-    Workers only compile (CPU); loading happens here. Processes are spawned, not forked, so a parent that
-    has initialized CUDA is safe.
+    The parallel work is the nvcc processes: a pool of `workers` threads each drives one nvcc at a time.
+    Threads rather than Python worker processes because the workers only wait on nvcc, and so that
+    build_many works from any script (spawned workers re-import `__main__`, which breaks scripts without an
+    `if __name__ == "__main__"` guard) and from a parent that has initialized CUDA (no fork). Concurrent
+    builds of one kernel, here or in other processes, are serialized by the cache's file lock.
     """
-    import multiprocessing
-
     workers = max(1, workers or os.cpu_count() or 1)
     results: List[Union[CutlassKernel, BuildError, None]] = [None] * len(valids)
     jobs = []
@@ -374,14 +375,10 @@ def build_many(valids: Sequence[ValidSpec], workers: Optional[int] = None) -> Li
         except Exception as err:  # noqa: BLE001
             results[i] = err if isinstance(err, BuildError) else BuildError(f"rendering {valid.name}: {err}")
     if jobs:
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="l2c-nvcc") as pool:
             futures = [(i, source, pool.submit(_compile_in_worker, source, valids[i].name)) for i, source in jobs]
             for i, source, future in futures:
-                try:
-                    outcome = future.result()
-                except Exception as err:  # noqa: BLE001 - e.g. a worker killed by the OOM killer
-                    outcome = BuildError(f"building {valids[i].name}: the worker died: {err}")
+                outcome = future.result()   # _compile_in_worker never raises
                 if isinstance(outcome, BuildError):
                     results[i] = outcome
                 else:

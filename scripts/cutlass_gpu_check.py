@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """GPU check of the CUTLASS target: build a broad sample of specs, verify each, time the good ones vs torch.matmul.
 
-On the H200: every sampled spec is compiled (`build_many`, process pool), loaded, and verified with
+On the H200: every sampled spec is compiled (`build_many`, one nvcc per CPU), loaded, and verified with
 `l2c.verify.verify` (fresh random inputs, NaN-poisoned output, float reference) on several odd-but-aligned
 shapes (not multiples of any tile, but 16-byte aligned as TMA requires). Kernels that pass every check are
 timed with the `kernel` protocol (warm up, then many back-to-back launches between two CUDA events, median
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import platform

@@ -241,6 +241,9 @@ MEASURED = [
           epilogue_activation="silu"), 4, 214016),
     (dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=2, layout_b="col", layout_c="col",
           split_k_mode="stream_k"), 3, 215040),
+    (dict(tile_m=64, tile_n=16, tile_k=32, types_c="f32", epilogue_beta=1.0), 43, 229888),
+    (dict(types_a="bf16", types_b="bf16", types_c="bf16", tile_m=64, tile_n=256, tile_k=64,
+          launch_schedule="pingpong", layout_c="col", epilogue_bias="col"), 5, 215040),
 ]
 
 
