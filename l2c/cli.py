@@ -16,6 +16,7 @@ from .errors import L2Error
 COMMAND_MODULES = [
     "l2c.commands.compile",
     "l2c.commands.check",
+    "l2c.commands.build",
     "l2c.commands.propose",
     "l2c.commands.bench",
     "l2c.commands.report",
