@@ -48,6 +48,7 @@ class TuneConfig:
     compile_workers: int = 0           # CPU processes building ahead of measurement (GPU runner)
     max_ask_factor: int = 10           # give up a study after this many asks per budgeted trial
     share_best: bool = True            # enqueue each study's new best into its sibling studies
+    seed_specs: Tuple = ()             # KernelSpecs a user supplies (e.g. a prebuilt pool), enqueued first
 
 
 def parse_storage(arg: Optional[str], default_dir: Path):
@@ -289,16 +290,26 @@ def share_best(source: StudyWorker, r: Result, siblings: Sequence[StudyWorker]) 
 def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=None, llm=None,
                store: Optional[Store] = None, log: Callable[[str], None] = lambda s: None) -> Dict[str, int]:
     """Enqueue policy and LLM proposals into a study that has not started yet."""
-    added = {"policy": 0, "llm": 0}
+    added = {"seed": 0, "policy": 0, "llm": 0}
     if study.get_trials(deepcopy=False):
         return added
+    from .space import params_from_spec
+    for spec in cfg.seed_specs:
+        targets = cfg.targets if spec.target == "any" else (spec.target,)
+        for target in (t for t in targets if t in cfg.targets):
+            try:
+                params = params_from_spec(spec, target)
+            except ValueError as err:
+                log(f"seed spec {spec.name} is outside the search space, skipped: {err}")
+                continue
+            study.enqueue_trial(params, user_attrs={"source": "seed"}, skip_if_exists=True)
+            added["seed"] += 1
     if policy is not None and cfg.warm_start > 0:
         for params in policy.propose(problem, cfg.targets, cfg.warm_start):
             study.enqueue_trial(params, user_attrs={"source": "policy"}, skip_if_exists=True)
             added["policy"] += 1
     if llm is not None:
         from ..parser import parse_one
-        from .space import params_from_spec
         for target in cfg.targets:
             history = [(parse_one(r.spec), r.tflops, r.baseline_tflops)
                        for r in (store.results(problem=problem.key()) if store is not None else ())
@@ -419,7 +430,8 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, sto
             log(f"{p.shape}: {lost} trial(s) lost by an earlier run re-enqueued")
         added = warm_start(s, p, cfg, policy=policy, llm=llm, store=store, log=log)
         if any(added.values()):
-            log(f"{p.shape}: warm start with {added['policy']} policy and {added['llm']} LLM proposal(s)")
+            log(f"{p.shape}: warm start with {added['seed']} seed spec(s), {added['policy']} policy and "
+                f"{added['llm']} LLM proposal(s)")
     progress = Progress(studies, cfg.n_trials, stream=progress_stream)
     if workers == 1 and not isinstance(runner, str):
         _run_worker(problems, cfg, gpu_runner, store, storage, policy, 0, progress=progress)

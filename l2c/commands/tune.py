@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--policy-fraction", type=float, default=0.5, help="share of trials the policy samples")
     p.add_argument("--warm-start", type=int, default=8, help="policy/LLM proposals enqueued per new study")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed-specs", nargs="*", default=[], metavar="FILE.l2",
+                   help="specs enqueued first in every new study (e.g. a prebuilt pool); their problem knobs are "
+                        "ignored, the study's problem is used")
     p.add_argument("--export", default=None, metavar="DIR",
                    help="write the tuned table (<arch>.json) and the winning .l2 specs here")
     p.add_argument("--reclaim", choices=["dead", "all"], default="dead",
@@ -66,6 +69,7 @@ def run(args) -> int:
 
     from ..cli import UsageError
     from l2c.search.driver import TuneConfig, export, tune
+    from ..parser import parse_file
     from l2c.search.space import check_targets, problems, shapes_from_arg
     from l2c.search.store import Store
 
@@ -100,7 +104,8 @@ def run(args) -> int:
         compile_workers = min(8, os.cpu_count() or 1) if args.runner == "gpu" and "cutlass" in targets else 0
     cfg = TuneConfig(targets=targets, n_trials=args.trials, protocol=args.protocol, sampler=args.sampler,
                      policy_fraction=args.policy_fraction, warm_start=args.warm_start, seed=args.seed,
-                     compile_workers=compile_workers)
+                     compile_workers=compile_workers,
+                     seed_specs=tuple(spec for path in args.seed_specs for spec in parse_file(path)))
 
     from l2c.search.runners import make_runner
     # GPU measurements run in worker processes (a faulting kernel costs a restart, not the tune)
