@@ -380,7 +380,7 @@ def test_llm_proposals_enter_the_study_tagged_llm():
     llm = OneSpecProposer()
     study = optuna.create_study(direction="maximize")
     added = warm_start(study, p, TuneConfig(n_trials=3), llm=llm, store=Store(":memory:"))
-    assert added == {"policy": 0, "llm": 1}
+    assert added == {"seed": 0, "policy": 0, "llm": 1}
     assert [c[3] for c in llm.calls] == ["triton", "cutlass"]
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), TuneConfig(n_trials=3))])
     first = study.trials[0]
