@@ -81,6 +81,17 @@ def print_spec(spec: KernelSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def config_name(spec: KernelSpec) -> str:
+    """A name derived from the knobs alone, e.g. `cutlass_128x256x64_3f9c2a1b`.
+
+    Generated specs (the tuner's, the tuned table's) are named this way so that the same configuration
+    always has the same text, hence the same build-cache key: one build serves every shape that uses it.
+    """
+    import hashlib
+    digest = hashlib.sha256(print_spec(spec.replace(name="_")).encode()).hexdigest()[:8]
+    return f"{spec.target}_{spec.tile_m}x{spec.tile_n}x{spec.tile_k}_{digest}"
+
+
 def print_specs(specs) -> str:
     return "\n".join(print_spec(s) for s in specs)
 

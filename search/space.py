@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import L2ValidationError
-from ..ir import KernelSpec
+from ..ir import KernelSpec, config_name
 from ..knobs import ANY, AUTO, KNOBS, TARGETS, Knob
 from ..validate import ValidSpec, validate
 
@@ -119,11 +119,12 @@ def suggest_params(trial, targets: Sequence[str]) -> Dict[str, object]:
 
 
 def spec_from_params(params: Dict[str, object], problem: Problem, generic: bool = False,
-                     name: str = "tuned") -> KernelSpec:
+                     name: Optional[str] = None) -> KernelSpec:
     """A KernelSpec for `problem` with the searched knobs from `params` (unset knobs keep their defaults).
 
     `generic=True` leaves M, N, K open (`any`) so one build serves every shape (compile once, measure
-    many); batch stays fixed because it changes the kernel's calling convention.
+    many); batch stays fixed because it changes the kernel's calling convention. Unless `name` is given,
+    the spec is named after its knobs (`config_name`), so equal configurations share one build.
     """
     target = params.get(TARGET_PARAM, "any")
     values = {p.name: params[p.name] for p in KNOB_PARAMS if p.name in params}
@@ -132,10 +133,11 @@ def spec_from_params(params: Dict[str, object], problem: Problem, generic: bool 
             raise ValueError(f"{key}={value!r} is not in the search space {PARAMS_BY_NAME[key].choices}")
     acc = "f32"
     dims = (ANY, ANY, ANY) if generic else (problem.m, problem.n, problem.k)
-    return KernelSpec(name=name, target=target, problem_m=dims[0], problem_n=dims[1], problem_k=dims[2],
+    spec = KernelSpec(name=name or "_", target=target, problem_m=dims[0], problem_n=dims[1], problem_k=dims[2],
                       problem_batch=problem.batch, types_a=problem.dtype, types_b=problem.dtype,
                       types_c=problem.dtype, types_acc=acc, layout_a=problem.layout_a,
                       layout_b=problem.layout_b, layout_c=problem.layout_c, **values)
+    return spec if name else spec.replace(name=config_name(spec))
 
 
 def params_from_spec(spec: KernelSpec, target: Optional[str] = None) -> Dict[str, object]:

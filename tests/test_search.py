@@ -385,3 +385,26 @@ def test_llm_proposals_enter_the_study_tagged_llm():
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), TuneConfig(n_trials=3))])
     first = study.trials[0]
     assert first.user_attrs["source"] == "llm" and first.params == params_from_spec(parse_one(text))
+
+
+def test_shipped_pool_specs_are_exactly_what_the_tuner_builds():
+    """benchmarks/pool_h200.l2 is prebuilt with `l2c build` so the GPU spends no time compiling: each spec must
+    be byte-identical to the spec the tuner makes from the same knobs (same text -> same build-cache key)."""
+    from pathlib import Path
+
+    from l2c.ir import config_name
+    from l2c.parser import parse_file
+    from l2c.search.space import Problem, params_from_spec, spec_from_params
+    pool = parse_file(Path(__file__).resolve().parent.parent / "benchmarks" / "pool_h200.l2")
+    assert len(pool) >= 8
+    for spec in pool:
+        assert spec.name == config_name(spec)
+        made = spec_from_params(params_from_spec(spec, spec.target), Problem(64, 64, 64), generic=True)
+        assert made.to_l2() == spec.to_l2()
+
+
+def test_config_names_differ_exactly_when_knobs_differ():
+    from l2c.ir import KernelSpec, config_name
+    a = KernelSpec(name="x", target="cutlass", tile_m=128)
+    assert config_name(a) == config_name(a.replace(name="y"))
+    assert config_name(a) != config_name(a.replace(swizzle_group=4))
