@@ -251,6 +251,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     a: (M, K), b: (K, N), bias: (N,) or None; activation: None | "relu" | "gelu" | "silu".
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
-    if out is not None or a.dim() != 2 or b.dim() != 2:
+    if out is not None or a.dim() != 2 or b.dim() != 2 or not torch.compiler.is_compiling():
+        # Eager calls skip the custom-op dispatch layer: it costs microseconds per call and only
+        # torch.compile (tracing) needs to see l2c.matmul as one opaque op.
         return default_dispatcher().matmul(a, b, bias=bias, activation=activation, out=out)
     return _matmul_op(a, b, bias, activation or "none")
