@@ -395,11 +395,14 @@ def test_shipped_pool_specs_are_exactly_what_the_tuner_builds():
     from l2c.ir import config_name
     from l2c.parser import parse_file
     from l2c.search.space import Problem, params_from_spec, spec_from_params
-    pool = parse_file(Path(__file__).resolve().parent.parent / "benchmarks" / "pool_h200.l2")
+    pool = [s for f in sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("pool_*.l2"))
+            for s in parse_file(f)]
     assert len(pool) >= 8
     for spec in pool:
         assert spec.name == config_name(spec)
-        made = spec_from_params(params_from_spec(spec, spec.target), Problem(64, 64, 64), generic=True)
+        problem = Problem(64, 64, 64, dtype=spec.types_a, layout_a=spec.layout_a, layout_b=spec.layout_b,
+                          layout_c=spec.layout_c)
+        made = spec_from_params(params_from_spec(spec, spec.target), problem, generic=True)
         assert made.to_l2() == spec.to_l2()
 
 
