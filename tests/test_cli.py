@@ -67,3 +67,20 @@ def test_random_files_never_traceback(tmp_path_factory, text):
     result = l2c("check", spec)
     assert result.returncode in (0, 2)
     assert "Traceback" not in result.stderr
+
+
+def test_verify_runs_a_generated_kernel_on_the_interpreter(tmp_path):
+    spec = tmp_path / "k.l2"
+    spec.write_text("kernel small { types a=f16 b=f16 c=f32 tile m=32 n=32 k=16 launch warps=2 "
+                    "epilogue bias=col activation=relu }\n"
+                    "kernel bf { types a=bf16 b=bf16 c=bf16 tile m=32 n=32 k=16 }\n")
+    result = l2c("verify", spec, "--target", "triton", "--shape", "37x41x19,1x1x1", "--device", "cpu")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ok   small [triton]") == 2
+    assert "skip bf [triton]: bf16 tl.dot is wrong in the Triton interpreter" in result.stdout
+
+
+def test_verify_rejects_bad_shapes(tmp_path):
+    spec = tmp_path / "k.l2"
+    spec.write_text("kernel small { }\n")
+    assert_clean_failure(l2c("verify", spec, "--shape", "12x3", "--device", "cpu"), "positive MxNxK")

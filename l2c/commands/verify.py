@@ -1,0 +1,83 @@
+"""`l2c verify spec.l2 --shape MxNxK`: build each kernel and check it against a float reference.
+
+Fresh random inputs, NaN-poisoned output, relative error against the spec's tolerance (l2c.verify). On a
+machine without a GPU, `--device cpu` runs Triton kernels under the Triton interpreter (slow; small shapes);
+CUTLASS kernels need the GPU. Exits 1 if any check fails.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from ..parser import parse_file
+from ..validate import targets_for, validate
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("verify", help="build kernels and verify them against a float reference")
+    p.add_argument("specs", nargs="+", help=".l2 files")
+    p.add_argument("--shape", default="127x65x33",
+                   help="MxNxK[,MxNxK...]; shapes of fixed-shape specs are taken from the spec (default 127x65x33)")
+    p.add_argument("--batch", type=int, default=1, help="batch for specs with problem batch=any")
+    p.add_argument("--target", choices=["triton", "cutlass", "all"], default="all")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--seed", type=int, default=None)
+    p.set_defaults(func=run)
+
+
+def _shapes(text: str):
+    from ..cli import UsageError
+    try:
+        return [tuple(int(x) for x in part.lower().split("x")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--shape wants MxNxK[,MxNxK...], got {text!r}") from None
+
+
+def run(args) -> int:
+    from ..cli import UsageError
+    shapes = _shapes(args.shape)
+    if any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise UsageError(f"--shape wants positive MxNxK triples, got {args.shape!r}")
+    valids = []
+    for path in args.specs:
+        for spec in parse_file(path):
+            for target in targets_for(spec, args.target):
+                valids.append(validate(spec, target, args.arch))
+    if args.device == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UsageError("--device cpu needs TRITON_INTERPRET=1 set before l2c starts")
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("no CUDA GPU is visible; use --device cpu (Triton interpreter) on a CPU-only machine")
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UsageError("no CUDA GPU is visible: run Triton kernels on the CPU with --device cpu")
+    from ..build import build
+    from ..errors import BuildError
+    from ..verify import verify
+    failed = 0
+    for valid in valids:
+        if device == "cpu" and valid.target == "cutlass":
+            print(f"skip {valid.name} [cutlass]: CUTLASS kernels run only on the GPU (`l2c build` compiles them)")
+            continue
+        if device == "cpu" and "bf16" in (valid.spec.types_a, valid.spec.types_b):
+            print(f"skip {valid.name} [triton]: bf16 tl.dot is wrong in the Triton interpreter (a known Triton bug); "
+                  f"verify bf16 kernels on the GPU")
+            continue
+        try:
+            kernel = build(valid)
+        except BuildError as err:
+            failed += 1
+            print(f"FAIL {valid.name} [{valid.target}]: build failed: {err}")
+            continue
+        fixed = valid.spec.fixed_shape
+        batch = valid.spec.problem_batch if valid.spec.problem_batch != "any" else args.batch
+        for m, n, k in ([fixed] if fixed else shapes):
+            res = verify(kernel, m, n, k, batch=batch, device=device, seed=args.seed)
+            failed += not res.ok
+            print(f"{'ok  ' if res.ok else 'FAIL'} {valid.name} [{valid.target}] {m}x{n}x{k}"
+                  f"{f' batch {batch}' if batch != 1 else ''} on {device}: rel error {res.rel_error:.2e} "
+                  f"(tolerance {res.tolerance:.1e}){'' if res.ok else ': ' + res.reason}")
+    return 1 if failed else 0
