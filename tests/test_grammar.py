@@ -27,3 +27,14 @@ def test_grammar_stays_in_the_shared_subset():
     assert not re.search(r"^[A-Z_]+\.\d+\s*:", text, re.M), "terminal priorities are not portable"
     imports = re.findall(r"^%import (\S+)", text, re.M)
     assert all(i.startswith("common.") for i in imports)
+
+
+def test_readme_documents_every_knob_and_rule_as_the_tables_say():
+    from pathlib import Path
+
+    from l2c.commands.check import knob_table_markdown
+    from l2c.validate import RULES
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert knob_table_markdown() in readme, "paste `l2c check --knobs` into the README"
+    for name, text in RULES.items():
+        assert f"| `{name}` | {text} |" in readme, name
