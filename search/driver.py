@@ -161,6 +161,7 @@ class StudyWorker:
         self.on_result = on_result
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.default_source = {"RandomSampler": "random"}.get(type(study.sampler).__name__, "tpe")
+        self.pending: List[_Pending] = []     # asked, building or built, not yet evaluated
 
     def done(self) -> bool:
         trials = self.study.get_trials(deepcopy=False)
@@ -227,13 +228,16 @@ class StudyWorker:
             p.cached = None
         return p
 
+    def idle(self) -> bool:
+        """Nothing in flight and the budget spent: this study is finished for this worker."""
+        return not self.pending and self.done()
+
     def step(self, batch: int = 1) -> int:
-        """Ask up to `batch` trials, build them in the pool, evaluate them here; returns trials told."""
-        pending: List[_Pending] = []
+        """Keep up to `batch` trials in flight (their builds go to the compile pool), then evaluate the ones
+        whose build has finished; returns trials told. Never waits on a build: a slow nvcc run holds up only
+        its own trial while the other studies keep measuring."""
         told = 0
-        for _ in range(batch):
-            if self.done():
-                break
+        while len(self.pending) < batch and not self.done():
             p = self._ask()
             if p is None:
                 told += 1
@@ -241,8 +245,10 @@ class StudyWorker:
             if p.cached is None and self.pool is not None and getattr(self.runner, "uses_compile_pool", False):
                 from .runners import precompile
                 p.build = self.pool.submit(precompile, p.spec.to_l2(), p.params[TARGET_PARAM], self.problem.arch)
-            pending.append(p)
-        for p in pending:
+            self.pending.append(p)
+        ready = [p for p in self.pending if p.cached is not None or p.build is None or p.build.done()]
+        for p in ready:
+            self.pending.remove(p)
             if p.cached is not None:
                 r = replace(p.cached, source=p.source)
             else:
@@ -255,7 +261,7 @@ class StudyWorker:
             self._tell(p, r)
             told += 1
             poisoned = getattr(self.runner, "poisoned", None)
-            if poisoned:   # recorded and told; the rest of this batch is retried by the next run
+            if poisoned:   # recorded and told; trials still in flight are reclaimed by the next run
                 from .runners import RunnerPoisoned
                 raise RunnerPoisoned(poisoned)
         return told
@@ -267,14 +273,20 @@ def best_of(study: optuna.Study) -> Optional[float]:
 
 
 def run_studies(workers: List[StudyWorker], batch: int = 1, progress: Optional[Callable] = None) -> None:
-    """Round-robin over the studies until each has spent its budget (or gave up asking)."""
+    """Round-robin over the studies until each has spent its budget (or gave up asking) and has nothing in
+    flight. When every study is waiting on a build, sleep briefly instead of spinning."""
     active = list(workers)
     while active:
+        told = 0
         for w in list(active):
-            if w.done() or w.step(batch) == 0:
+            if w.idle():
                 active.remove(w)
+                continue
+            told += w.step(batch)
             if progress:
                 progress()
+        if active and not told:
+            time.sleep(0.05)
 
 
 def share_best(source: StudyWorker, r: Result, siblings: Sequence[StudyWorker]) -> None:
