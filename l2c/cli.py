@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "l2c.commands.check",
     "l2c.commands.build",
     "l2c.commands.verify",
+    "l2c.commands.table",
     "l2c.commands.propose",
     "l2c.commands.bench",
     "l2c.commands.report",

@@ -93,11 +93,17 @@ class Results:
     rows: List[dict]
 
     def groups(self) -> Dict[Tuple[str, str], List[dict]]:
-        """Result rows per (kernel, protocol), in first-seen order."""
+        """Result rows per (kernel, protocol), in first-seen order. The entries of one tuned table are one
+        group (the table is what a user deploys: one kernel per shape)."""
         out: Dict[Tuple[str, str], List[dict]] = {}
         for r in self.rows:
-            out.setdefault((r["kernel"], r["protocol"]), []).append(r)
+            out.setdefault((table_or_kernel(r), r["protocol"]), []).append(r)
         return out
+
+
+def table_or_kernel(row: dict) -> str:
+    source = str(row.get("source", ""))
+    return f"tuned table {source}" if source.endswith(".json") else row["kernel"]
 
 
 def load_results(path) -> Results:
