@@ -387,3 +387,22 @@ def test_cli_propose_against_server(server, capsys):
     assert rc in (0, 1) and "valid proposal(s) from llm:tiny" in err
     if rc == 0:
         validate(parse_one(out.split("\n", 1)[1]), "cutlass")
+
+
+def test_tune_mixes_llm_proposals_into_the_study(tiny_model_dir, tmp_path):
+    """`l2c tune --llm-model-dir`: the model's constrained proposals enter the study as trials tagged `llm`
+    and their outcomes land in the store (cost-model runner: the machinery, not a speed claim)."""
+    import sqlite3
+    import subprocess
+    import sys
+    store = tmp_path / "r.sqlite"
+    done = subprocess.run(
+        [sys.executable, "-m", "l2c", "tune", "--runner", "model", "--shapes", "512x512x4096", "--target", "triton",
+         "--trials", "4", "--warm-start", "2", "--policy", "off", "--seed", "1", "--store", str(store),
+         "--storage", f"journal:{tmp_path / 'studies.journal'}", "--llm-model-dir", tiny_model_dir],
+        capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 LLM proposal(s)" in done.stdout + done.stderr
+    rows = sqlite3.connect(store).execute("SELECT source, status FROM results").fetchall()
+    assert sum(1 for source, _ in rows if source == "llm") == 2, rows
+    assert all(status in ("ok", "build_failed", "verify_failed") for source, status in rows if source == "llm")
