@@ -1,1 +1,23 @@
 """Subcommands of the `l2c` CLI, one module each (see l2c/cli.py)."""
+from __future__ import annotations
+
+import sys
+from typing import List
+
+
+def validated_kernels(paths, requested_target: str, arch: str) -> List["ValidSpec"]:  # noqa: F821
+    """Parse and validate every kernel of every file for the requested target(s), before any work is done.
+
+    A spec restricted to another target than the requested one is skipped with a note on stderr; the first
+    invalid spec raises its L2Error (the CLI prints it as file:line:col and exits 2).
+    """
+    from ..parser import parse_file
+    from ..validate import targets_for, validate
+    valids = []
+    for path in paths:
+        for spec in parse_file(path):
+            targets = targets_for(spec, requested_target)
+            if not targets:
+                print(f"{path}: {spec.name}: skipped (the spec is for {spec.target} only)", file=sys.stderr)
+            valids += [validate(spec, t, arch) for t in targets]
+    return valids

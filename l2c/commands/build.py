@@ -9,14 +9,12 @@ exits 1 if any failed.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import BuildError
 from ..lower import render
-from ..parser import parse_file
-from ..validate import targets_for, validate
+from . import validated_kernels
 
 
 def add_parser(sub) -> None:
@@ -43,13 +41,7 @@ def _build_one(valid):
 
 
 def run(args) -> int:
-    valids = []
-    for path in args.specs:   # validate everything before compiling anything
-        for spec in parse_file(path):
-            targets = targets_for(spec, args.target)
-            if not targets:
-                print(f"{path}: {spec.name}: skipped (the spec is for {spec.target} only)", file=sys.stderr)
-            valids += [validate(spec, t, args.arch) for t in targets]
+    valids = validated_kernels(args.specs, args.target, args.arch)   # all of them before any work
     failed = 0
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for valid, path, err, seconds in pool.map(_build_one, valids):

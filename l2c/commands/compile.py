@@ -1,13 +1,10 @@
 """`l2c compile spec.l2`: validate each kernel and write its generated sources."""
 from __future__ import annotations
 
-import sys
-
 from pathlib import Path
 
 from ..lower import file_name, render
-from ..parser import parse_file
-from ..validate import targets_for, validate
+from . import validated_kernels
 
 
 def add_parser(sub) -> None:
@@ -22,13 +19,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     out_dir = Path(args.output)
-    jobs = []
-    for path in args.specs:   # validate everything before writing anything
-        for spec in parse_file(path):
-            targets = targets_for(spec, args.target)
-            if not targets:
-                print(f"{path}: {spec.name}: skipped (the spec is for {spec.target} only)", file=sys.stderr)
-            jobs += [validate(spec, t, args.arch) for t in targets]
+    jobs = validated_kernels(args.specs, args.target, args.arch)   # all of them before any work
     out_dir.mkdir(parents=True, exist_ok=True)
     for valid in jobs:
         dest = out_dir / valid.target / file_name(valid)

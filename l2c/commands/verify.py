@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..parser import parse_file
-from ..validate import targets_for, validate
+from . import validated_kernels
 
 
 def add_parser(sub) -> None:
@@ -39,11 +38,7 @@ def run(args) -> int:
     shapes = _shapes(args.shape)
     if any(len(s) != 3 or min(s) < 1 for s in shapes):
         raise UsageError(f"--shape wants positive MxNxK triples, got {args.shape!r}")
-    valids = []
-    for path in args.specs:
-        for spec in parse_file(path):
-            for target in targets_for(spec, args.target):
-                valids.append(validate(spec, target, args.arch))
+    valids = validated_kernels(args.specs, args.target, args.arch)
     if args.device == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("--device cpu needs TRITON_INTERPRET=1 set before l2c starts")
