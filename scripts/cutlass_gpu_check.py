@@ -17,10 +17,8 @@ Compile elsewhere and only run here: `--compile-only --manifest m.json` builds a
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -145,26 +143,11 @@ def time_one(kernel, m, n, k, seed):
             "baseline_note": "torch.matmul(a, b) in the input dtype; the candidate's fused epilogue is extra work"}
 
 
-def environment():
-    import torch
-    info = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "command": " ".join(sys.argv), "protocol": "kernel (CUDA events, back-to-back, median)"}
-    try:
-        from importlib import metadata
-        info["nvidia-cutlass"] = metadata.version("nvidia-cutlass")
-    except Exception:  # noqa: BLE001
-        pass
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, sm_count=props.multi_processor_count)
-        try:
-            import subprocess
-            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                            capture_output=True, text=True).stdout.strip()
-        except OSError:
-            pass
-    return info
+def environment(settings):
+    """The environment row every result file carries (l2c.bench's: GPU, driver, CUDA, torch, triton, CUTLASS)."""
+    from l2c.bench import environment as bench_environment
+    from l2c.measure import get_device
+    return bench_environment(get_device("cuda"), ["kernel"], " ".join(["python"] + sys.argv), settings)
 
 
 def main(argv=None) -> int:
@@ -216,7 +199,7 @@ def main(argv=None) -> int:
         print("no CUDA device: nothing to verify", file=sys.stderr)
         return 2
 
-    report = {"environment": environment(), "build_seconds": build_s, "kernels": []}
+    report = {"environment": environment(vars(args)), "build_seconds": build_s, "kernels": []}
     for index, (valid, kernel) in enumerate(zip(valids, kernels)):
         spec = valid.spec
         entry = {"name": spec.name, "spec": spec.to_l2(), "schedule": valid.schedule,

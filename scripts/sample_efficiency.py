@@ -35,10 +35,11 @@ def environment(runner_kind: str) -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__, "optuna": optuna.__version__,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])}
-    if runner_kind == "gpu":
-        import triton
-        env.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, triton=triton.__version__,
-                   driver=torch.cuda.get_device_properties(0).name)
+    if runner_kind == "gpu":   # the GPU, driver, CUDA, triton and CUTLASS versions, as l2c bench records them
+        from l2c.bench import environment as bench_environment
+        from l2c.measure import get_device
+        env.update({k: v for k, v in bench_environment(get_device("cuda"), [], env["command"], {}).items()
+                    if k in ("gpu", "driver", "cuda", "triton", "cutlass", "sm", "sm_count")})
     else:
         env["note"] = "outcomes from the analytic cost model of search/costmodel.py: a MODEL, not measurements"
     return env
