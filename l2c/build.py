@@ -29,7 +29,8 @@ class Kernel:
         return 2 * m * n * k * batch
 
     def __call__(self, a, b, c=None, bias=None, out=None):
-        raise NotImplementedError
+        """Launch the kernel (docs/CONTRACTS.md). Each target's subclass implements it; the base never runs."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement the launch")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.valid.name} ({self.target})>"
