@@ -22,9 +22,13 @@ ENV_VAR = "L2C_CACHE_DIR"
 
 
 def cache_dir(*parts: str) -> Path:
-    """The cache root (env L2C_CACHE_DIR, else the user cache dir for "l2c"), or a subfolder; created."""
+    """The cache root (env L2C_CACHE_DIR, else the user cache dir for "l2c"), or a subfolder; created.
+
+    Always absolute: builders run compilers in their own working directories, where a relative
+    L2C_CACHE_DIR (e.g. `.l2c_cache`) would name a different place.
+    """
     root = os.environ.get(ENV_VAR) or platformdirs.user_cache_dir("l2c")
-    path = Path(root).expanduser().joinpath(*parts)
+    path = Path(root).expanduser().resolve().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

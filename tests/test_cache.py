@@ -14,6 +14,14 @@ def test_cache_dir_honours_env(tmp_path, monkeypatch):
     assert sub == tmp_path / "c" / "triton" / "x" and sub.is_dir()
 
 
+def test_relative_cache_dir_is_made_absolute(tmp_path, monkeypatch):
+    # nvcc runs in a temporary working directory: a relative root must not be passed through as is
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(cache.ENV_VAR, ".l2c_cache")
+    folder = cache.cache_dir("cutlass")
+    assert folder.is_absolute() and folder == tmp_path / ".l2c_cache" / "cutlass" and folder.is_dir()
+
+
 def test_cache_dir_default_is_user_cache(monkeypatch):
     import platformdirs
     monkeypatch.delenv(cache.ENV_VAR, raising=False)
