@@ -115,14 +115,7 @@ def _layout_of(t: torch.Tensor) -> Optional[str]:
 
 def _fallback(a, b, bias, activation, out):
     y = torch.matmul(a, b)
-    if bias is not None:
-        y = y + bias
-    if activation == "relu":
-        y = F.relu(y)
-    elif activation == "gelu":
-        y = F.gelu(y)
-    elif activation == "silu":
-        y = F.silu(y)
+    y = _activate(y if bias is None else y + bias, activation)
     if out is not None:
         out.copy_(y)
         return out
@@ -137,6 +130,7 @@ class Dispatcher:
         self.table = table
         self.allow_cpu = allow_cpu
         self._resolved: Dict[Tuple, Optional[Callable]] = {}
+        self._by_call: Dict[Tuple, Optional[Callable]] = {}
         self._kernels: Dict[str, Optional[Callable]] = {}
         self._lock = threading.Lock()
         self.stats = {"tuned": 0, "fallback": 0}
@@ -179,17 +173,30 @@ class Dispatcher:
             return None
 
     def resolve(self, a, b, bias, activation) -> Optional[Callable]:
-        sig = self._signature(a, b, bias, activation)
-        if sig is None:
-            return None
-        kernel = self._resolved.get(sig, False)
+        # Steady state: one dict lookup keyed by what a call's resolution depends on (shapes, strides,
+        # dtypes and devices), before any of the checks in _signature.
+        try:
+            call_key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
+                        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
+                        activation)
+        except (AttributeError, TypeError):
+            call_key = None
+        kernel = self._by_call.get(call_key, False)
         if kernel is not False:
             return kernel
-        with self._lock:
-            dtype, layout, m, n, k, has_bias, act, _ = sig
-            entry = self.table.lookup(dtype, layout, m, n, k)
-            kernel = self._build(entry, m, has_bias, act) if entry is not None else None
-            self._resolved[sig] = kernel
+        sig = self._signature(a, b, bias, activation)
+        if sig is None:
+            kernel = None
+        else:
+            kernel = self._resolved.get(sig, False)
+            if kernel is False:
+                with self._lock:
+                    dtype, layout, m, n, k, has_bias, act, _ = sig
+                    entry = self.table.lookup(dtype, layout, m, n, k)
+                    kernel = self._build(entry, m, has_bias, act) if entry is not None else None
+                    self._resolved[sig] = kernel
+        if call_key is not None:
+            self._by_call[call_key] = kernel
         return kernel
 
     def matmul(self, a, b, bias=None, activation=None, out=None):
@@ -206,6 +213,40 @@ class Dispatcher:
                 log.debug("tuned kernel declined the call (%s); falling back", err)
         self.stats["fallback"] += 1
         return _fallback(a, b, bias, activation, out)
+
+
+    def linear(self, x, weight, bias=None, activation=None):
+        """`activation(x @ weight^T + bias)` for `l2c.nn.Linear` in eager mode, any leading dimensions.
+
+        Where no tuned kernel serves the call, this is exactly what `torch.nn.Linear` runs (`F.linear`,
+        one cuBLAS call with the bias fused) plus the activation, so an unserved layer costs only the
+        lookup, not a reshaped `torch.matmul` and a separate bias add.
+        """
+        activation = activation or "none"
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        w_t = weight.t()
+        kernel = self.resolve(x2, w_t, bias, activation)
+        if kernel is not None:
+            try:
+                y = kernel(x2, w_t, bias=bias)
+                self.stats["tuned"] += 1
+                return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
+            except ValueError as err:
+                log.debug("tuned kernel declined the call (%s); falling back", err)
+        self.stats["fallback"] += 1
+        return _activate(F.linear(x, weight, bias), activation)
+
+
+def _activate(y, activation):
+    if activation == "relu":
+        return F.relu(y)
+    if activation == "gelu":
+        return F.gelu(y)
+    if activation == "silu":
+        return F.silu(y)
+    return y
 
 
 _default: Optional[Dispatcher] = None

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from .dispatch import ACTIVATIONS, matmul
+from .dispatch import ACTIVATIONS, default_dispatcher, matmul
 
 
 class Linear(torch.nn.Linear):
@@ -30,6 +30,8 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():   # eager: straight to the dispatcher (F.linear when unserved)
+            return default_dispatcher().linear(x, self.weight, self.bias, self.activation)
         lead = x.shape[:-1]
         y = matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, activation=self.activation)
         return y.reshape(*lead, self.out_features)

@@ -55,6 +55,11 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=None, help="trials per held-out search (20 / 10)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per method and shape (5 / 2)")
     ap.add_argument("--store", default=None)
+    ap.add_argument("--train-store", default=None,
+                    help="train the policy on every result this store holds for the runner's GPU and protocol "
+                         "(e.g. a real tune's store) instead of collecting TPE searches; held-out shapes must "
+                         "not be in it")
+    ap.add_argument("--methods", default=",".join(("random", "tpe", "policy")))
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     gpu = args.runner == "gpu"
@@ -80,10 +85,17 @@ def main(argv=None) -> int:
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"sample_efficiency_{args.runner}.json")
     store = Store(store_path)
     runner = make_runner(args.runner, "kernel")
+    train_store, n_train_trials = store, args.train_trials or (16 if gpu else 40)
+    if args.train_store:
+        train_store, n_train_trials = Store(args.train_store), 0
+        trained_on = {r.problem for r in train_store.results()}
+        held = [p for p in probs if p.key() not in trained_on][:n_held]
+        if len(held) < n_held:
+            ap.error(f"only {len(held)} shapes of the list are not in {args.train_store}")
     t0 = time.time()
-    result = compare(train, held, runner, targets=targets,
-                     n_train_trials=args.train_trials or (16 if gpu else 40), n_trials=args.trials or (10 if gpu else 20),
-                     seeds=tuple(range(args.seeds or (2 if gpu else 5))), train_store=store, eval_store=store,
+    result = compare(train, held, runner, targets=targets, methods=tuple(args.methods.split(",")),
+                     n_train_trials=n_train_trials, n_trials=args.trials or (10 if gpu else 20),
+                     seeds=tuple(range(args.seeds or (2 if gpu else 5))), train_store=train_store, eval_store=store,
                      log=lambda s: print(f"[{time.time() - t0:6.0f}s] {s}", file=sys.stderr, flush=True))
     result["environment"] = environment(args.runner)
     result["seconds"] = round(time.time() - t0, 1)

@@ -76,11 +76,15 @@ def compare(train: Sequence[Problem], held_out: Sequence[Problem], runner, *, ta
     """Run the protocol above; returns a JSON-ready dict with per-method mean curves and per-shape finals."""
     train_store = train_store or Store(":memory:")
     eval_store = eval_store or Store(":memory:")
+    if n_train_trials == 0:   # train on what the store already holds (e.g. a real tune's measured outcomes)
+        train_keys = {r.problem for r in train_store.results(gpu=runner.gpu, protocol=runner.protocol)}
+        train = [Problem.from_key(k) for k in sorted(train_keys)]
     train_keys = {p.key() for p in train}
     if any(p.key() in train_keys for p in held_out):
         raise ValueError("a held-out shape is also a training shape")
-    log(f"collecting TPE data on {len(train)} training shape(s) x {n_train_trials} trials (stored results reused)")
-    collect(train, runner, train_store, n_train_trials, targets, seed=1000)
+    if n_train_trials > 0:
+        log(f"collecting TPE data on {len(train)} training shape(s) x {n_train_trials} trials (stored results reused)")
+        collect(train, runner, train_store, n_train_trials, targets, seed=1000)
     policy = Policy(seed=0)
     samples = _samples(train_store, train_keys, runner)   # never the held-out shapes
     policy.fit(samples)
@@ -108,5 +112,5 @@ def compare(train: Sequence[Problem], held_out: Sequence[Problem], runner, *, ta
                            "curves": {k: cs for k, cs in per_shape.items()}}
     return {"runner": type(runner).__name__, "gpu": runner.gpu, "protocol": runner.protocol,
             "targets": list(targets), "n_trials": n_trials, "n_train_trials": n_train_trials, "seeds": list(seeds),
-            "train_shapes": [p.key() for p in train], "held_out_shapes": [p.key() for p in held_out],
+            "train_shapes": [p.key() for p in train], "train_store": str(getattr(train_store, "path", "")), "held_out_shapes": [p.key() for p in held_out],
             "policy_trained_on": n_samples, "methods": summary}

@@ -95,3 +95,46 @@ def test_tuned_path_runs_the_tuned_kernel_on_the_interpreter():
     l2c.matmul(torch.randn(4, 40, dtype=torch.float16), torch.randn(40, 7, dtype=torch.float16))
     assert dispatcher.stats["fallback"] == 1
     set_tuned_table(None)
+
+
+def test_steady_state_resolution_still_tells_signatures_apart():
+    """The per-call cache keys on shapes, strides, dtypes and devices: a call that differs in any of them from
+    an earlier one (same M, N, K) is resolved afresh, not served by the earlier call's kernel."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True)
+    a = torch.randn(32, 40, dtype=torch.float16)
+    w = torch.randn(48, 40, dtype=torch.float16)
+    for _ in range(2):   # the second call takes the cached resolution
+        y = l2c.matmul(a, w.t())
+        assert torch.allclose(y.float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats == {"tuned": 2, "fallback": 0}
+    # same (M, N, K) but B row-major: the table has only row,col,row, so torch serves it
+    y = l2c.matmul(a, w.t().contiguous())
+    assert dispatcher.stats["fallback"] == 1
+    assert torch.allclose(y.float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    # same shapes and strides, other dtype: no f32 entries, torch again
+    l2c.matmul(a.float(), w.float().t())
+    assert dispatcher.stats["fallback"] == 2
+    # and the first signature still runs the tuned kernel
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 3, "fallback": 2}
+    set_tuned_table(None)
+
+
+def test_linear_serves_3d_inputs_from_the_table_and_is_torch_elsewhere():
+    """Eager l2c.nn.Linear: a (batch, tokens, in) input is flattened to M = batch*tokens for the table lookup and
+    the tuned kernel's output reshaped back; an unserved shape runs torch.nn.Linear's own F.linear."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True)
+    ref = torch.nn.Linear(40, 48).half()
+    lin = l2c.nn.Linear.from_linear(ref, activation="gelu")
+    x = torch.randn(2, 16, 40, dtype=torch.float16)
+    y = lin(x)
+    assert y.shape == (2, 16, 48) and dispatcher.stats == {"tuned": 1, "fallback": 0}
+    expect = F.gelu(x.double() @ ref.weight.double().t() + ref.bias.double())
+    assert ((y.double() - expect).norm() / expect.norm()).item() < 5e-3
+    lin(torch.randn(3, 40, dtype=torch.float16))          # M=3: the nearest tuned M at or above (32) serves it
+    assert dispatcher.stats == {"tuned": 2, "fallback": 0}
+    plain = l2c.nn.Linear.from_linear(torch.nn.Linear(40, 7).half())   # N=7: no entry, torch's F.linear
+    x7 = torch.randn(5, 40, dtype=torch.float16)
+    assert torch.equal(plain(x7), F.linear(x7, plain.weight, plain.bias))
+    assert dispatcher.stats["fallback"] == 1
+    set_tuned_table(None)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -411,3 +412,23 @@ def test_config_names_differ_exactly_when_knobs_differ():
     a = KernelSpec(name="x", target="cutlass", tile_m=128)
     assert config_name(a) == config_name(a.replace(name="y"))
     assert config_name(a) != config_name(a.replace(swizzle_group=4))
+
+
+def test_seed_specs_enter_a_resumed_study_once():
+    """New seed specs given to a resumed tune are tried; seeds already tried are not enqueued again, and
+    policy/LLM warm starts stay reserved for fresh studies."""
+    from l2c.search.driver import warm_start
+    p = Problem(64, 64, 4096)
+    seed_a = parse_one("kernel a { target triton tile m=32 n=32 k=64 split_k slices=16 mode=workspace }")
+    seed_b = parse_one("kernel b { target triton tile m=64 n=64 k=64 }")
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    cfg = TuneConfig(targets=("triton",), n_trials=2, seed_specs=(seed_a,), sampler="random")
+    assert warm_start(study, p, cfg)["seed"] == 1
+    run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), cfg)])
+    assert study.trials[0].params == params_from_spec(seed_a, "triton")
+    # resumed with one old and one new seed: only the new one is enqueued, and it is evaluated first
+    cfg = replace(cfg, n_trials=3, seed_specs=(seed_a, seed_b))
+    assert warm_start(study, p, cfg) == {"seed": 1, "policy": 0, "llm": 0}
+    assert warm_start(study, p, cfg)["seed"] == 0
+    run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), cfg)])
+    assert study.trials[2].params == params_from_spec(seed_b, "triton")

@@ -1,0 +1,151 @@
+#!/usr/bin/env python
+"""Host overhead of l2c's eager call path against torch.matmul, and correctness of its fast paths (GPU).
+
+    python scripts/call_overhead.py --out benchmarks/results/call_overhead_h200.json
+
+For each kernel and small shape it measures, side by side in one process:
+- `launch_us`: host time per call of 400 back-to-back calls without synchronizing, divided by 400. When the
+  kernel is shorter than the host work this is the host cost of one call (what limits the `call` protocol
+  on small shapes); torch.matmul is timed the same way.
+- `call_us`: mean of synchronized single calls (the `call` protocol's measurement, same inputs).
+Sides: torch.matmul; the kernel called directly (its steady-state path); for CUTLASS also the fully checked
+path alone (`_checked_call`, what every call cost before call plans); and `l2c.matmul` through the dispatcher
+with a one-entry tuned table for that shape.
+
+Correctness (exits 1 on any failure): each side's result equals torch.matmul's; after a call plan exists, a
+16-byte-misaligned view of the same shape and strides is still rejected (ValueError) by the kernel and
+served correctly by the fallback of `l2c.matmul`; a second dtype is not served by the first one's plan.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = [(64, 64, 64), (256, 256, 256), (128, 1024, 1024), (1024, 1024, 1024)]
+KERNELS = ("cutlass_64x64x128_389cd9a6", "triton_64x64x64_d4734c23", "triton_64x64x128_9ed8aade")
+
+
+def host_per_call(fn, n=400):
+    import torch
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t0) / n)
+        torch.cuda.synchronize()
+    return statistics.median(samples) * 1e6
+
+
+def synced_call(fn, n=200):
+    import torch
+    torch.cuda.synchronize()
+    total = 0.0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        total += time.perf_counter() - t0
+    return total / n * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "call_overhead_h200.json"))
+    ap.add_argument("--pool", default=str(ROOT / "benchmarks" / "pool_h200.l2"))
+    args = ap.parse_args(argv)
+
+    import torch
+    import l2c
+    from l2c.bench import environment
+    from l2c.build import build
+    from l2c.dispatch import TunedEntry, TunedTable, set_tuned_table
+    from l2c.measure import get_device
+    from l2c.parser import parse_file
+    from l2c.validate import validate
+
+    specs = {s.name: s for s in parse_file(args.pool)}
+    rows, failures = [], []
+
+    def check(name, got, ref, tol=3e-3):
+        err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+        if not err <= tol:
+            failures.append(f"{name}: relative error {err:.3g} > {tol}")
+        return err
+
+    for kname in KERNELS:
+        spec = specs[kname]
+        kernel = build(validate(spec, spec.target, "sm_90"))
+        for (m, n, k) in SHAPES:
+            g = torch.Generator(device="cuda").manual_seed(0)
+            a = torch.randn(m, k, device="cuda", dtype=torch.float16, generator=g)
+            b = torch.randn(k, n, device="cuda", dtype=torch.float16, generator=g)
+            ref = torch.matmul(a, b)
+            row = {"kernel": kname, "target": spec.target, "m": m, "n": n, "k": k, "errors": {}}
+            row["errors"]["direct"] = check(f"{kname} {m}x{n}x{k} direct", kernel(a, b), ref)
+            row["errors"]["direct_again"] = check(f"{kname} {m}x{n}x{k} direct (plan)", kernel(a, b), ref)
+            entry = TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout="row,row,row", target=spec.target,
+                               spec_text=spec.replace(problem_m=m, problem_n=n, problem_k=k).to_l2(),
+                               tflops=2.0, baseline_tflops=1.0)
+            dispatcher = set_tuned_table(TunedTable([entry]))
+            row["errors"]["l2c.matmul"] = check(f"{kname} {m}x{n}x{k} l2c.matmul", l2c.matmul(a, b), ref)
+            if dispatcher.stats["tuned"] != 1:
+                failures.append(f"{kname} {m}x{n}x{k}: l2c.matmul did not use the tuned kernel {dispatcher.stats}")
+
+            # a misaligned view with the same shape and strides as a planned call
+            flat = torch.randn(m * k + 1, device="cuda", dtype=torch.float16, generator=g)
+            skewed = flat[1:].view(m, k)
+            if spec.target == "cutlass":
+                try:
+                    kernel(skewed, b)
+                    failures.append(f"{kname} {m}x{n}x{k}: a misaligned A was accepted after a plan existed")
+                except ValueError:
+                    row["misaligned_rejected"] = True
+            before = dict(dispatcher.stats)
+            check(f"{kname} {m}x{n}x{k} l2c.matmul misaligned", l2c.matmul(skewed, b), torch.matmul(skewed, b))
+            if spec.target == "cutlass" and dispatcher.stats["fallback"] != before["fallback"] + 1:
+                failures.append(f"{kname} {m}x{n}x{k}: misaligned call not served by the fallback")
+            # bf16 inputs of the same shapes: never served by the f16 plan
+            ab, bb = a.to(torch.bfloat16), b.to(torch.bfloat16)
+            if spec.target == "cutlass":
+                try:
+                    kernel(ab, bb)
+                    failures.append(f"{kname}: bf16 inputs accepted by an f16 kernel")
+                except ValueError:
+                    pass
+            check(f"{kname} {m}x{n}x{k} l2c.matmul bf16", l2c.matmul(ab, bb), torch.matmul(ab, bb), tol=1e-2)
+
+            sides = {"torch.matmul": lambda: torch.matmul(a, b), "kernel": lambda: kernel(a, b),
+                     "l2c.matmul": lambda: l2c.matmul(a, b)}
+            if spec.target == "cutlass":
+                sides["kernel_checked"] = lambda: kernel._checked_call(a, b, None, None, None)
+            row["launch_us"] = {name: round(host_per_call(fn), 2) for name, fn in sides.items()}
+            row["call_us"] = {name: round(synced_call(fn), 2) for name, fn in sides.items()}
+            rows.append(row)
+            print(f"{kname:28s} {m}x{n}x{k}: launch_us {row['launch_us']} call_us {row['call_us']}", flush=True)
+    set_tuned_table(None)
+
+    result = {"environment": environment(get_device("cuda"), [], " ".join(["scripts/call_overhead.py"] + sys.argv[1:]),
+                                         {}),
+              "rows": rows, "failures": failures}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{len(failures)} failure(s); wrote {out}")
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
