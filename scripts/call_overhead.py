@@ -94,9 +94,9 @@ def main(argv=None) -> int:
             row = {"kernel": kname, "target": spec.target, "m": m, "n": n, "k": k, "errors": {}}
             row["errors"]["direct"] = check(f"{kname} {m}x{n}x{k} direct", kernel(a, b), ref)
             row["errors"]["direct_again"] = check(f"{kname} {m}x{n}x{k} direct (plan)", kernel(a, b), ref)
+            # the shape-generic spec, as tuned tables hold it (the kernel above is the same build)
             entry = TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout="row,row,row", target=spec.target,
-                               spec_text=spec.replace(problem_m=m, problem_n=n, problem_k=k).to_l2(),
-                               tflops=2.0, baseline_tflops=1.0)
+                               spec_text=spec.to_l2(), tflops=2.0, baseline_tflops=1.0)
             dispatcher = set_tuned_table(TunedTable([entry]))
             row["errors"]["l2c.matmul"] = check(f"{kname} {m}x{n}x{k} l2c.matmul", l2c.matmul(a, b), ref)
             if dispatcher.stats["tuned"] != 1:
