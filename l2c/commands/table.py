@@ -5,6 +5,14 @@ if its speedup over torch.matmul is at least `--min-speedup`. Choosing the best 
 same measurements favours lucky draws (a winner's curse), so the default margin, 1.05, is the run-to-run
 spread of identical kernels on the H200: an entry that clears it is a win, not noise. The table has the
 format of docs/CONTRACTS.md, which `l2c.matmul`, `l2c bench` and `l2c tune --export` share.
+
+`--host-overhead triton=30e-6,cutlass=10e-6` makes a `kernel`-protocol table safe for eager callers: each
+candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
+(measured by scripts/call_overhead.py), times its launches (a Triton split-K kernel launches a finalize kernel
+too; atomic mode also clears its buffer), and must not lose after the charge:
+baseline_s / (candidate_s + charge) >= 1, besides clearing the margin uncharged. A kernel 10% faster on a 3 µs
+problem does not make a synchronized call faster when its launch costs 20 µs more. The per-shape winner is the
+best charged candidate.
 """
 from __future__ import annotations
 
@@ -19,7 +27,41 @@ def add_parser(sub) -> None:
     p.add_argument("--protocol", default="kernel")
     p.add_argument("--min-speedup", type=float, default=1.05)
     p.add_argument("--arch", default="sm_90")
+    p.add_argument("--host-overhead", default="", metavar="TARGET=SECONDS,...",
+                   help="charge each candidate this extra host time per launch (kernel protocol), e.g. "
+                        "triton=30e-6,cutlass=10e-6; default: no charge")
     p.set_defaults(func=run)
+
+
+def parse_overhead(text: str):
+    """'triton=30e-6,cutlass=1e-5' -> {"triton": 3e-05, "cutlass": 1e-05}; ValueError on anything else."""
+    charges = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        target, sep, value = part.partition("=")
+        if not sep or target not in ("triton", "cutlass"):
+            raise ValueError(f"--host-overhead: expected TARGET=SECONDS with TARGET triton or cutlass, got {part!r}")
+        seconds = float(value)
+        if not 0 <= seconds < 1:
+            raise ValueError(f"--host-overhead: {part!r} is not a per-launch time in seconds")
+        charges[target] = seconds
+    return charges
+
+
+def launches(spec_text: str) -> int:
+    """Kernel launches of one call of a spec (Triton split-K: + finalize, atomic: + the buffer clear)."""
+    from ..parser import parse_one
+    spec = parse_one(spec_text)
+    if spec.target == "triton" and spec.split_k_slices > 1:
+        return 3 if spec.split_k_mode == "atomic" else 2
+    return 1
+
+
+def charged_speedup(row, charges) -> float:
+    """The row's speedup with its target's host overhead charged (its plain speedup without charges)."""
+    charge = charges.get(row.get("target"), 0.0)
+    if not charge or row.get("protocol") != "kernel" or not row.get("candidate_s") or not row.get("baseline_s"):
+        return row["speedup"]
+    return row["baseline_s"] / (row["candidate_s"] + charge * launches(row["spec"]))
 
 
 def spec_text(row, cache) -> str:
@@ -44,9 +86,10 @@ def spec_text(row, cache) -> str:
     return cache[source].get(row.get("name"), "")
 
 
-def best_rows(rows, protocol: str, min_speedup: float):
-    """The best verified non-torch row per (shape, dtype, layout) at or above `min_speedup`."""
-    best, cache = {}, {}
+def best_rows(rows, protocol: str, min_speedup: float, charges=None):
+    """The best verified non-torch row per (shape, dtype, layout), chosen by charged speedup, if its speedup is
+    at least `min_speedup` and its charged speedup at least 1 (no charges: the two are the same)."""
+    best, cache, charges = {}, {}, charges or {}
     for r in rows:
         if r.get("type") != "result" or r.get("status") != "ok" or r.get("protocol") != protocol:
             continue
@@ -55,10 +98,11 @@ def best_rows(rows, protocol: str, min_speedup: float):
         r = dict(r, spec=spec_text(r, cache))
         if not r["spec"]:
             continue
+        r["charged_speedup"] = charged_speedup(r, charges)
         key = (r["m"], r["n"], r["k"], r.get("batch", 1), r["dtype"], r["layout"])
-        if key not in best or r["speedup"] > best[key]["speedup"]:
+        if key not in best or r["charged_speedup"] > best[key]["charged_speedup"]:
             best[key] = r
-    return [r for r in best.values() if r["speedup"] >= min_speedup]
+    return [r for r in best.values() if r["speedup"] >= min_speedup and r["charged_speedup"] >= 1.0]
 
 
 def run(args) -> int:
@@ -72,13 +116,17 @@ def run(args) -> int:
                 gpus.add(r["gpu"])
     if len(gpus) > 1:
         raise UsageError(f"results from different GPUs: {sorted(gpus)}")
-    chosen = best_rows(rows, args.protocol, args.min_speedup)
+    try:
+        charges = parse_overhead(args.host_overhead)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    chosen = best_rows(rows, args.protocol, args.min_speedup, charges)
     entries = [{"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
                 "layout": r["layout"], "target": r["target"], "spec": r["spec"],
                 "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
                for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
-             "min_speedup": args.min_speedup, "sources": [str(p) for p in args.results], "entries": entries}
+             "min_speedup": args.min_speedup, "host_overhead_s": charges, "sources": [str(p) for p in args.results], "entries": entries}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
