@@ -432,3 +432,24 @@ def test_seed_specs_enter_a_resumed_study_once():
     assert warm_start(study, p, cfg)["seed"] == 0
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), cfg)])
     assert study.trials[2].params == params_from_spec(seed_b, "triton")
+
+
+def test_policy_pool_script_writes_buildable_generic_specs(tmp_path):
+    """scripts/policy_pool.py: the policy's proposals for a shapes list as a .l2 pool that `l2c build` takes —
+    shape-generic, named by their knobs, valid for the target, at most n per shape."""
+    from l2c.ir import config_name
+    from l2c.parser import parse_file
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    tune = subprocess.run(_tune_cmd(tmp_path, 12), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert tune.returncode == 0, tune.stderr
+    out = tmp_path / "pool.l2"
+    done = subprocess.run([sys.executable, "scripts/policy_pool.py", "--shapes", "256x4096x4096,64x1024x8192",
+                           "--store", str(tmp_path / "r.sqlite"), "--target", "cutlass", "-n", "3", "-o", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    specs = parse_file(out)
+    assert 1 <= len(specs) <= 6 and len({s.name for s in specs}) == len(specs)
+    for spec in specs:
+        assert spec.target == "cutlass" and spec.name == config_name(spec)
+        assert (spec.problem_m, spec.problem_n, spec.problem_k) == ("any", "any", "any")
+        validate(spec, "cutlass", "sm_90")
