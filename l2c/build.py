@@ -11,6 +11,17 @@ from .errors import BuildError
 from .validate import ValidSpec
 
 
+def call_signature(a, b, bias=None):
+    """What a call's checks depend on apart from its pointers: shapes, strides, dtypes and devices of `a`, `b`
+    and `bias` (None when an argument is not a tensor). CUTLASS kernels key their call plans by it and the
+    dispatcher its resolutions, so one steady-state call reads these attributes the same way in both."""
+    try:
+        return (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
+                None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))
+    except (AttributeError, TypeError):
+        return None
+
+
 class Kernel:
     """A built GEMM kernel: `kernel(a, b, c=None, bias=None, out=None) -> out` (see docs/CONTRACTS.md)."""
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from . import cache
-from .build import Kernel
+from .build import Kernel, call_signature
 from .errors import BuildError
 from .knobs import ANY, DTYPE_BYTES
 from .lower import render
@@ -230,11 +230,7 @@ class CutlassKernel(Kernel):
         the current device. Everything else goes through the full checks in `_checked_call`.
         """
         if out is None and c is None:
-            try:
-                key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
-                       None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))
-            except (AttributeError, TypeError):
-                key = None
+            key = call_signature(a, b, bias)
             plan = self._plans.get(key) if key is not None else None
             if plan is not None:
                 pa, pb = a.data_ptr(), b.data_ptr()

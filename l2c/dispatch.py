@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from .build import call_signature
 from .errors import BuildError, L2Error
 from .knobs import ANY
 from .parser import parse_one
@@ -175,12 +176,8 @@ class Dispatcher:
     def resolve(self, a, b, bias, activation) -> Optional[Callable]:
         # Steady state: one dict lookup keyed by what a call's resolution depends on (shapes, strides,
         # dtypes and devices), before any of the checks in _signature.
-        try:
-            call_key = (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
-                        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()),
-                        activation)
-        except (AttributeError, TypeError):
-            call_key = None
+        tensors = call_signature(a, b, bias)
+        call_key = None if tensors is None else (tensors, activation)
         kernel = self._by_call.get(call_key, False)
         if kernel is not False:
             return kernel
@@ -199,21 +196,23 @@ class Dispatcher:
             self._by_call[call_key] = kernel
         return kernel
 
-    def matmul(self, a, b, bias=None, activation=None, out=None):
-        activation = activation or "none"
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-        kernel = self.resolve(a, b, bias, activation)
+    def _run_tuned(self, kernel, a, b, bias, out=None):
+        """The tuned kernel's result, or None when there is none or it declines this call (a ValueError, e.g. a
+        misaligned pointer: this call only) and the caller falls back; counts which path served the call."""
         if kernel is not None:
             try:
                 result = kernel(a, b, bias=bias, out=out)
                 self.stats["tuned"] += 1
                 return result
-            except ValueError as err:   # e.g. a misaligned pointer: this call only
+            except ValueError as err:
                 log.debug("tuned kernel declined the call (%s); falling back", err)
         self.stats["fallback"] += 1
-        return _fallback(a, b, bias, activation, out)
+        return None
 
+    def matmul(self, a, b, bias=None, activation=None, out=None):
+        activation = check_activation(activation)
+        result = self._run_tuned(self.resolve(a, b, bias, activation), a, b, bias, out)
+        return result if result is not None else _fallback(a, b, bias, activation, out)
 
     def linear(self, x, weight, bias=None, activation=None):
         """`activation(x @ weight^T + bias)` for `l2c.nn.Linear` in eager mode, any leading dimensions.
@@ -222,21 +221,21 @@ class Dispatcher:
         one cuBLAS call with the bias fused) plus the activation, so an unserved layer costs only the
         lookup, not a reshaped `torch.matmul` and a separate bias add.
         """
-        activation = activation or "none"
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        activation = check_activation(activation)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()
-        kernel = self.resolve(x2, w_t, bias, activation)
-        if kernel is not None:
-            try:
-                y = kernel(x2, w_t, bias=bias)
-                self.stats["tuned"] += 1
-                return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
-            except ValueError as err:
-                log.debug("tuned kernel declined the call (%s); falling back", err)
-        self.stats["fallback"] += 1
-        return _activate(F.linear(x, weight, bias), activation)
+        y = self._run_tuned(self.resolve(x2, w_t, bias, activation), x2, w_t, bias)
+        if y is None:
+            return _activate(F.linear(x, weight, bias), activation)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def check_activation(activation: Optional[str]) -> str:
+    """`activation` as the dispatcher names it ("none" for None); ValueError for one it does not know."""
+    activation = activation or "none"
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return activation
 
 
 def _activate(y, activation):

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from .dispatch import ACTIVATIONS, default_dispatcher, matmul
+from .dispatch import check_activation, default_dispatcher, matmul
 
 
 class Linear(torch.nn.Linear):
@@ -18,8 +18,7 @@ class Linear(torch.nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  activation: Optional[str] = None):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        if (activation or "none") not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        check_activation(activation)
         self.activation = activation
 
     @classmethod

@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     store = Store(store_path)
     runner = make_runner(args.runner, "kernel")
     train_store, n_train_trials = store, args.train_trials or (16 if gpu else 40)
-    if args.train_store:
-        train_store, n_train_trials = Store(args.train_store), 0
+    if args.train_store:   # train on everything that store holds: compare() derives the training problems
+        train, train_store = None, Store(args.train_store)
         trained_on = {r.problem for r in train_store.results()}
         held = [p for p in probs if p.key() not in trained_on][:n_held]
         if len(held) < n_held:

@@ -304,10 +304,10 @@ def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=No
     """Enqueue the user's seed specs (into any study: a resumed tune given new seeds tries them, and seeds it
     already tried are skipped), then policy and LLM proposals into a study that has not started yet."""
     added = {"seed": 0, "policy": 0, "llm": 0}
-    started = bool(study.get_trials(deepcopy=False))
+    trials = study.get_trials(deepcopy=False)
     from .space import params_from_spec
     # points already in the study: run (params) or waiting to run (enqueued: their fixed params)
-    tried = {_point_key(t.params or t.system_attrs.get("fixed_params", {})) for t in study.get_trials(deepcopy=False)}
+    tried = {_point_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
     for spec in cfg.seed_specs:
         targets = cfg.targets if spec.target == "any" else (spec.target,)
         for target in (t for t in targets if t in cfg.targets):
@@ -321,7 +321,7 @@ def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=No
             study.enqueue_trial(params, user_attrs={"source": "seed"}, skip_if_exists=True)
             tried.add(_point_key(params))
             added["seed"] += 1
-    if started:
+    if trials:   # a study that already ran keeps its own course: no policy or LLM warm start
         return added
     if policy is not None and cfg.warm_start > 0:
         for params in policy.propose(problem, cfg.targets, cfg.warm_start):

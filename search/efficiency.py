@@ -68,17 +68,21 @@ def _samples(store: Store, keys, runner):
     return out
 
 
-def compare(train: Sequence[Problem], held_out: Sequence[Problem], runner, *, targets=("triton", "cutlass"),
+def compare(train: Optional[Sequence[Problem]], held_out: Sequence[Problem], runner, *, targets=("triton", "cutlass"),
             n_train_trials: int = 40, n_trials: int = 20, seeds: Sequence[int] = (0, 1, 2),
             methods: Sequence[str] = METHODS, train_store: Optional[Store] = None,
             eval_store: Optional[Store] = None, policy_fraction: float = 0.5, warm: int = 5,
             log=lambda s: None) -> Dict[str, object]:
-    """Run the protocol above; returns a JSON-ready dict with per-method mean curves and per-shape finals."""
+    """Run the protocol above; returns a JSON-ready dict with per-method mean curves and per-shape finals.
+
+    `train=None`: train on every problem `train_store` already holds for the runner's GPU and protocol (e.g. a
+    real tune's measured outcomes) and collect nothing.
+    """
     train_store = train_store or Store(":memory:")
     eval_store = eval_store or Store(":memory:")
-    if n_train_trials == 0:   # train on what the store already holds (e.g. a real tune's measured outcomes)
-        train_keys = {r.problem for r in train_store.results(gpu=runner.gpu, protocol=runner.protocol)}
-        train = [Problem.from_key(k) for k in sorted(train_keys)]
+    if train is None:
+        stored = {r.problem for r in train_store.results(gpu=runner.gpu, protocol=runner.protocol)}
+        train, n_train_trials = [Problem.from_key(k) for k in sorted(stored)], 0
     train_keys = {p.key() for p in train}
     if any(p.key() in train_keys for p in held_out):
         raise ValueError("a held-out shape is also a training shape")
@@ -112,5 +116,6 @@ def compare(train: Sequence[Problem], held_out: Sequence[Problem], runner, *, ta
                            "curves": {k: cs for k, cs in per_shape.items()}}
     return {"runner": type(runner).__name__, "gpu": runner.gpu, "protocol": runner.protocol,
             "targets": list(targets), "n_trials": n_trials, "n_train_trials": n_train_trials, "seeds": list(seeds),
-            "train_shapes": [p.key() for p in train], "train_store": str(getattr(train_store, "path", "")), "held_out_shapes": [p.key() for p in held_out],
+            "train_shapes": [p.key() for p in train], "train_store": str(getattr(train_store, "path", "")),
+            "held_out_shapes": [p.key() for p in held_out],
             "policy_trained_on": n_samples, "methods": summary}

@@ -16,6 +16,7 @@ best charged candidate.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def parse_overhead(text: str):
     return charges
 
 
+@functools.lru_cache(maxsize=None)
 def launches(spec_text: str) -> int:
     """Kernel launches of one call of a spec (Triton split-K: + finalize, atomic: + the buffer clear)."""
     from ..parser import parse_one
@@ -126,7 +128,8 @@ def run(args) -> int:
                 "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
                for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
-             "min_speedup": args.min_speedup, "host_overhead_s": charges, "sources": [str(p) for p in args.results], "entries": entries}
+             "min_speedup": args.min_speedup, "host_overhead_s": charges, "sources": [str(p) for p in args.results],
+             "entries": entries}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
