@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     n = result["n_trials"]
     print(f"{'MODEL' if not gpu else result['gpu']}: geomean over {len(held)} held-out shapes of the best speedup "
           f"after n trials (mean over {len(result['seeds'])} seeds)")
-    marks = sorted({1, 3, 5, n // 2, n})
+    marks = sorted(m for m in {1, 3, 5, n // 2, n} if 1 <= m <= n)
     print("method  " + "  ".join(f"n={m:<3d}" for m in marks))
     for method, s in result["methods"].items():
         curve = s["geomean_best_after_n"]
