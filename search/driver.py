@@ -34,6 +34,8 @@ from .store import Result, Store
 COUNTED = ("ok", "build_failed", "verify_failed")   # statuses that spend the trial budget
 POISONED_EXIT = 3                                    # a worker process whose CUDA context a kernel broke
 MAX_RESTARTS = 50
+ORPHAN_AFTER_S = 30.0   # a RUNNING trial that never named its worker (killed between `ask` and naming) is dead
+                        # after this long: a live worker names its trial in the storage call right after `ask`
 
 
 @dataclass
@@ -49,6 +51,7 @@ class TuneConfig:
     max_ask_factor: int = 10           # give up a study after this many asks per budgeted trial
     share_best: bool = True            # enqueue each study's new best into its sibling studies
     seed_specs: Tuple = ()             # KernelSpecs a user supplies (e.g. a prebuilt pool), enqueued first
+    orphan_after_s: float = ORPHAN_AFTER_S
 
 
 def parse_storage(arg: Optional[str], default_dir: Path):
@@ -112,13 +115,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def reclaim_lost_trials(study: optuna.Study, everything: bool = False) -> int:
+def _orphan(t: optuna.trial.FrozenTrial) -> bool:
+    """RUNNING and never named its worker: killed between `ask` and `set_user_attr("worker")`, or still
+    inside that window (a live worker leaves it within milliseconds)."""
+    return t.state == TrialState.RUNNING and not t.user_attrs.get("worker")
+
+
+def reclaim_lost_trials(study: optuna.Study, everything: bool = False,
+                        orphan_after_s: float = ORPHAN_AFTER_S) -> int:
     """Mark trials a dead worker left RUNNING as FAIL (status `lost`) and re-enqueue their points.
 
     A trial is dead when its worker ran on this host and that process is gone, when it never got as far as
-    naming its worker (killed right after `ask`, two minutes ago or more), or always with `everything`
+    naming its worker (killed right after `ask`, `orphan_after_s` ago or more), or always with `everything`
     (`l2c tune --reclaim all`: the caller knows no other worker is alive, e.g. after a remote host died on
-    a journal file). RDB storages with heartbeats also fail stale trials of remote workers.
+    a journal file). RDB storages with heartbeats also fail stale trials of remote workers. A point is
+    re-enqueued whether it was sampled (params) or popped from the queue before any param was set
+    (its enqueued `fixed_params`), so a seed or retry is never dropped.
     """
     if isinstance(study._storage, optuna.storages.RDBStorage) and study._storage.is_heartbeat_enabled():
         optuna.storages.fail_stale_trials(study)
@@ -128,15 +140,17 @@ def reclaim_lost_trials(study: optuna.Study, everything: bool = False) -> int:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = str(t.user_attrs.get("worker", ""))
         w_host, _, w_pid = worker.rpartition(":")
-        orphan = not worker and t.datetime_start is not None and (now - t.datetime_start).total_seconds() > 120
+        orphan = (_orphan(t) and t.datetime_start is not None
+                  and (now - t.datetime_start).total_seconds() >= orphan_after_s)
         dead = everything or orphan or (w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid)))
         if not dead:
             continue
         study._storage.set_trial_user_attr(t._trial_id, "status", "lost")
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        if TARGET_PARAM in t.params:
+        params = dict(t.params) if TARGET_PARAM in t.params else dict(t.system_attrs.get("fixed_params") or {})
+        if TARGET_PARAM in params:
             attrs = {"source": t.user_attrs.get("source", "enqueued"), "retry_of": t.number}
-            study.enqueue_trial(dict(t.params), user_attrs=attrs)
+            study.enqueue_trial(params, user_attrs=attrs)
         n += 1
     return n
 
@@ -162,6 +176,7 @@ class StudyWorker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.default_source = {"RandomSampler": "random"}.get(type(study.sampler).__name__, "tpe")
         self.pending: List[_Pending] = []     # asked, building or built, not yet evaluated
+        self._last_reclaim = 0.0
 
     def done(self) -> bool:
         trials = self.study.get_trials(deepcopy=False)
@@ -229,8 +244,21 @@ class StudyWorker:
         return p
 
     def idle(self) -> bool:
-        """Nothing in flight and the budget spent: this study is finished for this worker."""
-        return not self.pending and self.done()
+        """Nothing in flight and the budget spent: this study is finished for this worker.
+
+        A trial left RUNNING without a worker name (a run killed between `ask` and naming the trial) would
+        hold one unit of budget forever; while the study waits only on such orphans it is not finished: they
+        are reclaimed once `orphan_after_s` old and their points run here."""
+        if self.pending or not self.done():
+            return False
+        trials = self.study.get_trials(deepcopy=False)
+        if len(trials) >= self.cfg.n_trials * self.cfg.max_ask_factor or not any(_orphan(t) for t in trials):
+            return True
+        now = time.time()
+        if now - self._last_reclaim >= 1.0:
+            self._last_reclaim = now
+            reclaim_lost_trials(self.study, orphan_after_s=self.cfg.orphan_after_s)
+        return False
 
     def step(self, batch: int = 1) -> int:
         """Keep up to `batch` trials in flight (their builds go to the compile pool), then evaluate the ones
@@ -444,7 +472,7 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, sto
     storage = parse_storage(storage_arg, storage_dir)
     studies = [open_study(storage, p, cfg, gpu) for p in problems]
     for s, p in zip(studies, problems):
-        lost = reclaim_lost_trials(s, everything=reclaim_all)
+        lost = reclaim_lost_trials(s, everything=reclaim_all, orphan_after_s=cfg.orphan_after_s)
         if lost:
             log(f"{p.shape}: {lost} trial(s) lost by an earlier run re-enqueued")
         added = warm_start(s, p, cfg, policy=policy, llm=llm, store=store, log=log)
@@ -473,7 +501,7 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, sto
                 for i, pr in enumerate(procs):
                     if pr.exitcode == POISONED_EXIT and restarts < MAX_RESTARTS:
                         for s in studies:   # its unfinished trials go back in the queue
-                            reclaim_lost_trials(s)
+                            reclaim_lost_trials(s, orphan_after_s=cfg.orphan_after_s)
                         restarts += 1
                         procs[i] = start(i)
                 progress()

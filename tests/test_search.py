@@ -335,6 +335,35 @@ def test_trials_of_a_dead_worker_are_failed_and_retried(tmp_path):
     assert len(retried) == 1 and retried[0].params == params and retried[0].user_attrs["status"] in COUNTED
 
 
+def test_trials_killed_before_naming_their_worker_are_reclaimed_once_old(tmp_path):
+    """A run killed between `ask` and naming the trial leaves a RUNNING trial nobody owns. A resumed run must
+    not count it against the budget forever: it waits until the orphan is `orphan_after_s` old, reclaims it
+    (re-enqueueing a popped seed's point), and finishes with exactly n evaluated points and nothing RUNNING."""
+    storage = parse_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)
+    p = Problem(512, 512, 512)
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=1))
+    seed = {"target": "cutlass", "tile_m": 128, "tile_n": 256, "tile_k": 64, "pipeline_stages": "auto",
+            "launch_schedule": "auto", "cluster_m": 1, "cluster_n": 1, "swizzle_group": 8,
+            "swizzle_raster": "m", "split_k_slices": 1, "split_k_mode": "workspace"}
+    study.enqueue_trial(seed, user_attrs={"source": "seed"})
+    popped = study.ask()                               # the queued seed, popped; killed before naming it
+    fresh = study.ask()                                # a sampled trial, killed before naming it
+    assert not popped.params and not fresh.params
+    cfg = TuneConfig(targets=("cutlass",), n_trials=4, orphan_after_s=0.5, max_ask_factor=100)
+    t0 = time.time()
+    run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), cfg)])
+    counted = counted_trials(study)
+    assert len(counted) == 4 and not study.get_trials(states=(TrialState.RUNNING,))
+    assert time.time() - t0 >= 0.5                     # the orphans were not taken while possibly alive
+    for orphan in (popped, fresh):
+        assert study.trials[orphan.number].user_attrs["status"] == "lost"
+    retried = [t for t in counted if t.user_attrs.get("retry_of") == popped.number]
+    assert len(retried) == 1 and retried[0].params == seed
+    points = [tuple(sorted((k, str(v)) for k, v in t.params.items())) for t in counted]
+    assert len(set(points)) == len(points)
+
+
 def test_compile_pool_builds_ahead_of_measurement(tmp_path):
     runner = InterpreterRunner()
     runner.uses_compile_pool = True          # as the GPU runner: builds go to a CPU process pool first
