@@ -3,19 +3,33 @@
 Triton JIT-compiles on the first call (and caches the binary itself), so "building" here means producing
 an importable, syntactically valid module whose `launch` is the kernel. The module lives in a real file
 because Triton reads a kernel's source through `inspect`.
+
+The eager call path: Triton's JIT dispatch (binding, specialization key, cache lookup) costs a Python-level
+overhead on every launch that, on a slow host, is more than a small kernel takes. A call of a signature
+seen before therefore replays the launches of its first, fully checked call straight into the compiled
+kernels' launchers — the same `run(...)` Triton's own dispatch ends in — after checking only what can change
+between such calls (pointers' 16-byte alignment, which Triton specializes on, and the current device).
 """
 from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
+import torch
 import triton
 
 from . import cache
-from .build import Kernel
+from .build import Kernel, call_signature
 from .errors import BuildError
 from .lower import render
 from .validate import ValidSpec
+
+
+_KNOBS = getattr(triton, "knobs", None)   # Triton >= 3.4: where its launch hooks live (a profiler sets them)
+_get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 class TritonKernel(Kernel):
@@ -26,9 +40,99 @@ class TritonKernel(Kernel):
         self.module = module
         self.path = path
         self._launch = module.launch
+        self._plans: Dict[tuple, Optional[_LaunchPlan]] = {}   # call signature -> plan (None: not replayable)
 
     def __call__(self, a, b, c=None, bias=None, out=None):
-        return self._launch(a, b, c, bias, out)
+        """Launch on the current stream. A call that allocates its output (`out` and `c` None) on a CUDA
+        device replays the plan of the first call of its signature (see the module doc); every other call,
+        and any call while a Triton launch hook is set, goes through the module's checked `launch`."""
+        if out is not None or c is not None or _KNOBS is None or _KNOBS.runtime.launch_enter_hook is not None \
+                or not getattr(a, "is_cuda", False):
+            return self._launch(a, b, c, bias, out)
+        key = call_signature(a, b, bias)
+        plan = self._plans.get(key)
+        if plan is not None:
+            pbias = bias.data_ptr() if bias is not None else 0
+            if not ((a.data_ptr() | b.data_ptr() | pbias) & 15) and _get_device() == plan.device:
+                return plan.replay(a, b, bias, _get_stream(plan.device))
+        out, zero, launches = self.module.prepare(a, b, c, bias, out)
+        if zero is not None:
+            zero.zero_()
+        compiled = [kernel[grid](*args, **meta) for kernel, grid, args, meta in launches]
+        if key is not None and key not in self._plans:
+            self._plans[key] = _LaunchPlan.make(a, b, bias, out, zero, launches, compiled,
+                                                transposed=self.spec.layout_c == "col")
+        return out
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One replayable launch: Triton's compiled launcher and its arguments, with the call's tensors left as
+    slots: `slots` pairs a position in `arguments` with an index into (a, b, bias, out)."""
+    run: object
+    function: object
+    packed_metadata: object
+    grid: Tuple[int, int, int]
+    arguments: Tuple
+    slots: Tuple[Tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class _LaunchPlan:
+    """The launches of one checked call, with every argument but the call's own tensors fixed."""
+    device: int
+    out_shape: Tuple[int, ...]      # as allocated (transposed back when `transposed`)
+    out_dtype: object
+    transposed: bool
+    zero: object                     # workspace view cleared before the launches, or None
+    launches: Tuple[_Launch, ...]
+
+    @staticmethod
+    def make(a, b, bias, out, zero, launches, compiled, transposed: bool) -> Optional["_LaunchPlan"]:
+        """None when a launch cannot be replayed: a pointer Triton specialized as unaligned, or a compiled
+        kernel without the launcher interface (another Triton version): those calls keep the JIT path."""
+        roles = {id(a): 0, id(b): 1, id(out): 3}
+        if bias is not None:
+            roles[id(bias)] = 2
+        if len(roles) != 3 + (bias is not None):
+            return None   # one tensor passed as two operands: a later call's operands need not coincide
+        replays = []
+        for (kernel, grid, args, meta), ck in zip(launches, compiled):
+            names = getattr(kernel, "arg_names", None)
+            if names is None or not all(hasattr(ck, x) for x in ("run", "function", "packed_metadata")):
+                return None
+            if len(names) != len(args) + sum(1 for x in names[len(args):] if x in meta) or \
+                    any(x in meta for x in names[:len(args)]):
+                return None   # the launch passes its arguments some other way than positions + constexprs
+            arguments, slots = [], []
+            for i, x in enumerate(args):
+                if isinstance(x, torch.Tensor):
+                    if x.data_ptr() & 15:
+                        return None
+                    if id(x) in roles:
+                        slots.append((i, roles[id(x)]))
+                arguments.append(x)
+            arguments.extend(meta[x] for x in names[len(args):])
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+            replays.append(_Launch(ck.run, ck.function, ck.packed_metadata, grid, tuple(arguments), tuple(slots)))
+        stored = tuple(out.mT.shape) if transposed else tuple(out.shape)
+        return _LaunchPlan(device=a.get_device(), out_shape=stored, out_dtype=out.dtype, transposed=transposed,
+                           zero=zero, launches=tuple(replays))
+
+    def replay(self, a, b, bias, stream):
+        out = a.new_empty(self.out_shape, dtype=self.out_dtype)
+        if self.transposed:
+            out = out.transpose(-1, -2)
+        tensors = (a, b, bias, out)
+        if self.zero is not None:
+            self.zero.zero_()
+        for launch in self.launches:
+            arguments = list(launch.arguments)
+            for position, index in launch.slots:
+                arguments[position] = tensors[index]
+            gx, gy, gz = launch.grid
+            launch.run(gx, gy, gz, stream, launch.function, launch.packed_metadata, None, None, None, *arguments)
+        return out
 
 
 def load_module(source: str, name: str):
@@ -53,9 +157,10 @@ def load_module(source: str, name: str):
     except Exception as err:
         del sys.modules[module_name]
         raise BuildError(f"importing the generated Triton module {path} failed: {type(err).__name__}: {err}") from err
-    if not callable(getattr(module, "launch", None)):
+    missing = [f for f in ("launch", "prepare") if not callable(getattr(module, f, None))]
+    if missing:
         del sys.modules[module_name]
-        raise BuildError(f"the generated Triton module {path} has no launch()")
+        raise BuildError(f"the generated Triton module {path} has no {'() or '.join(missing)}()")
     return module, path
 
 

@@ -8,13 +8,14 @@ For each kernel and small shape it measures, side by side in one process:
   kernel is shorter than the host work this is the host cost of one call (what limits the `call` protocol
   on small shapes); torch.matmul is timed the same way.
 - `call_us`: mean of synchronized single calls (the `call` protocol's measurement, same inputs).
-Sides: torch.matmul; the kernel called directly (its steady-state path); for CUTLASS also the fully checked
-path alone (`_checked_call`, what every call cost before call plans); and `l2c.matmul` through the dispatcher
-with a one-entry tuned table for that shape.
+Sides: torch.matmul; the kernel called directly (its steady-state path: a replayed call plan); the path
+without plans (CUTLASS: the fully checked `_checked_call`; Triton: the module's `launch` through Triton's JIT
+dispatch); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
 
 Correctness (exits 1 on any failure): each side's result equals torch.matmul's; after a call plan exists, a
 16-byte-misaligned view of the same shape and strides is still rejected (ValueError) by the kernel and
-served correctly by the fallback of `l2c.matmul`; a second dtype is not served by the first one's plan.
+served correctly by the fallback of `l2c.matmul` (Triton: served correctly by the kernel, outside its plan);
+a second dtype is not served by the first one's plan; a Triton kernel made a plan for the signature.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SHAPES = [(64, 64, 64), (256, 256, 256), (128, 1024, 1024), (1024, 1024, 1024)]
-KERNELS = ("cutlass_64x64x128_389cd9a6", "triton_64x64x64_d4734c23", "triton_64x64x128_9ed8aade")
+KERNELS = ("cutlass_64x64x128_389cd9a6", "triton_64x64x64_d4734c23", "triton_64x64x128_9ed8aade",
+           "triton_64x64x64_4a111b5a")   # the last: split-K, 4 slices (two launches and a workspace)
 
 
 def host_per_call(fn, n=400):
@@ -62,7 +64,8 @@ def synced_call(fn, n=200):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "call_overhead_h200.json"))
-    ap.add_argument("--pool", default=str(ROOT / "benchmarks" / "pool_h200.l2"))
+    ap.add_argument("--pool", nargs="+", default=[str(ROOT / "benchmarks" / "pool_h200.l2"),
+                                                  str(ROOT / "benchmarks" / "pool_h200_splitk.l2")])
     args = ap.parse_args(argv)
 
     import torch
@@ -74,7 +77,7 @@ def main(argv=None) -> int:
     from l2c.parser import parse_file
     from l2c.validate import validate
 
-    specs = {s.name: s for s in parse_file(args.pool)}
+    specs = {s.name: s for pool in args.pool for s in parse_file(pool)}
     rows, failures = [], []
 
     def check(name, got, ref, tol=3e-3):
@@ -111,6 +114,11 @@ def main(argv=None) -> int:
                     failures.append(f"{kname} {m}x{n}x{k}: a misaligned A was accepted after a plan existed")
                 except ValueError:
                     row["misaligned_rejected"] = True
+            else:
+                if not any(kernel._plans.values()):
+                    failures.append(f"{kname} {m}x{n}x{k}: no launch plan was made")
+                row["errors"]["misaligned"] = check(f"{kname} {m}x{n}x{k} misaligned A", kernel(skewed, b),
+                                                    torch.matmul(skewed, b))
             before = dict(dispatcher.stats)
             check(f"{kname} {m}x{n}x{k} l2c.matmul misaligned", l2c.matmul(skewed, b), torch.matmul(skewed, b))
             if spec.target == "cutlass" and dispatcher.stats["fallback"] != before["fallback"] + 1:
@@ -129,6 +137,8 @@ def main(argv=None) -> int:
                      "l2c.matmul": lambda: l2c.matmul(a, b)}
             if spec.target == "cutlass":
                 sides["kernel_checked"] = lambda: kernel._checked_call(a, b, None, None, None)
+            else:
+                sides["kernel_jit"] = lambda: kernel._launch(a, b, None, None, None)
             row["launch_us"] = {name: round(host_per_call(fn), 2) for name, fn in sides.items()}
             row["call_us"] = {name: round(synced_call(fn), 2) for name, fn in sides.items()}
             rows.append(row)

@@ -20,7 +20,7 @@ from l2c.ir import KernelSpec
 from l2c.knobs import ANY
 from l2c.lower import render
 from l2c.validate import validate
-from l2c.verify import verify
+from l2c.verify import make_inputs, verify
 
 from .strategies import valid_specs
 
@@ -80,6 +80,29 @@ def cases(draw):
 def test_random_specs_match_reference(case, seed):
     spec, m, n, k, batch = case
     check(build(validate(spec, "triton")), m, n, k, batch, seed=seed)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(cases())
+def test_prepare_describes_launches_a_plan_can_replay(case):
+    """`prepare` hands every launch's arguments as the kernel's leading parameters by position plus its
+    constexprs and launch options by name: exactly the kernel's parameter list, which is what a GPU launch
+    plan (l2c.build_triton._LaunchPlan) replays into Triton's compiled launcher. The call's own tensors
+    appear as themselves, so a plan can put a later call's tensors in their place."""
+    spec, m, n, k, batch = case
+    kernel = build(validate(spec, "triton"))
+    a, b, c, bias, _ = make_inputs(spec, m, n, k, batch, "cpu", torch.Generator().manual_seed(0))
+    out, zero, launches = kernel.module.prepare(a, b, c, bias)
+    assert len(launches) == (2 if spec.split_k_slices > 1 else 1)
+    assert (zero is not None) == (spec.split_k_slices > 1 and spec.split_k_mode == "atomic")
+    for jit, grid, args, meta in launches:
+        names = jit.arg_names
+        constexprs = [x for x in meta if x not in ("num_warps", "num_stages")]
+        assert sorted(names[len(args):]) == sorted(constexprs)
+        assert not any(x in meta for x in names[:len(args)])
+        assert all(isinstance(g, int) and g > 0 for g in grid)
+    assert launches[0][2][0] is a and launches[0][2][1] is b
+    assert any(x is out for x in launches[-1][2])
 
 
 @pytest.mark.parametrize("layout_a", ["row", "col"])
