@@ -7,12 +7,15 @@ because Triton reads a kernel's source through `inspect`.
 The eager call path: Triton's JIT dispatch (binding, specialization key, cache lookup) costs a Python-level
 overhead on every launch that, on a slow host, is more than a small kernel takes. A call of a signature
 seen before therefore replays the launches of its first, fully checked call straight into the compiled
-kernels' launchers — the same `run(...)` Triton's own dispatch ends in — after checking only what can change
-between such calls (pointers' 16-byte alignment, which Triton specializes on, and the current device).
+kernels' launchers — the same `run(...)` Triton's own dispatch ends in (Triton 3.4 to 3.9 call it alike) —
+after checking only what can change between such calls (pointers' 16-byte alignment, which Triton specializes
+on, and the current device). Off unless L2C_TRITON_PLANS=1: it has not yet run on a GPU (the GPU check
+scripts turn it on to verify and time it; see benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -27,6 +30,7 @@ from .lower import render
 from .validate import ValidSpec
 
 
+PLANS = os.environ.get("L2C_TRITON_PLANS", "0") == "1"
 _KNOBS = getattr(triton, "knobs", None)   # Triton >= 3.4: where its launch hooks live (a profiler sets them)
 _get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 _get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda index: torch.cuda.current_stream(index).cuda_stream)
@@ -46,8 +50,8 @@ class TritonKernel(Kernel):
         """Launch on the current stream. A call that allocates its output (`out` and `c` None) on a CUDA
         device replays the plan of the first call of its signature (see the module doc); every other call,
         and any call while a Triton launch hook is set, goes through the module's checked `launch`."""
-        if out is not None or c is not None or _KNOBS is None or _KNOBS.runtime.launch_enter_hook is not None \
-                or not getattr(a, "is_cuda", False):
+        if not PLANS or out is not None or c is not None or _KNOBS is None \
+                or _KNOBS.runtime.launch_enter_hook is not None or not getattr(a, "is_cuda", False):
             return self._launch(a, b, c, bias, out)
         key = call_signature(a, b, bias)
         plan = self._plans.get(key)

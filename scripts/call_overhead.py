@@ -19,6 +19,10 @@ a second dtype is not served by the first one's plan; a Triton kernel made a pla
 """
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("L2C_TRITON_PLANS", "1")   # verify and time the Triton launch plans (off by default)
+
 import argparse
 import json
 import statistics

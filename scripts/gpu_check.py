@@ -15,6 +15,10 @@ float32). Exits 1 if any check fails.
 """
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("L2C_TRITON_PLANS", "1")   # verify and time the Triton launch plans (off by default)
+
 import argparse
 import random
 import sys

@@ -236,17 +236,32 @@ def test_policy_save_load_and_proposals_are_valid(tmp_path):
 
 # ------------------------------------------------------------------------------ resume and workers
 
-def _tune_cmd(tmp_path, trials):
+@pytest.fixture(scope="module")
+def postgres():
+    """A real PostgreSQL server on 127.0.0.1 (tests/pg_server.py). `.ci/run` sets L2C_REQUIRE_POSTGRES=1, so
+    in CI a missing server is a failure, not a skip."""
+    from . import pg_server
+    why = pg_server.available()
+    if why:
+        if os.environ.get("L2C_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"L2C_REQUIRE_POSTGRES=1 but {why}")
+        pytest.skip(why)
+    yield from pg_server.server()
+
+
+def _tune_cmd(tmp_path, trials, storage=None, seed=5):
     return [sys.executable, "-m", "l2c", "tune", "--runner", "model", "--shapes", "512x512x512,64x64x8192",
             "--trials", str(trials), "--store", str(tmp_path / "r.sqlite"), "--storage",
-            f"journal:{tmp_path / 'studies.journal'}", "--policy", "off", "--seed", "5", "--no-llm"]
+            storage or f"journal:{tmp_path / 'studies.journal'}", "--policy", "off", "--seed", str(seed), "--no-llm"]
 
 
-def test_resume_after_kill_keeps_trials_and_finishes_without_duplicates(tmp_path):
+@pytest.mark.parametrize("backend", ["journal", "postgresql"])
+def test_resume_after_kill_keeps_trials_and_finishes_without_duplicates(tmp_path, backend, request):
     trials = 30
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(_tune_cmd(tmp_path, trials), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    url = request.getfixturevalue("postgres").new_database() if backend == "postgresql" else None
+    cmd = _tune_cmd(tmp_path, trials, storage=url)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     store_path = tmp_path / "r.sqlite"
     while time.time() < deadline:   # kill mid-study: some results stored, the study far from done
@@ -256,14 +271,14 @@ def test_resume_after_kill_keeps_trials_and_finishes_without_duplicates(tmp_path
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    storage = parse_storage(f"journal:{tmp_path / 'studies.journal'}", tmp_path)
+    storage = parse_storage(url or f"journal:{tmp_path / 'studies.journal'}", tmp_path)
     before = {}
     for s in optuna.get_all_study_summaries(storage):
         study = optuna.load_study(study_name=s.study_name, storage=storage)
         before[s.study_name] = {t.number: t.params for t in counted_trials(study)}
     assert 0 < sum(map(len, before.values())) < 2 * trials
 
-    out = subprocess.run(_tune_cmd(tmp_path, trials), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "512x512x512:" in out.stdout and "64x64x8192:" in out.stdout
     for name, old in before.items():
@@ -307,6 +322,35 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
     workers = {t.user_attrs["worker"] for t in counted}
     assert len(workers) == 2
     assert sum(1 for r in Store(store_path).results() if r.status in COUNTED) == len(counted)
+
+
+def test_two_tune_processes_share_studies_on_postgresql(tmp_path, postgres):
+    """Two `l2c tune` processes (as on two hosts) on one PostgreSQL database: both work on every study, each
+    study ends with its budget evaluated (the budget check races at most one trial per extra process), nothing
+    is left RUNNING, and the shared results store holds one row per evaluated trial."""
+    url = postgres.new_database()
+    trials = 16
+    parse_storage(url, tmp_path)   # create the schema once, before the two processes race to
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs = [subprocess.Popen(_tune_cmd(tmp_path, trials, storage=url, seed=seed), cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    storage = parse_storage(url, tmp_path)
+    summaries = optuna.get_all_study_summaries(storage)
+    assert len(summaries) == 2
+    points = set()
+    workers = set()
+    for s in summaries:
+        study = optuna.load_study(study_name=s.study_name, storage=storage)
+        counted = counted_trials(study)
+        assert trials <= len(counted) <= trials + 1
+        assert not study.get_trials(states=(TrialState.RUNNING,))
+        workers |= {t.user_attrs["worker"] for t in counted}
+        points |= {(s.study_name, tuple(sorted((k, str(v)) for k, v in t.params.items()))) for t in counted}
+    assert len(workers) == 2
+    # one store row per distinct evaluated point (two processes racing to one point share its row)
+    assert sum(1 for r in Store(tmp_path / "r.sqlite").results() if r.status in COUNTED) == len(points)
 
 
 def test_trials_of_a_dead_worker_are_failed_and_retried(tmp_path):
