@@ -6,6 +6,7 @@ names; they never see parse trees or user text other than the canonical spec pri
 from __future__ import annotations
 
 import functools
+import os
 
 import jinja2
 
@@ -30,7 +31,20 @@ def environment() -> jinja2.Environment:
 def render(valid: ValidSpec) -> str:
     """Source text of the kernel module (Triton .py or CUTLASS .cu) for one validated spec."""
     template = environment().get_template(TEMPLATE_FOR_TARGET[valid.target])
-    return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES)
+    return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES,
+                           splitk_reduce=triton_splitk_reduce())
+
+
+def triton_splitk_reduce() -> str:
+    """How a Triton split-K kernel reduces its slices: `finalize` (a second kernel; the default, measured on
+    the H200) or `inkernel` (the last slice of each tile to finish reduces it in the GEMM kernel: one launch).
+    `inkernel` is chosen with L2C_TRITON_SPLITK=inkernel until a GPU run has verified and timed it
+    (benchmarks/NOTES.md); the generated source differs, so each has its own build-cache entry. Do not tune
+    with it set: the results store keys results by spec text, which is the same for both."""
+    value = os.environ.get("L2C_TRITON_SPLITK", "finalize")
+    if value not in ("finalize", "inkernel"):
+        raise ValueError(f"L2C_TRITON_SPLITK={value!r}: expected finalize or inkernel")
+    return value
 
 
 def file_name(valid: ValidSpec) -> str:

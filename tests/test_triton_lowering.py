@@ -5,6 +5,8 @@ float64 reference (l2c.verify). Inputs are f16 or f32 only: bf16 `tl.dot` is bro
 interpreter, so bf16 inputs are verified on the GPU by scripts/gpu_check.py. (bf16 *outputs* and C inputs
 are covered here.) Tiles are pinned to 16/32 so the interpreter stays fast.
 """
+import contextlib
+import os
 import re
 
 import pytest
@@ -32,6 +34,20 @@ def _cache_in_tmp(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
         yield
+
+
+@contextlib.contextmanager
+def splitk_reduce(mode: str):
+    """Render Triton split-K kernels with this reduction (l2c.lower.triton_splitk_reduce) inside the block."""
+    before = os.environ.get("L2C_TRITON_SPLITK")
+    os.environ["L2C_TRITON_SPLITK"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["L2C_TRITON_SPLITK"]
+        else:
+            os.environ["L2C_TRITON_SPLITK"] = before
 
 
 def kernel_for(**knobs) -> Kernel:
@@ -76,25 +92,29 @@ def cases(draw):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(cases(), st.integers(0, 2 ** 31))
-def test_random_specs_match_reference(case, seed):
+@given(cases(), st.integers(0, 2 ** 31), st.sampled_from(["finalize", "inkernel"]))
+def test_random_specs_match_reference(case, seed, reduce):
     spec, m, n, k, batch = case
-    check(build(validate(spec, "triton")), m, n, k, batch, seed=seed)
+    with splitk_reduce(reduce):
+        kernel = build(validate(spec, "triton"))
+    check(kernel, m, n, k, batch, seed=seed)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(cases())
-def test_prepare_describes_launches_a_plan_can_replay(case):
+@given(cases(), st.sampled_from(["finalize", "inkernel"]))
+def test_prepare_describes_launches_a_plan_can_replay(case, reduce):
     """`prepare` hands every launch's arguments as the kernel's leading parameters by position plus its
     constexprs and launch options by name: exactly the kernel's parameter list, which is what a GPU launch
     plan (l2c.build_triton._LaunchPlan) replays into Triton's compiled launcher. The call's own tensors
     appear as themselves, so a plan can put a later call's tensors in their place."""
     spec, m, n, k, batch = case
-    kernel = build(validate(spec, "triton"))
+    with splitk_reduce(reduce):
+        kernel = build(validate(spec, "triton"))
     a, b, c, bias, _ = make_inputs(spec, m, n, k, batch, "cpu", torch.Generator().manual_seed(0))
     out, zero, launches = kernel.module.prepare(a, b, c, bias)
-    assert len(launches) == (2 if spec.split_k_slices > 1 else 1)
-    assert (zero is not None) == (spec.split_k_slices > 1 and spec.split_k_mode == "atomic")
+    finalize = spec.split_k_slices > 1 and reduce == "finalize"
+    assert len(launches) == (2 if finalize else 1)
+    assert (zero is not None) == (finalize and spec.split_k_mode == "atomic")
     for jit, grid, args, meta in launches:
         names = jit.arg_names
         constexprs = [x for x in meta if x not in ("num_warps", "num_stages")]
@@ -135,12 +155,24 @@ def test_input_and_accumulator_types(types_a, acc, math):
 
 @pytest.mark.parametrize("mode", ["workspace", "atomic"])
 @pytest.mark.parametrize("persistent", ["no", "yes"])
-def test_split_k(mode, persistent):
-    kernel = kernel_for(split_k_slices=3, split_k_mode=mode, launch_persistent=persistent, problem_batch=ANY,
-                        epilogue_beta=0.5, epilogue_bias="row", epilogue_activation="silu")
+@pytest.mark.parametrize("reduce", ["finalize", "inkernel"])
+def test_split_k(mode, persistent, reduce):
+    with splitk_reduce(reduce):
+        kernel = kernel_for(split_k_slices=3, split_k_mode=mode, launch_persistent=persistent, problem_batch=ANY,
+                            epilogue_beta=0.5, epilogue_bias="row", epilogue_activation="silu")
     check(kernel, 30, 21, 75, batch=2)
     check(kernel, 30, 21, 75, batch=2, seed=1)   # atomic: the buffer is cleared again on every call
     check(kernel, 17, 9, 20, batch=1, seed=2)    # K shorter than the slices: empty slices add nothing
+    if reduce == "inkernel":   # what the next call relies on: every semaphore back at 0, atomic partials zeroed
+        assert not any(locks.any() for locks in kernel.module._locks.values())
+        if mode == "atomic":
+            assert not any(ws.any() for ws in kernel.module._workspace.values())
+
+
+def test_split_k_reduce_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("L2C_TRITON_SPLITK", "sideways")
+    with pytest.raises(BuildError, match="L2C_TRITON_SPLITK"):
+        kernel_for(split_k_slices=2)
 
 
 def test_split_k_workspace_is_cached_and_deterministic():
@@ -222,10 +254,11 @@ def test_verify_turns_kernel_exceptions_into_failures():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(valid_specs("triton"))
-def test_module_text(spec):
+@given(valid_specs("triton"), st.sampled_from(["finalize", "inkernel"]))
+def test_module_text(spec, reduce):
     """The module carries the canonical spec, compiles, and every named constant it defines is used."""
-    source = render(validate(spec, "triton"))
+    with splitk_reduce(reduce):
+        source = render(validate(spec, "triton"))
     assert spec.to_l2() in "\n".join(line[4:] for line in source.splitlines())
     compile(source, f"{spec.name}.py", "exec")
     for name in re.findall(r"^([A-Z_]+) = ", source, flags=re.M):
