@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The next GPU run, prepared in session 3 (which had no device time left). Run from the repository root on the
+# H200 machine with the wheels in .whl/ and the CUTLASS build cache packed as .l2c_pack/cache.tar.xz
+# (cd .l2c_cache && tar cJf ../.l2c_pack/cache.tar.xz cutlass/*.so), e.g. through the device tool:
+#     bash benchmarks/next_gpu_run.sh A     (about 9 minutes)   then   bash benchmarks/next_gpu_run.sh B
+# Everything it measures lands under $OUT; the predictions are in benchmarks/NOTES.md (session 3).
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site || exit 1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+unset TRITON_INTERPRET
+mkdir -p /tmp/l2c_cache && tar xJf .l2c_pack/cache.tar.xz -C /tmp/l2c_cache && export L2C_CACHE_DIR=/tmp/l2c_cache
+t0=$(date +%s); stamp() { echo "$1 rc=$2 at $(( $(date +%s) - t0 ))s"; }
+
+if [ "${1:-A}" = A ]; then
+  # 1. Triton launch plans (L2C_TRITON_PLANS=1 is set by both scripts): correct, and what they save per call.
+  timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
+  stamp call_overhead $?; tail -3 $OUT/call_overhead.log
+  timeout 120 python3 scripts/gpu_check.py --out $OUT/gpu_check_triton_h200.json > $OUT/gpu_check.log 2>&1
+  stamp gpu_check $?; tail -2 $OUT/gpu_check.log
+  # 2. The in-kernel split-K reduction: the same GPU check, then the long-K family against the finalize kernel.
+  L2C_TRITON_SPLITK=inkernel timeout 120 python3 scripts/gpu_check.py --out $OUT/gpu_check_triton_inkernel_h200.json \
+    > $OUT/gpu_check_inkernel.log 2>&1
+  stamp gpu_check_inkernel $?; tail -2 $OUT/gpu_check_inkernel.log
+  L2C_TRITON_SPLITK=inkernel timeout 90 python3 -m l2c bench benchmarks/pool_h200_splitk.l2 --target triton \
+    --shapes benchmarks/grid_longk_h200.txt --protocol kernel --reps 5 -o $OUT/grid_longk_inkernel_h200.jsonl > /tmp/lk.log 2>&1
+  stamp longk_inkernel $?; tail -2 /tmp/lk.log | cut -c1-300
+  # 3. CUTLASS split-K / stream-K (in-kernel reduction by CUTLASS's scheduler) on the same family.
+  timeout 90 python3 -m l2c bench benchmarks/pool_h200_longk_cutlass.l2 --target cutlass \
+    --shapes benchmarks/grid_longk_h200.txt --protocol kernel --reps 5 -o $OUT/grid_longk_cutlass_h200.jsonl > /tmp/lc.log 2>&1
+  stamp longk_cutlass $?; tail -2 /tmp/lc.log | cut -c1-300
+else
+  # 4. The tuned table again, with the Triton launch plans on (the call protocol is what they change).
+  L2C_TRITON_PLANS=1 timeout 150 python3 -m l2c bench benchmarks/results/tuned_h200/sm_90.json \
+    --shapes benchmarks/tune_shapes_h200.txt --protocol kernel,call,server --reps 5 --iters 10 \
+    -o $OUT/tuned_h200_rebench4.jsonl > /tmp/rb.log 2>&1
+  stamp rebench $?; grep -A4 "tuned table" /tmp/rb.log | cut -c1-200
+  # 5. The policy's pool (27 new CUTLASS kernels) on the 28 tune shapes still below 1.0.
+  timeout 150 python3 -m l2c bench benchmarks/pool_h200_policy.l2 --target cutlass \
+    --shapes benchmarks/tune_shapes_h200_losers.txt --protocol kernel --reps 3 -o $OUT/policy_pool_h200.jsonl > /tmp/pp.log 2>&1
+  stamp policy_pool $?; tail -2 /tmp/pp.log | cut -c1-300
+fi
