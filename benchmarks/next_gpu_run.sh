@@ -39,4 +39,8 @@ else
   timeout 150 python3 -m l2c bench benchmarks/pool_h200_policy.l2 --target cutlass \
     --shapes benchmarks/tune_shapes_h200_losers.txt --protocol kernel --reps 3 -o $OUT/policy_pool_h200.jsonl > /tmp/pp.log 2>&1
   stamp policy_pool $?; tail -2 /tmp/pp.log | cut -c1-300
+  # 6. bf16: the 16-kernel pool in bf16 on the 42 tune shapes (#7 asks for bf16 reported like fp16).
+  timeout 120 python3 -m l2c bench benchmarks/pool_h200_bf16.l2 --shapes benchmarks/tune_shapes_h200.txt \
+    --protocol kernel --reps 3 -o $OUT/bf16_pool_h200.jsonl > /tmp/bf.log 2>&1
+  stamp bf16_pool $?; tail -2 /tmp/bf.log | cut -c1-300
 fi
