@@ -8,6 +8,9 @@
 - every layout, epilogue, split-K mode, persistent grid and batch, on odd and even shapes;
 - N random valid Triton specs drawn from the knob table (tiles of any size);
 - the call path: a split-K kernel called again with `out` given allocates no device memory;
+- split-K under both reductions (L2C_TRITON_SPLITK: a finalize kernel, or in the GEMM kernel through per-tile
+  semaphores), and, for the in-kernel one, races between SMs: a deterministic (workspace) split-K result on
+  thousands of programs must be bitwise equal to the finalize kernel's, call after call;
 - one speed sanity line (4096^3 f16) against torch.matmul, for orientation only (use `l2c bench` to measure).
 
 Each kernel is verified with l2c.verify (fresh random inputs, NaN-poisoned output, reference in float64 or
@@ -90,31 +93,38 @@ def random_specs(count: int, rng: random.Random):
 RECORDS = []   # one row per (spec, shape): written to --out as JSON
 
 
-def run_check(valid, shapes, batch, seed, failures):
+def set_reduce(reduce: str) -> None:
+    """The split-K reduction the next Triton build renders (l2c.lower.triton_splitk_reduce)."""
+    os.environ["L2C_TRITON_SPLITK"] = reduce
+
+
+def run_check(valid, shapes, batch, seed, failures, reduce="finalize"):
+    set_reduce(reduce)
     try:
         kernel = build(valid)
     except BuildError as err:
         failures.append((valid.name, "build", str(err)))
         RECORDS.append({"spec": valid.spec.to_l2(), "target": valid.target, "status": "build_failed",
-                        "reason": str(err)[-2000:]})
+                        "splitk_reduce": reduce, "reason": str(err)[-2000:]})
         print(f"BUILD FAIL {valid.name}: {err}")
         return None
     for m, n, k in shapes:
         t0 = time.perf_counter()
         res = verify(kernel, m, n, k, batch=batch, device="cuda", seed=seed)
         status = "ok  " if res.ok else "FAIL"
-        print(f"{status} {valid.name:<12} {m:>5}x{n:>5}x{k:>5} b{batch}  rel {res.rel_error:.2e} "
+        print(f"{status} {valid.name:<12} {reduce[:3]} {m:>5}x{n:>5}x{k:>5} b{batch}  rel {res.rel_error:.2e} "
               f"tol {res.tolerance:.1e}  {time.perf_counter() - t0:5.1f}s  {res.reason}")
         RECORDS.append({"spec": valid.spec.to_l2(), "target": valid.target, "m": m, "n": n, "k": k,
-                        "batch": batch, "status": "ok" if res.ok else "verify_failed",
+                        "batch": batch, "splitk_reduce": reduce, "status": "ok" if res.ok else "verify_failed",
                         "rel_error": res.rel_error, "tolerance": res.tolerance, "reason": res.reason})
         if not res.ok:
-            failures.append((valid.name, f"{m}x{n}x{k}x{batch}", res.reason))
+            failures.append((valid.name, f"{m}x{n}x{k}x{batch} {reduce}", res.reason))
             print(valid.spec.to_l2())
     return kernel
 
 
-def check_no_allocation(failures):
+def check_no_allocation(failures, reduce="finalize"):
+    set_reduce(reduce)
     valid = validate(parse_one("kernel alloc { types a=f16 b=f16 c=f16 tile m=64 n=64 k=64 "
                                "split_k slices=4 mode=atomic }"), "triton")
     kernel = build(valid)
@@ -126,9 +136,35 @@ def check_no_allocation(failures):
     kernel(a, b, out=out)
     torch.cuda.synchronize()
     extra = torch.cuda.memory_stats()["allocation.all.allocated"] - before
-    print(f"{'ok  ' if extra == 0 else 'FAIL'} call path: {extra} device allocations on a repeated split-K call")
+    print(f"{'ok  ' if extra == 0 else 'FAIL'} call path ({reduce}): {extra} device allocations on a repeated "
+          f"split-K call")
     if extra:
-        failures.append(("alloc", "call path", f"{extra} allocations"))
+        failures.append(("alloc", f"call path {reduce}", f"{extra} allocations"))
+
+
+def check_inkernel_matches_finalize(failures, calls=20):
+    """Races between SMs in the in-kernel reduction: workspace-mode split-K sums the slices in slice order under
+    both reductions, so their results must be bitwise equal, on every call. 2048x2048 with 64x64 tiles and 8
+    slices is 8192 programs; the persistent variant also runs many tiles per program."""
+    a = torch.randn(2048, 4096, device="cuda", dtype=torch.float16)
+    b = torch.randn(4096, 2048, device="cuda", dtype=torch.float16)
+    for persistent in ("no", "yes"):
+        body = (f"types a=f16 b=f16 c=f16 tile m=64 n=64 k=64 launch persistent={persistent} "
+                "split_k slices=8 mode=workspace epilogue bias=col activation=gelu")
+        bias = torch.randn(2048, device="cuda", dtype=torch.float16)
+        kernels = {}
+        for reduce in ("finalize", "inkernel"):
+            set_reduce(reduce)
+            kernels[reduce] = build(validate(parse_one(f"kernel race_{persistent} {{ {body} }}"), "triton"))
+        want = kernels["finalize"](a, b, bias=bias)
+        differ = sum(not torch.equal(kernels["inkernel"](a, b, bias=bias), want) for _ in range(calls))
+        torch.cuda.synchronize()
+        print(f"{'ok  ' if differ == 0 else 'FAIL'} in-kernel split-K (persistent={persistent}): {differ} of {calls} "
+              f"calls differ bitwise from the finalize kernel")
+        RECORDS.append({"check": "inkernel_matches_finalize", "persistent": persistent, "calls": calls,
+                        "differ": differ})
+        if differ:
+            failures.append(("inkernel race", f"persistent={persistent}", f"{differ} of {calls} calls differ"))
 
 
 def speed_line():
@@ -150,22 +186,35 @@ def main(argv=None) -> int:
     p.add_argument("--random", type=int, default=24, help="number of random valid specs (default 24)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write every check as JSON here (commit it under benchmarks/results/)")
+    p.add_argument("--splitk-reduce", choices=("finalize", "inkernel", "both"), default="both",
+                   help="split-K reductions to check split-K specs under (default both)")
     args = p.parse_args(argv)
+    reduces = ("finalize", "inkernel") if args.splitk_reduce == "both" else (args.splitk_reduce,)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device", file=sys.stderr)
         return 2
     import triton
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     failures = []
+    def each_reduce(valid):
+        return reduces if valid.spec.split_k_slices > 1 else reduces[:1]
+
     for i, (body, shapes, batch) in enumerate(FIXED):
-        run_check(validate(parse_one(f"kernel fixed_{i} {{ {body} }}"), "triton"), shapes, batch, args.seed + i,
-                  failures)
+        valid = validate(parse_one(f"kernel fixed_{i} {{ {body} }}"), "triton")
+        for reduce in each_reduce(valid):
+            run_check(valid, shapes, batch, args.seed + i, failures, reduce)
     rng = random.Random(args.seed)
     for valid in random_specs(args.random, rng):
         m, n, k = rng.choice(ODD_SHAPES[1:] + EVEN_SHAPES[:1])
         batch = rng.choice((1, 1, 3)) if valid.spec.problem_batch == ANY else 1
-        run_check(valid, [(m, n, k)], batch, rng.randrange(2 ** 31), failures)
-    check_no_allocation(failures)
+        seed = rng.randrange(2 ** 31)
+        for reduce in each_reduce(valid):
+            run_check(valid, [(m, n, k)], batch, seed, failures, reduce)
+    for reduce in reduces:
+        check_no_allocation(failures, reduce)
+    if "inkernel" in reduces:
+        check_inkernel_matches_finalize(failures)
+    set_reduce("finalize")
     speed_line()
     if args.out:
         import json
