@@ -10,7 +10,8 @@ For each kernel and small shape it measures, side by side in one process:
 - `call_us`: mean of synchronized single calls (the `call` protocol's measurement, same inputs).
 Sides: torch.matmul; the kernel called directly (its steady-state path: a replayed call plan); the path
 without plans (CUTLASS: the fully checked `_checked_call`; Triton: the module's `launch` through Triton's JIT
-dispatch); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
+dispatch); for a Triton split-K kernel, the same spec with the in-kernel reduction (L2C_TRITON_SPLITK=inkernel:
+one launch); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
 
 Correctness (exits 1 on any failure): each side's result equals torch.matmul's; after a call plan exists, a
 16-byte-misaligned view of the same shape and strides is still rejected (ValueError) by the kernel and
@@ -93,6 +94,11 @@ def main(argv=None) -> int:
     for kname in KERNELS:
         spec = specs[kname]
         kernel = build(validate(spec, spec.target, "sm_90"))
+        inkernel = None
+        if spec.target == "triton" and spec.split_k_slices > 1:   # the same spec, reduced in the GEMM kernel
+            os.environ["L2C_TRITON_SPLITK"] = "inkernel"
+            inkernel = build(validate(spec, spec.target, "sm_90"))
+            os.environ["L2C_TRITON_SPLITK"] = "finalize"
         for (m, n, k) in SHAPES:
             g = torch.Generator(device="cuda").manual_seed(0)
             a = torch.randn(m, k, device="cuda", dtype=torch.float16, generator=g)
@@ -143,6 +149,11 @@ def main(argv=None) -> int:
                 sides["kernel_checked"] = lambda: kernel._checked_call(a, b, None, None, None)
             else:
                 sides["kernel_jit"] = lambda: kernel._launch(a, b, None, None, None)
+            if inkernel is not None:
+                row["errors"]["inkernel"] = check(f"{kname} {m}x{n}x{k} in-kernel split-K", inkernel(a, b), ref)
+                row["errors"]["inkernel_again"] = check(f"{kname} {m}x{n}x{k} in-kernel split-K (plan)",
+                                                        inkernel(a, b), ref)
+                sides["kernel_inkernel"] = lambda: inkernel(a, b)
             row["launch_us"] = {name: round(host_per_call(fn), 2) for name, fn in sides.items()}
             row["call_us"] = {name: round(synced_call(fn), 2) for name, fn in sides.items()}
             rows.append(row)
