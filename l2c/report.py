@@ -106,10 +106,21 @@ def table_or_kernel(row: dict) -> str:
     return f"tuned table {source}" if source.endswith(".json") else row["kernel"]
 
 
-def load_results(path) -> Results:
+def load_results(*paths) -> Results:
+    """The rows of one or more results files. Where several files measured the same kernel on the same shape
+    under the same protocol, the later file's row stands (a re-measurement replaces, never doubles, a point)."""
     from .bench import read_rows
-    rows = read_rows(path)
-    return Results([r for r in rows if r.get("type") == "env"], [r for r in rows if r.get("type") == "result"])
+    envs: List[dict] = []
+    by_key: Dict[Tuple, dict] = {}
+    for path in paths:
+        rows = read_rows(path)
+        envs += [r for r in rows if r.get("type") == "env"]
+        for r in rows:
+            if r.get("type") == "result":
+                key = (table_or_kernel(r), r["protocol"], r["m"], r["n"], r["k"], r.get("batch", 1))
+                by_key.pop(key, None)      # re-inserted: the row keeps the later file's position
+                by_key[key] = r
+    return Results(envs, list(by_key.values()))
 
 
 def points_of(rows: Sequence[dict]) -> List[Point]:
@@ -156,7 +167,7 @@ def _print_summary_block(title: str, points: List[Point], failed: Dict[str, int]
         print(f"  {label:18s} {b.n:6d} {_x(b.geomean):>8s} {_x(b.mean):>8s} {100 * b.won_share:5.1f}%", file=out)
 
 
-def print_summary(results: Results, out: TextIO, with_best_of: bool = True) -> None:
+def print_summary(results: Results, out: TextIO, with_best_of: bool = True, only_best_of: bool = False) -> None:
     for env in results.envs[-1:]:
         print(f"environment: {env.get('gpu')} ({env.get('device')}), driver {env.get('driver')}, "
               f"CUDA {env.get('cuda')}, torch {env.get('torch')}, triton {env.get('triton')}, "
@@ -168,14 +179,14 @@ def print_summary(results: Results, out: TextIO, with_best_of: bool = True) -> N
         print(f"({len(results.envs)} sessions appended to this file; environment of the last shown)", file=out)
     print("speedup = torch.matmul time / candidate time (kernel: medians; call/server: ratio of mean TFLOPS)",
           file=out)
-    for (kernel, protocol), rows in results.groups().items():
+    for (kernel, protocol), rows in ({} if only_best_of else results.groups()).items():
         failed: Dict[str, int] = {}
         for r in rows:
             if r.get("status") != "ok":
                 failed[r.get("status", "?")] = failed.get(r.get("status", "?"), 0) + 1
         print(file=out)
         _print_summary_block(f"{kernel} [{protocol}]", points_of(rows), failed, out)
-    if with_best_of:
+    if with_best_of or only_best_of:
         for protocol, points in best_of(results).items():
             print(file=out)
             _print_summary_block(f"{BEST_OF} [{protocol}] — {BEST_OF_LABEL}", points, {}, out)
@@ -263,12 +274,12 @@ def plot_grid_heatmaps(points: Sequence[Point], title: str, path: Path) -> Path:
     return path
 
 
-def write_plots(results: Results, out_dir: Path, with_best_of: bool = True) -> List[Path]:
+def write_plots(results: Results, out_dir: Path, with_best_of: bool = True, only_best_of: bool = False) -> List[Path]:
     """Scatter (and grid heatmap) PNGs per kernel and protocol, and for the best-of combination."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    series: List[Tuple[str, str, List[Point]]] = [
+    series: List[Tuple[str, str, List[Point]]] = [] if only_best_of else [
         (kernel, protocol, points_of(rows)) for (kernel, protocol), rows in results.groups().items()]
-    if with_best_of:
+    if with_best_of or only_best_of:
         series += [(BEST_OF, protocol, pts) for protocol, pts in best_of(results).items()]
     written = []
     for kernel, protocol, points in series:

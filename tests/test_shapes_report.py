@@ -150,3 +150,26 @@ def test_plots_are_valid_pngs_with_grid_heatmaps(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         img = matplotlib.image.imread(p)
         assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_several_results_files_read_as_one_with_later_rows_replacing_earlier(tmp_path, capsys):
+    """Pools screened over several runs: best-of spans every file, and a kernel re-measured on a shape in a
+    later file replaces its earlier row instead of counting twice."""
+    first, second = tmp_path / "pool1.jsonl", tmp_path / "pool2.jsonl"
+    _write(first, [_row("a", 64, 64, 64, 0.5), _row("a", 128, 128, 128, 1.2), _row("b", 64, 64, 64, 0.9)])
+    _write(second, [_row("a", 64, 64, 64, 0.7), _row("c", 128, 128, 128, 1.5)])   # `a` re-measured on 64^3
+    res = load_results(first, second)
+    assert len(res.envs) == 2
+    a_rows = res.groups()[("a", "kernel")]
+    assert sorted((r["m"], r["speedup"]) for r in a_rows) == [(64, 0.7), (128, 1.2)]
+    assert {p.shape: (p.kernel, p.speedup) for p in best_of(res)["kernel"]} == {
+        "64x64x64": ("b", 0.9), "128x128x128": ("c", 1.5)}
+
+    from l2c.cli import main
+    assert main(["report", str(first), str(second), "--only-best-of", "-o", str(tmp_path / "plots")]) == 0
+    out = capsys.readouterr().out
+    assert "best-of [kernel]" in out and "a [kernel]" not in out
+    assert f"geomean speedup {math.sqrt(0.9 * 1.5):.3f}x" in out
+    pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert pngs == ["best-of_kernel_speedup_vs_flops.png"]
+    assert main(["report", str(first), str(tmp_path / "missing.jsonl")]) == 2
