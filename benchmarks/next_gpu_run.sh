@@ -2,7 +2,7 @@
 # The next GPU run, prepared in session 3 (which had no device time left). Run from the repository root on the
 # H200 machine with the wheels in .whl/ and the CUTLASS build cache packed as .l2c_pack/cache.tar.xz
 # (cd .l2c_cache && tar cJf ../.l2c_pack/cache.tar.xz cutlass/*.so), e.g. through the device tool:
-#     bash benchmarks/next_gpu_run.sh A     (about 9 minutes)   then   bash benchmarks/next_gpu_run.sh B
+#     bash benchmarks/next_gpu_run.sh A     (about 9 minutes), then B (about 8), then C (the grid screen's rest)
 # Everything it measures lands under $OUT; the predictions are in benchmarks/NOTES.md (session 3).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -27,6 +27,12 @@ if [ "${1:-A}" = A ]; then
   timeout 90 python3 -m l2c bench benchmarks/pool_h200_longk_cutlass.l2 --target cutlass \
     --shapes benchmarks/grid_longk_h200.txt --protocol kernel --reps 5 -o $OUT/grid_longk_cutlass_h200.jsonl > /tmp/lc.log 2>&1
   stamp longk_cutlass $?; tail -2 /tmp/lc.log | cut -c1-300
+elif [ "$1" = C ]; then
+  # 7. The 201 grid shapes the 16-kernel pool screen never reached (the grid best-of waits on them).
+  cp benchmarks/results/grid_pool_h200_partial.jsonl $OUT/grid_pool_h200.jsonl
+  timeout 500 python3 -m l2c bench benchmarks/pool_h200.l2 --shapes grid --protocol kernel --reps 5 --resume \
+    -o $OUT/grid_pool_h200.jsonl > /tmp/gp.log 2>&1
+  stamp grid_pool_rest $?; tail -2 /tmp/gp.log | cut -c1-300
 else
   # 4. The tuned table again, with the Triton launch plans on (the call protocol is what they change).
   L2C_TRITON_PLANS=1 timeout 150 python3 -m l2c bench benchmarks/results/tuned_h200/sm_90.json \
