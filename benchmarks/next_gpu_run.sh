@@ -43,6 +43,13 @@ else
   timeout 150 python3 -m l2c bench benchmarks/pool_h200_policy.l2 --target cutlass \
     --shapes benchmarks/tune_shapes_h200_losers.txt --protocol kernel --reps 3 -o $OUT/policy_pool_h200.jsonl > /tmp/pp.log 2>&1
   stamp policy_pool $?; tail -2 /tmp/pp.log | cut -c1-300
+  # 5b. The server gap (NOTES, session 3): cuBLAS after idle gaps of 100, 10 and 3 ms on the biggest shapes.
+  printf '16384 16384 12288\n8192 12288 16384\n12288 8192 8192\n' > /tmp/big3.txt
+  for rate in 10 100 300; do
+    timeout 60 python3 -m l2c bench benchmarks/results/tuned_h200/sm_90.json --shapes /tmp/big3.txt --protocol server \
+      --rate $rate --iters 10 -o $OUT/server_rate${rate}_h200.jsonl > /tmp/sr.log 2>&1
+    stamp server_rate$rate $?
+  done
   # 6. bf16: the 16-kernel pool in bf16 on the 42 tune shapes (#7 asks for bf16 reported like fp16).
   timeout 120 python3 -m l2c bench benchmarks/pool_h200_bf16.l2 --shapes benchmarks/tune_shapes_h200.txt \
     --protocol kernel --reps 3 -o $OUT/bf16_pool_h200.jsonl > /tmp/bf.log 2>&1
