@@ -113,8 +113,9 @@ class _LaunchPlan:
                 if isinstance(x, torch.Tensor):
                     if x.data_ptr() & 15:
                         return None
-                    if id(x) in roles:
+                    if id(x) in roles:   # a slot: hold no reference to this call's tensor
                         slots.append((i, roles[id(x)]))
+                        x = None
                 arguments.append(x)
             arguments.extend(meta[x] for x in names[len(args):])
             grid = tuple(grid) + (1,) * (3 - len(grid))
