@@ -329,7 +329,7 @@ def test_two_tune_processes_share_studies_on_postgresql(tmp_path, postgres):
     study ends with its budget evaluated (the budget check races at most one trial per extra process), nothing
     is left RUNNING, and the shared results store holds one row per evaluated trial."""
     url = postgres.new_database()
-    trials = 16
+    trials = 40   # seconds of work for each process, so both are at it together whatever their start-up times
     parse_storage(url, tmp_path)   # create the schema once, before the two processes race to
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     procs = [subprocess.Popen(_tune_cmd(tmp_path, trials, storage=url, seed=seed), cwd=ROOT, env=env,
