@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The next GPU run, prepared in session 3 (which had no device time left). Run from the repository root on the
 # H200 machine with the wheels in .whl/ and the CUTLASS build cache packed as .l2c_pack/cache.tar.xz
-# (cd .l2c_cache && tar cJf ../.l2c_pack/cache.tar.xz cutlass/*.so), e.g. through the device tool:
+# (cd .l2c_cache && tar cJf ../.l2c_pack/cache.tar.xz cutlass/*.so; both are git-ignored, so the device tool
+# must carry them: carry [".whl", ".l2c_pack"], about 16 MB beside the 39 MB tree), e.g.:
 #     bash benchmarks/next_gpu_run.sh A     (about 9 minutes), then B (about 8), then C (the grid screen's rest)
 # Everything it measures lands under $OUT; the predictions are in benchmarks/NOTES.md (session 3).
 set -u
