@@ -22,6 +22,18 @@ def call_signature(a, b, bias=None):
         return None
 
 
+def cuda_accessors():
+    """(current device index, raw cudaStream_t of a device's current stream) for the planned call paths: torch's
+    private accessors, which Triton's launcher also uses (no Stream object built per call), else the public API."""
+    import torch
+    get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+    get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get_stream is None:
+        def get_stream(device_index: int) -> int:
+            return torch.cuda.current_stream(device_index).cuda_stream
+    return get_device, get_stream
+
+
 class Kernel:
     """A built GEMM kernel: `kernel(a, b, c=None, bias=None, out=None) -> out` (see docs/CONTRACTS.md)."""
 

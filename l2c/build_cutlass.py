@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from . import cache
-from .build import Kernel, call_signature
+from .build import Kernel, call_signature, cuda_accessors
 from .errors import BuildError
 from .knobs import ANY, DTYPE_BYTES
 from .lower import render
@@ -190,9 +190,7 @@ class CutlassKernel(Kernel):
         self._fixed = (spec.problem_m, spec.problem_n, spec.problem_k, spec.problem_batch)
         # Call plans: the fully checked, shape-derived part of a call, per call signature (see __call__).
         self._plans: Dict[tuple, _CallPlan] = {}
-        import torch
-        self._get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-        self._get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream)
+        self._get_device, self._get_stream = cuda_accessors()
 
     @property
     def stages(self) -> int:
@@ -337,13 +335,6 @@ class _CallPlan:
     stored_shape: Tuple[int, ...]  # the output as allocated (transposed back when layout c=col)
     transposed: bool
     arguments: Tuple[int, ...]     # M, N, K, L, the leading dims and batch strides, workspace pointer and bytes
-
-
-def _current_stream(device_index: int) -> int:
-    """The raw cudaStream_t of torch's current stream on a device (public API; the fast path binds the
-    private accessor Triton's launcher also uses, which skips building a Stream object)."""
-    import torch
-    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 def _torch_dtype(name: str):

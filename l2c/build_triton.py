@@ -24,7 +24,7 @@ import torch
 import triton
 
 from . import cache
-from .build import Kernel, call_signature
+from .build import Kernel, call_signature, cuda_accessors
 from .errors import BuildError
 from .lower import render
 from .validate import ValidSpec
@@ -32,8 +32,7 @@ from .validate import ValidSpec
 
 PLANS = os.environ.get("L2C_TRITON_PLANS", "0") == "1"
 _KNOBS = getattr(triton, "knobs", None)   # Triton >= 3.4: where its launch hooks live (a profiler sets them)
-_get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-_get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", lambda index: torch.cuda.current_stream(index).cuda_stream)
+_get_device, _get_stream = cuda_accessors()
 
 
 class TritonKernel(Kernel):

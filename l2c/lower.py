@@ -31,8 +31,8 @@ def environment() -> jinja2.Environment:
 def render(valid: ValidSpec) -> str:
     """Source text of the kernel module (Triton .py or CUTLASS .cu) for one validated spec."""
     template = environment().get_template(TEMPLATE_FOR_TARGET[valid.target])
-    return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES,
-                           splitk_reduce=triton_splitk_reduce())
+    extra = {"splitk_reduce": triton_splitk_reduce()} if valid.target == "triton" else {}
+    return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES, **extra)
 
 
 def triton_splitk_reduce() -> str:

@@ -135,7 +135,7 @@ def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, to
         as_ref = lambda t: t.cpu().double()
     ref_norm = torch.linalg.vector_norm(ref).item()
 
-    def check(got: torch.Tensor, what: str) -> Optional[VerifyResult]:
+    def check(got: torch.Tensor, what: str) -> VerifyResult:
         err_norm = torch.linalg.vector_norm(as_ref(got) - ref).item()
         rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
         if not math.isfinite(rel):
