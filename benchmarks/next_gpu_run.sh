@@ -13,7 +13,20 @@ unset TRITON_INTERPRET
 mkdir -p /tmp/l2c_cache && tar xJf .l2c_pack/cache.tar.xz -C /tmp/l2c_cache && export L2C_CACHE_DIR=/tmp/l2c_cache
 t0=$(date +%s); stamp() { echo "$1 rc=$2 at $(( $(date +%s) - t0 ))s"; }
 
-if [ "${1:-A}" = A ]; then
+if [ "${1:-A}" = P ]; then
+  # The launch-plan probe: why a Triton kernel made no plan (run 1 of session 4 found none made on Triton 3.6).
+  timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
+  stamp call_overhead $?; grep -E "FAIL|failure" $OUT/call_overhead.log | cut -c1-600 | sort | uniq | head -8
+  python3 - <<'PY' 2>&1 | tail -20
+import inspect, triton, triton.compiler.compiler as cc
+print(triton.__version__, "hook", triton.knobs.runtime.launch_enter_hook)
+src = inspect.getsource(cc.CompiledKernel)
+print("\n".join(l for l in src.splitlines() if "def " in l or "self.run" in l or "packed" in l)[:1500])
+import triton.runtime.jit as j
+src = inspect.getsource(j.JITFunction.run)
+print("\n".join(src.splitlines()[-14:]))
+PY
+elif [ "${1:-A}" = A ]; then
   # 1. Triton launch plans (L2C_TRITON_PLANS=1 is set by both scripts): correct, and what they save per call.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
   stamp call_overhead $?; tail -3 $OUT/call_overhead.log
@@ -34,12 +47,24 @@ elif [ "$1" = C ]; then
   timeout 500 python3 -m l2c bench benchmarks/pool_h200.l2 --shapes grid --protocol kernel --reps 5 --resume \
     -o $OUT/grid_pool_h200.jsonl > /tmp/gp.log 2>&1
   stamp grid_pool_rest $?; tail -2 /tmp/gp.log | cut -c1-300
+elif [ "$1" = R ]; then
+  # Session 4, after the HookChain fix: the plans verified (call_overhead, gpu_check), then the tuned table with them.
+  timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
+  stamp call_overhead $?; grep -E "FAIL|failure" $OUT/call_overhead.log | cut -c1-300 | head -8
+  timeout 170 python3 scripts/gpu_check.py --out $OUT/gpu_check_triton_h200.json > $OUT/gpu_check.log 2>&1
+  stamp gpu_check $?; grep -E "in-kernel|call path|failure|FAIL" $OUT/gpu_check.log | tail -8
+  L2C_TRITON_PLANS=1 timeout 200 python3 -m l2c bench benchmarks/results/tuned_h200/sm_90.json \
+    --shapes benchmarks/tune_shapes_h200.txt --protocol kernel,call,server --reps 5 --iters 10 \
+    -o $OUT/tuned_h200_rebench4.jsonl > /tmp/rb.log 2>&1
+  stamp rebench $?; grep -A4 "tuned table" /tmp/rb.log | cut -c1-200
 else
+  if [ "$1" = B ]; then
   # 4. The tuned table again, with the Triton launch plans on (the call protocol is what they change).
   L2C_TRITON_PLANS=1 timeout 150 python3 -m l2c bench benchmarks/results/tuned_h200/sm_90.json \
     --shapes benchmarks/tune_shapes_h200.txt --protocol kernel,call,server --reps 5 --iters 10 \
     -o $OUT/tuned_h200_rebench4.jsonl > /tmp/rb.log 2>&1
   stamp rebench $?; grep -A4 "tuned table" /tmp/rb.log | cut -c1-200
+  fi   # B2: the rest of B, after R
   # 5. The policy's pool (27 new CUTLASS kernels) on the 28 tune shapes still below 1.0.
   timeout 150 python3 -m l2c bench benchmarks/pool_h200_policy.l2 --target cutlass \
     --shapes benchmarks/tune_shapes_h200_losers.txt --protocol kernel --reps 3 -o $OUT/policy_pool_h200.jsonl > /tmp/pp.log 2>&1

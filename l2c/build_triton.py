@@ -44,13 +44,14 @@ class TritonKernel(Kernel):
         self.path = path
         self._launch = module.launch
         self._plans: Dict[tuple, Optional[_LaunchPlan]] = {}   # call signature -> plan (None: not replayable)
+        self.plan_refusals: Dict[tuple, str] = {}               # call signature -> why it has no plan
 
     def __call__(self, a, b, c=None, bias=None, out=None):
         """Launch on the current stream. A call that allocates its output (`out` and `c` None) on a CUDA
         device replays the plan of the first call of its signature (see the module doc); every other call,
         and any call while a Triton launch hook is set, goes through the module's checked `launch`."""
-        if not PLANS or out is not None or c is not None or _KNOBS is None \
-                or _KNOBS.runtime.launch_enter_hook is not None or not getattr(a, "is_cuda", False):
+        if not PLANS or out is not None or c is not None or _KNOBS is None or launch_hook_set() \
+                or not getattr(a, "is_cuda", False):
             return self._launch(a, b, c, bias, out)
         key = call_signature(a, b, bias)
         plan = self._plans.get(key)
@@ -63,9 +64,26 @@ class TritonKernel(Kernel):
             zero.zero_()
         compiled = [kernel[grid](*args, **meta) for kernel, grid, args, meta in launches]
         if key is not None and key not in self._plans:
-            self._plans[key] = _LaunchPlan.make(a, b, bias, out, zero, launches, compiled,
-                                                transposed=self.spec.layout_c == "col")
+            try:
+                self._plans[key] = _LaunchPlan.make(a, b, bias, out, zero, launches, compiled,
+                                                    transposed=self.spec.layout_c == "col")
+            except _NotReplayable as why:
+                self._plans[key] = None
+                self.plan_refusals[key] = str(why)
         return out
+
+
+def launch_hook_set() -> bool:
+    """Whether a Triton launch hook (a profiler's) is set: a replayed launch would skip it. Triton >= 3.5 holds
+    the hooks in a HookChain that is never None (empty when none is set: plans were never made on the H200's
+    Triton 3.6 until this checked its `calls`); older versions hold one callable or None."""
+    runtime = _KNOBS.runtime
+    return any(hook is not None and bool(getattr(hook, "calls", True))
+               for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+
+
+class _NotReplayable(Exception):
+    """Why a checked call's launches cannot be replayed; that signature keeps the JIT path."""
 
 
 @dataclass(frozen=True)
@@ -91,27 +109,30 @@ class _LaunchPlan:
     launches: Tuple[_Launch, ...]
 
     @staticmethod
-    def make(a, b, bias, out, zero, launches, compiled, transposed: bool) -> Optional["_LaunchPlan"]:
-        """None when a launch cannot be replayed: a pointer Triton specialized as unaligned, or a compiled
-        kernel without the launcher interface (another Triton version): those calls keep the JIT path."""
+    def make(a, b, bias, out, zero, launches, compiled, transposed: bool) -> "_LaunchPlan":
+        """Raises _NotReplayable when a launch cannot be replayed: a pointer Triton specialized as unaligned, or
+        a compiled kernel without the launcher interface (another Triton version): those calls keep the JIT path."""
         roles = {id(a): 0, id(b): 1, id(out): 3}
         if bias is not None:
             roles[id(bias)] = 2
-        if len(roles) != 3 + (bias is not None):
-            return None   # one tensor passed as two operands: a later call's operands need not coincide
+        if len(roles) != 3 + (bias is not None):   # a later call's operands need not coincide
+            raise _NotReplayable("one tensor passed as two operands")
         replays = []
         for (kernel, grid, args, meta), ck in zip(launches, compiled):
             names = getattr(kernel, "arg_names", None)
-            if names is None or not all(hasattr(ck, x) for x in ("run", "function", "packed_metadata")):
-                return None
-            if len(names) != len(args) + sum(1 for x in names[len(args):] if x in meta) or \
-                    any(x in meta for x in names[:len(args)]):
-                return None   # the launch passes its arguments some other way than positions + constexprs
+            if names is None:
+                raise _NotReplayable(f"{type(kernel).__name__} has no arg_names")
+            missing = [x for x in ("run", "function", "packed_metadata") if not hasattr(ck, x)]
+            if missing:
+                raise _NotReplayable(f"the compiled kernel ({type(ck).__name__}) has no {', '.join(missing)}")
+            unpassed = [x for x in names[len(args):] if x not in meta]
+            if unpassed or any(x in meta for x in names[:len(args)]):
+                raise _NotReplayable(f"arguments passed other than by position + constexprs: {unpassed} of {names}")
             arguments, slots = [], []
             for i, x in enumerate(args):
                 if isinstance(x, torch.Tensor):
                     if x.data_ptr() & 15:
-                        return None
+                        raise _NotReplayable(f"argument {i} is not 16-byte aligned")
                     if id(x) in roles:   # a slot: hold no reference to this call's tensor
                         slots.append((i, roles[id(x)]))
                         x = None

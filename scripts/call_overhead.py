@@ -126,7 +126,11 @@ def main(argv=None) -> int:
                     row["misaligned_rejected"] = True
             else:
                 if not any(kernel._plans.values()):
-                    failures.append(f"{kname} {m}x{n}x{k}: no launch plan was made")
+                    import triton
+                    hook = getattr(getattr(triton, "knobs", None), "runtime", None)
+                    hook = getattr(hook, "launch_enter_hook", "no triton.knobs")
+                    failures.append(f"{kname} {m}x{n}x{k}: no launch plan was made "
+                                    f"(refusals {set(kernel.plan_refusals.values())}, launch hook {hook!r})")
                 row["errors"]["misaligned"] = check(f"{kname} {m}x{n}x{k} misaligned A", kernel(skewed, b),
                                                     torch.matmul(skewed, b))
             before = dict(dispatcher.stats)
