@@ -43,10 +43,20 @@ elif [ "${1:-A}" = A ]; then
   stamp longk_cutlass $?; tail -2 /tmp/lc.log | cut -c1-300
 elif [ "$1" = C ]; then
   # 7. The 201 grid shapes the 16-kernel pool screen never reached (the grid best-of waits on them).
-  cp benchmarks/results/grid_pool_h200_partial.jsonl $OUT/grid_pool_h200.jsonl
+  cp benchmarks/results/grid_pool_h200.jsonl $OUT/grid_pool_h200.jsonl   # complete since session 4: the first 12,775 lines were grid_pool_h200_partial.jsonl
   timeout 500 python3 -m l2c bench benchmarks/pool_h200.l2 --shapes grid --protocol kernel --reps 5 --resume \
     -o $OUT/grid_pool_h200.jsonl > /tmp/gp.log 2>&1
   stamp grid_pool_rest $?; tail -2 /tmp/gp.log | cut -c1-300
+elif [ "$1" = F ]; then
+  # Session 4, last run: the per-shape best tables (benchmarks/results/tables/, chosen on earlier kernel-protocol
+  # screens) re-measured side by side with the plans and the in-kernel split-K on by default: 42 tune shapes in
+  # fp16 and bf16, then all 1,000 grid shapes (the #7 targets; the call rows pick the shipped eager table).
+  timeout 120 python3 -m l2c bench benchmarks/results/tables/tune_h200_s4.json --shapes benchmarks/tune_shapes_h200.txt \
+    --protocol kernel,call,server --reps 5 --iters 10 -o $OUT/tune_table_h200_s4.jsonl > /tmp/tt.log 2>&1
+  stamp tune_table $?; grep -A2 "tuned table" /tmp/tt.log | cut -c1-200
+  timeout 400 python3 -m l2c bench benchmarks/results/tables/grid_h200_s4.json --shapes grid \
+    --protocol kernel,call,server --reps 3 --iters 10 -o $OUT/grid_table_h200_s4.jsonl > /tmp/gt.log 2>&1
+  stamp grid_table $?; grep -A6 "tuned table" /tmp/gt.log | cut -c1-200
 elif [ "$1" = R ]; then
   # Session 4, after the HookChain fix: the plans verified (call_overhead, gpu_check), then the tuned table with them.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1

@@ -9,8 +9,8 @@ overhead on every launch that, on a slow host, is more than a small kernel takes
 seen before therefore replays the launches of its first, fully checked call straight into the compiled
 kernels' launchers — the same `run(...)` Triton's own dispatch ends in (Triton 3.4 to 3.9 call it alike) —
 after checking only what can change between such calls (pointers' 16-byte alignment, which Triton specializes
-on, and the current device). Off unless L2C_TRITON_PLANS=1: it has not yet run on a GPU (the GPU check
-scripts turn it on to verify and time it; see benchmarks/NOTES.md).
+on, and the current device). On by default since it was verified on the H200 (scripts/call_overhead.py,
+scripts/gpu_check.py; benchmarks/NOTES.md, session 4); L2C_TRITON_PLANS=0 turns it off.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from .lower import render
 from .validate import ValidSpec
 
 
-PLANS = os.environ.get("L2C_TRITON_PLANS", "0") == "1"
+PLANS = os.environ.get("L2C_TRITON_PLANS", "1") != "0"
 _KNOBS = getattr(triton, "knobs", None)   # Triton >= 3.4: where its launch hooks live (a profiler sets them)
 _get_device, _get_stream = cuda_accessors()
 

@@ -35,13 +35,16 @@ def render(valid: ValidSpec) -> str:
     return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES, **extra)
 
 
+SPLITK_REDUCE_DEFAULT = "inkernel"
+
+
 def triton_splitk_reduce() -> str:
-    """How a Triton split-K kernel reduces its slices: `finalize` (a second kernel; the default, measured on
-    the H200) or `inkernel` (the last slice of each tile to finish reduces it in the GEMM kernel: one launch).
-    `inkernel` is chosen with L2C_TRITON_SPLITK=inkernel until a GPU run has verified and timed it
-    (benchmarks/NOTES.md); the generated source differs, so each has its own build-cache entry. Do not tune
-    with it set: the results store keys results by spec text, which is the same for both."""
-    value = os.environ.get("L2C_TRITON_SPLITK", "finalize")
+    """How a Triton workspace-mode split-K kernel reduces its slices: `inkernel` (the default: the last slice of
+    each tile to finish reduces it in the GEMM kernel, one launch; verified and faster on the H200,
+    benchmarks/NOTES.md session 4) or `finalize` (a second kernel; L2C_TRITON_SPLITK=finalize). Atomic mode
+    always uses the finalize kernel. The generated source differs, so each has its own build-cache entry;
+    `l2c tune` refuses the non-default one, because the results store keys results by spec text."""
+    value = os.environ.get("L2C_TRITON_SPLITK", SPLITK_REDUCE_DEFAULT)
     if value not in ("finalize", "inkernel"):
         raise ValueError(f"L2C_TRITON_SPLITK={value!r}: expected finalize or inkernel")
     return value

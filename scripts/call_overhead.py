@@ -10,8 +10,9 @@ For each kernel and small shape it measures, side by side in one process:
 - `call_us`: mean of synchronized single calls (the `call` protocol's measurement, same inputs).
 Sides: torch.matmul; the kernel called directly (its steady-state path: a replayed call plan); the path
 without plans (CUTLASS: the fully checked `_checked_call`; Triton: the module's `launch` through Triton's JIT
-dispatch); for a Triton split-K kernel, the same spec with the in-kernel reduction (L2C_TRITON_SPLITK=inkernel:
-one launch); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
+dispatch); the direct kernel is built with the finalize split-K reduction (L2C_TRITON_SPLITK=finalize: two
+launches), and for a Triton workspace split-K kernel `kernel_inkernel` is the same spec with the in-kernel
+reduction (the default: one launch); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
 
 Correctness (exits 1 on any failure): each side's result equals torch.matmul's; after a call plan exists, a
 16-byte-misaligned view of the same shape and strides is still rejected (ValueError) by the kernel and
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("L2C_TRITON_PLANS", "1")   # verify and time the Triton launch plans (off by default)
+os.environ.setdefault("L2C_TRITON_PLANS", "1")   # verify and time the Triton launch plans (the default)
 
 import argparse
 import json
@@ -93,12 +94,12 @@ def main(argv=None) -> int:
 
     for kname in KERNELS:
         spec = specs[kname]
+        os.environ["L2C_TRITON_SPLITK"] = "finalize"   # `kernel`: split-K reduced by a second kernel
         kernel = build(validate(spec, spec.target, "sm_90"))
+        os.environ["L2C_TRITON_SPLITK"] = "inkernel"   # the default, as l2c.matmul builds it
         inkernel = None
-        if spec.target == "triton" and spec.split_k_slices > 1:   # the same spec, reduced in the GEMM kernel
-            os.environ["L2C_TRITON_SPLITK"] = "inkernel"
-            inkernel = build(validate(spec, spec.target, "sm_90"))
-            os.environ["L2C_TRITON_SPLITK"] = "finalize"
+        if spec.target == "triton" and spec.split_k_slices > 1 and spec.split_k_mode == "workspace":
+            inkernel = build(validate(spec, spec.target, "sm_90"))   # the same spec, reduced in the GEMM kernel
         for (m, n, k) in SHAPES:
             g = torch.Generator(device="cuda").manual_seed(0)
             a = torch.randn(m, k, device="cuda", dtype=torch.float16, generator=g)

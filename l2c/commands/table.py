@@ -8,8 +8,8 @@ format of docs/CONTRACTS.md, which `l2c.matmul`, `l2c bench` and `l2c tune --exp
 
 `--host-overhead triton=30e-6,cutlass=10e-6` makes a `kernel`-protocol table safe for eager callers: each
 candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
-(measured by scripts/call_overhead.py), times its launches (a Triton split-K kernel launches a finalize kernel
-too; atomic mode also clears its buffer), and must not lose after the charge:
+(measured by scripts/call_overhead.py), times its launches (a Triton atomic split-K kernel also clears its
+buffer and launches a finalize kernel; workspace mode reduces in the GEMM kernel unless L2C_TRITON_SPLITK=finalize), and must not lose after the charge:
 baseline_s / (candidate_s + charge) >= 1, besides clearing the margin uncharged. A kernel 10% faster on a 3 µs
 problem does not make a synchronized call faster when its launch costs 20 µs more. The per-shape winner is the
 best charged candidate.
@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--host-overhead", default="", metavar="TARGET=SECONDS,...",
                    help="charge each candidate this extra host time per launch (kernel protocol), e.g. "
                         "triton=30e-6,cutlass=10e-6; default: no charge")
+    p.add_argument("--every-shape", action="store_true",
+                   help="keep each shape's best candidate even where it loses to torch.matmul: a table for measuring "
+                        "the kernels alone (l2c bench TABLE.json), not for dispatch")
     p.set_defaults(func=run)
 
 
@@ -49,13 +52,24 @@ def parse_overhead(text: str):
 
 
 @functools.lru_cache(maxsize=None)
-def launches(spec_text: str) -> int:
-    """Kernel launches of one call of a spec (Triton split-K: + finalize, atomic: + the buffer clear)."""
+def _split_k(spec_text: str):
+    """(target is Triton and split-K, atomic mode) of a spec text."""
     from ..parser import parse_one
     spec = parse_one(spec_text)
-    if spec.target == "triton" and spec.split_k_slices > 1:
-        return 3 if spec.split_k_mode == "atomic" else 2
-    return 1
+    return spec.target == "triton" and spec.split_k_slices > 1, spec.split_k_mode == "atomic"
+
+
+def launches(spec_text: str) -> int:
+    """Kernel launches of one call of a spec as l2c builds it now: a Triton atomic split-K call also clears its
+    buffer and runs the finalize kernel; workspace mode runs the finalize kernel only under
+    L2C_TRITON_SPLITK=finalize (the default reduces in the GEMM kernel)."""
+    from ..lower import triton_splitk_reduce
+    split, atomic = _split_k(spec_text)
+    if not split:
+        return 1
+    if atomic:
+        return 3
+    return 1 if triton_splitk_reduce() == "inkernel" else 2
 
 
 def charged_speedup(row, charges) -> float:
@@ -88,9 +102,10 @@ def spec_text(row, cache) -> str:
     return cache[source].get(row.get("name"), "")
 
 
-def best_rows(rows, protocol: str, min_speedup: float, charges=None):
+def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape: bool = False):
     """The best verified non-torch row per (shape, dtype, layout), chosen by charged speedup, if its speedup is
-    at least `min_speedup` and its charged speedup at least 1 (no charges: the two are the same)."""
+    at least `min_speedup` and its charged speedup at least 1 (no charges: the two are the same); with
+    `every_shape`, each shape's best whatever its speedup."""
     best, cache, charges = {}, {}, charges or {}
     for r in rows:
         if r.get("type") != "result" or r.get("status") != "ok" or r.get("protocol") != protocol:
@@ -104,6 +119,8 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None):
         key = (r["m"], r["n"], r["k"], r.get("batch", 1), r["dtype"], r["layout"])
         if key not in best or r["charged_speedup"] > best[key]["charged_speedup"]:
             best[key] = r
+    if every_shape:
+        return list(best.values())
     return [r for r in best.values() if r["speedup"] >= min_speedup and r["charged_speedup"] >= 1.0]
 
 
@@ -122,16 +139,17 @@ def run(args) -> int:
         charges = parse_overhead(args.host_overhead)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    chosen = best_rows(rows, args.protocol, args.min_speedup, charges)
+    chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape)
     entries = [{"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
                 "layout": r["layout"], "target": r["target"], "spec": r["spec"],
                 "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
                for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
-             "min_speedup": args.min_speedup, "host_overhead_s": charges, "sources": [str(p) for p in args.results],
+             "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges, "sources": [str(p) for p in args.results],
              "entries": entries}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"wrote {out}: {len(entries)} shape(s) at >= {args.min_speedup}x in the {args.protocol} protocol")
+    kept = "every shape's best" if args.every_shape else f">= {args.min_speedup}x"
+    print(f"wrote {out}: {len(entries)} shape(s), {kept} in the {args.protocol} protocol")
     return 0
