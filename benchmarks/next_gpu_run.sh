@@ -57,6 +57,11 @@ elif [ "$1" = F ]; then
   timeout 400 python3 -m l2c bench benchmarks/results/tables/grid_h200_s4.json --shapes grid \
     --protocol kernel,call,server --reps 3 --iters 10 -o $OUT/grid_table_h200_s4.jsonl > /tmp/gt.log 2>&1
   stamp grid_table $?; grep -A6 "tuned table" /tmp/gt.log | cut -c1-200
+elif [ "$1" = L ]; then
+  # The llm shapes (180 linear layers) the same way: the per-shape best of the linear pool screen, re-measured.
+  timeout 200 python3 -m l2c bench benchmarks/results/tables/llm_h200_s4.json --shapes llm \
+    --protocol kernel,call,server --reps 3 --iters 10 -o $OUT/llm_table_h200_s4.jsonl > /tmp/lt.log 2>&1
+  stamp llm_table $?; grep -A6 "tuned table" /tmp/lt.log | cut -c1-200
 elif [ "$1" = R ]; then
   # Session 4, after the HookChain fix: the plans verified (call_overhead, gpu_check), then the tuned table with them.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
