@@ -62,6 +62,13 @@ elif [ "$1" = L ]; then
   timeout 200 python3 -m l2c bench benchmarks/results/tables/llm_h200_s4.json --shapes llm \
     --protocol kernel,call,server --reps 3 --iters 10 -o $OUT/llm_table_h200_s4.jsonl > /tmp/lt.log 2>&1
   stamp llm_table $?; grep -A6 "tuned table" /tmp/lt.log | cut -c1-200
+elif [ "$1" = V ]; then
+  # The would-be shipped tables (wins >= 1.05 in runs F and L) measured again: the winner's curse, quantified.
+  for t in eager graphs; do
+    timeout 140 python3 -m l2c bench benchmarks/results/tables/${t}_candidate_h200_s4.json \
+      --protocol kernel,call --reps 3 --iters 10 -o $OUT/${t}_candidate_h200_s4.jsonl > /tmp/v.log 2>&1
+    stamp $t $?; grep -A1 "tuned table" /tmp/v.log | cut -c1-200
+  done
 elif [ "$1" = R ]; then
   # Session 4, after the HookChain fix: the plans verified (call_overhead, gpu_check), then the tuned table with them.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
