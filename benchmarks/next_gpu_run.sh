@@ -69,6 +69,13 @@ elif [ "$1" = V ]; then
       --protocol kernel,call --reps 3 --iters 10 -o $OUT/${t}_candidate_h200_s4.jsonl > /tmp/v.log 2>&1
     stamp $t $?; grep -A1 "tuned table" /tmp/v.log | cut -c1-200
   done
+elif [ "$1" = D ]; then
+  # The shipped tables (session 4) through l2c.matmul on the GPU: served by the tuned kernel, and correct.
+  timeout 150 python3 scripts/dispatch_check.py --count 40 --out $OUT/dispatch_check_h200.json > $OUT/dispatch_check.log 2>&1
+  stamp dispatch_eager $?; tail -1 $OUT/dispatch_check.log
+  L2C_TUNED_TABLE=l2c/tuned/sm_90_graphs.json timeout 150 python3 scripts/dispatch_check.py --count 40 \
+    --out $OUT/dispatch_check_graphs_h200.json > $OUT/dispatch_check_graphs.log 2>&1
+  stamp dispatch_graphs $?; tail -1 $OUT/dispatch_check_graphs.log; grep FAIL $OUT/dispatch_check*.log | head
 elif [ "$1" = R ]; then
   # Session 4, after the HookChain fix: the plans verified (call_overhead, gpu_check), then the tuned table with them.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
