@@ -43,7 +43,7 @@ elif [ "${1:-A}" = A ]; then
   stamp longk_cutlass $?; tail -2 /tmp/lc.log | cut -c1-300
 elif [ "$1" = C ]; then
   # 7. The 201 grid shapes the 16-kernel pool screen never reached (the grid best-of waits on them).
-  cp benchmarks/results/grid_pool_h200.jsonl $OUT/grid_pool_h200.jsonl   # complete since session 4: the first 12,775 lines were grid_pool_h200_partial.jsonl
+  xz -dc benchmarks/results/grid_pool_h200.jsonl.xz > $OUT/grid_pool_h200.jsonl   # complete since session 4
   timeout 500 python3 -m l2c bench benchmarks/pool_h200.l2 --shapes grid --protocol kernel --reps 5 --resume \
     -o $OUT/grid_pool_h200.jsonl > /tmp/gp.log 2>&1
   stamp grid_pool_rest $?; tail -2 /tmp/gp.log | cut -c1-300

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import lzma
 import math
 import os
 import platform
@@ -228,9 +229,18 @@ def row_key(row: Dict[str, object]) -> Tuple:
 
 def read_rows(path: str | Path, repair: bool = False) -> List[Dict[str, object]]:
     """All complete JSON rows of a results file. A torn last line (a run killed mid-write) is ignored, and
-    with `repair` cut off so that appending continues on a clean line. A bad line elsewhere is an error."""
+    with `repair` cut off so that appending continues on a clean line. A bad line elsewhere is an error.
+    A `.xz` file (a large finished results file, compressed to keep the repository small) is read through lzma."""
     path = Path(path)
-    data = path.read_bytes()
+    if path.suffix == ".xz":
+        if repair:
+            raise BenchError(f"{path} is compressed: results are appended to a plain .jsonl (decompress it first)")
+        try:
+            data = lzma.decompress(path.read_bytes())
+        except lzma.LZMAError as err:
+            raise BenchError(f"{path}: not an xz file ({err})") from None
+    else:
+        data = path.read_bytes()
     rows, good_end, pos = [], 0, 0
     lines = data.split(b"\n")
     for i, line in enumerate(lines):
@@ -261,6 +271,8 @@ class ResultsWriter:
     def __init__(self, path: Path, resume: bool):
         self.path = path
         self.done: Set[Tuple] = set()
+        if path.suffix == ".xz":
+            raise BenchError(f"{path}: results are written to a plain .jsonl (compress it with xz when it is done)")
         if path.exists() and path.stat().st_size > 0:
             if not resume:
                 raise BenchError(f"{path} already exists: pass --resume to continue it, or choose another -o")

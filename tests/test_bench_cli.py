@@ -131,6 +131,33 @@ def test_report_without_matplotlib_prints_summary_and_skips_plots(tmp_path, caps
     assert not (tmp_path / "plots").exists()
 
 
+def test_compressed_results_are_read_but_never_appended_to(tmp_path, capsys):
+    """Large finished results files are committed xz-compressed: report and table read them like the plain file;
+    bench refuses to append to one (it would have to rewrite the whole file) and says how to continue."""
+    import lzma
+    rows = [{"type": "env", "gpu": "NVIDIA H200"}] + [
+        {"type": "result", "kernel": "x", "name": "x", "target": "triton", "m": m, "n": 64, "k": 64, "batch": 1,
+         "flops": 2 * m * 64 * 64, "dtype": "f16", "layout": "row,row,row", "protocol": "kernel", "status": "ok",
+         "speedup": 1.25, "candidate_tflops": 1.25, "baseline_tflops": 1.0,
+         "spec": "kernel x {\n  target triton\n}\n"} for m in (64, 128)]
+    plain = tmp_path / "r.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    packed = tmp_path / "r.jsonl.xz"
+    packed.write_bytes(lzma.compress(plain.read_bytes()))
+    assert read_rows(packed) == read_rows(plain) == rows
+    assert main(["report", str(packed), "--no-plots"]) == 0
+    assert "x [kernel]: 2 shape(s) measured" in capsys.readouterr().out
+    assert main(["table", str(packed), "-o", str(tmp_path / "t.json")]) == 0
+    assert len(json.loads((tmp_path / "t.json").read_text())["entries"]) == 2
+    (tmp_path / "shapes.txt").write_text("64 64 64\n")
+    assert main(["bench", "torch", "--shapes", str(tmp_path / "shapes.txt"), *FAST, "--resume",
+                 "-o", str(packed)]) == 2
+    assert "plain .jsonl" in capsys.readouterr().err
+    (tmp_path / "bad.jsonl.xz").write_bytes(b"not xz")
+    with pytest.raises(Exception, match="not an xz file"):
+        read_rows(tmp_path / "bad.jsonl.xz")
+
+
 def test_resume_after_kill_completes_without_duplicates(tmp_path):
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("".join(f"{8 + i % 5 * 8} {8 + i % 3 * 8} {8 + i * 8}\n" for i in range(120)))
