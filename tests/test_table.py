@@ -70,3 +70,31 @@ def test_host_overhead_charge_drops_wins_that_a_launch_would_eat(tmp_path):
     assert {e["m"] for e in json.loads(out.read_text())["entries"]} == {64, 128, 512, 1024, 2048}
     bad = subprocess.run(cmd[:-1] + ["gpu=1e-6"], capture_output=True, text=True)
     assert bad.returncode == 2 and "TARGET=SECONDS" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_confirmed_by_keeps_only_entries_that_won_again(tmp_path):
+    """--confirmed-by: an entry chosen on one measurement stays only if its spec won again (>= 1.0) on that shape
+    in the later results; a shape the later run lost, did not measure, or measured with another spec is dropped."""
+    first = [{"type": "env", "gpu": "NVIDIA H200"},
+             row("a", 64, 1.20), row("b", 128, 1.30), row("c", 256, 1.10), row("d", 512, 1.10)]
+    again = [{"type": "env", "gpu": "NVIDIA H200"},
+             row("a", 64, 1.02),                        # won again: kept
+             row("b", 128, 0.97),                       # lost: dropped
+             row("x", 256, 1.40),                       # another spec on c's shape: c dropped
+             row("a", 64, 1.01, protocol="call")]       # another protocol: does not count
+    paths = []
+    for name, rows in (("first", first), ("again", again)):
+        paths.append(tmp_path / f"{name}.jsonl")
+        paths[-1].write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "t.json"
+    done = subprocess.run([sys.executable, "-m", "l2c", "table", str(paths[0]), "-o", str(out),
+                           "--confirmed-by", str(paths[1])], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    table = json.loads(out.read_text())
+    assert [(e["m"], e["spec"].split()[1]) for e in table["entries"]] == [(64, "a")]
+    assert table["confirmed_by"] == [str(paths[1])]
+    # confirmations from another GPU are refused
+    paths[1].write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H100"}] + again[1:]) + "\n")
+    bad = subprocess.run([sys.executable, "-m", "l2c", "table", str(paths[0]), "-o", str(out),
+                          "--confirmed-by", str(paths[1])], capture_output=True, text=True)
+    assert bad.returncode == 2 and "different GPUs" in bad.stderr

@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
     p.add_argument("--every-shape", action="store_true",
                    help="keep each shape's best candidate even where it loses to torch.matmul: a table for measuring "
                         "the kernels alone (l2c bench TABLE.json), not for dispatch")
+    p.add_argument("--confirmed-by", nargs="+", default=[], metavar="RESULTS",
+                   help="keep only entries whose spec won again (speedup >= 1.0, same protocol and shape) in these "
+                        "later measurements, e.g. `l2c bench` of the candidate table: choosing the best of several "
+                        "candidates on one measurement favours lucky draws")
     p.set_defaults(func=run)
 
 
@@ -124,6 +128,21 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
     return [r for r in best.values() if r["speedup"] >= min_speedup and r["charged_speedup"] >= 1.0]
 
 
+def confirmed(entries, rows, protocol: str):
+    """The entries whose spec has at least one verified row in `rows` on the same shape, dtype and layout in
+    `protocol`, and only winning ones (speedup >= 1.0)."""
+    verdicts, cache = {}, {}
+    for r in rows:
+        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("kernel") == "torch":
+            continue
+        spec = spec_text(r, cache)
+        key = (r["m"], r["n"], r["k"], r.get("batch", 1), r["dtype"], r["layout"], spec)
+        won = r.get("status") == "ok" and (r.get("speedup") or 0.0) >= 1.0
+        verdicts[key] = verdicts.get(key, True) and won
+    return [e for e in entries
+            if verdicts.get((e["m"], e["n"], e["k"], e["batch"], e["dtype"], e["layout"], e["spec"]), False)]
+
+
 def run(args) -> int:
     from ..bench import read_rows
     from ..cli import UsageError
@@ -144,12 +163,20 @@ def run(args) -> int:
                 "layout": r["layout"], "target": r["target"], "spec": r["spec"],
                 "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
                for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
+    if args.confirmed_by:
+        checks = [r for path in args.confirmed_by for r in read_rows(path)]
+        gpus.update(r["gpu"] for r in checks if r.get("type") == "env" and r.get("gpu"))
+        if len(gpus) > 1:
+            raise UsageError(f"results from different GPUs: {sorted(gpus)}")
+        entries = confirmed(entries, checks, args.protocol)
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
-             "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges, "sources": [str(p) for p in args.results],
+             "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
+             "sources": [str(p) for p in args.results], "confirmed_by": [str(p) for p in args.confirmed_by],
              "entries": entries}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
     kept = "every shape's best" if args.every_shape else f">= {args.min_speedup}x"
+    kept += ", won again in " + ", ".join(args.confirmed_by) if args.confirmed_by else ""
     print(f"wrote {out}: {len(entries)} shape(s), {kept} in the {args.protocol} protocol")
     return 0
