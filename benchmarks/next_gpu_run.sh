@@ -76,6 +76,12 @@ elif [ "$1" = D ]; then
   L2C_TUNED_TABLE=l2c/tuned/sm_90_graphs.json timeout 150 python3 scripts/dispatch_check.py --count 40 \
     --out $OUT/dispatch_check_graphs_h200.json > $OUT/dispatch_check_graphs.log 2>&1
   stamp dispatch_graphs $?; tail -1 $OUT/dispatch_check_graphs.log; grep FAIL $OUT/dispatch_check*.log | head
+elif [ "$1" = O ]; then
+  # The dispatcher hands its call signature to the kernel's plan (computed once per l2c.matmul call, not twice).
+  timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
+  stamp call_overhead $?; grep -E "FAIL|failure" $OUT/call_overhead.log | cut -c1-300 | head -8
+  timeout 150 python3 scripts/dispatch_check.py --count 40 --out $OUT/dispatch_check_h200.json > $OUT/dispatch_check.log 2>&1
+  stamp dispatch_eager $?; tail -1 $OUT/dispatch_check.log
 elif [ "$1" = R ]; then
   # Session 4, after the HookChain fix: the plans verified (call_overhead, gpu_check), then the tuned table with them.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1

@@ -51,6 +51,11 @@ class Kernel:
         """Floating-point operations of one call: 2*M*N*K multiply-adds per batch (the epilogue is not counted)."""
         return 2 * m * n * k * batch
 
+    def call_planned(self, key, a, b, bias=None):
+        """`self(a, b, bias=bias)` (a call that allocates its output) with `key = call_signature(a, b, bias)`
+        already computed: the dispatcher has it from its own lookup, and the planned fast paths key by it too."""
+        return self(a, b, bias=bias)
+
     def __call__(self, a, b, c=None, bias=None, out=None):
         """Launch the kernel (docs/CONTRACTS.md). Each target's subclass implements it; the base never runs."""
         raise NotImplementedError(f"{type(self).__name__} does not implement the launch")

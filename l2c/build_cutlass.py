@@ -228,25 +228,28 @@ class CutlassKernel(Kernel):
         the current device. Everything else goes through the full checks in `_checked_call`.
         """
         if out is None and c is None:
-            key = call_signature(a, b, bias)
-            plan = self._plans.get(key) if key is not None else None
-            if plan is not None:
-                pa, pb = a.data_ptr(), b.data_ptr()
-                pbias = bias.data_ptr() if bias is not None else None
-                if not ((pa | pb | (pbias or 0)) & 15) and self._get_device() == plan.device:
-                    out = a.new_empty(plan.stored_shape, dtype=plan.dtype)
-                    if plan.transposed:
-                        out = out.transpose(-1, -2)
-                    status = self._run(pa, pb, None, pbias, out.data_ptr(), *plan.arguments,
-                                       self._get_stream(plan.device))
-                    if status != 0:
-                        raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
-                    return out
-            result, plan = self._checked_call(a, b, c, bias, out)
-            if key is not None and plan is not None:
-                self._plans[key] = plan
-            return result
+            return self.call_planned(call_signature(a, b, bias), a, b, bias)
         return self._checked_call(a, b, c, bias, out)[0]
+
+    def call_planned(self, key, a, b, bias=None):
+        """The allocating call with its call signature `key` already computed (see Kernel.call_planned)."""
+        plan = self._plans.get(key) if key is not None else None
+        if plan is not None:
+            pa, pb = a.data_ptr(), b.data_ptr()
+            pbias = bias.data_ptr() if bias is not None else None
+            if not ((pa | pb | (pbias or 0)) & 15) and self._get_device() == plan.device:
+                out = a.new_empty(plan.stored_shape, dtype=plan.dtype)
+                if plan.transposed:
+                    out = out.transpose(-1, -2)
+                status = self._run(pa, pb, None, pbias, out.data_ptr(), *plan.arguments,
+                                   self._get_stream(plan.device))
+                if status != 0:
+                    raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
+                return out
+        result, plan = self._checked_call(a, b, None, bias, None)
+        if key is not None and plan is not None:
+            self._plans[key] = plan
+        return result
 
     def _checked_call(self, a, b, c, bias, out):
         """Check everything, launch; returns (out, the plan that replays this call, or None)."""

@@ -50,16 +50,20 @@ class TritonKernel(Kernel):
         """Launch on the current stream. A call that allocates its output (`out` and `c` None) on a CUDA
         device replays the plan of the first call of its signature (see the module doc); every other call,
         and any call while a Triton launch hook is set, goes through the module's checked `launch`."""
-        if not PLANS or out is not None or c is not None or _KNOBS is None or launch_hook_set() \
-                or not getattr(a, "is_cuda", False):
+        if out is not None or c is not None:
             return self._launch(a, b, c, bias, out)
-        key = call_signature(a, b, bias)
+        return self.call_planned(call_signature(a, b, bias), a, b, bias)
+
+    def call_planned(self, key, a, b, bias=None):
+        """The allocating call with its call signature `key` already computed (see Kernel.call_planned)."""
+        if not PLANS or _KNOBS is None or launch_hook_set() or not getattr(a, "is_cuda", False):
+            return self._launch(a, b, None, bias, None)
         plan = self._plans.get(key)
         if plan is not None:
             pbias = bias.data_ptr() if bias is not None else 0
             if not ((a.data_ptr() | b.data_ptr() | pbias) & 15) and _get_device() == plan.device:
                 return plan.replay(a, b, bias, _get_stream(plan.device))
-        out, zero, launches = self.module.prepare(a, b, c, bias, out)
+        out, zero, launches = self.module.prepare(a, b, None, bias, None)
         if zero is not None:
             zero.zero_()
         compiled = [kernel[grid](*args, **meta) for kernel, grid, args, meta in launches]

@@ -173,10 +173,11 @@ class Dispatcher:
             log.warning("bad tuned-table entry %s: %s", entry, err)
             return None
 
-    def resolve(self, a, b, bias, activation) -> Optional[Callable]:
+    def resolve(self, a, b, bias, activation, tensors=None) -> Optional[Callable]:
         # Steady state: one dict lookup keyed by what a call's resolution depends on (shapes, strides,
-        # dtypes and devices), before any of the checks in _signature.
-        tensors = call_signature(a, b, bias)
+        # dtypes and devices: `tensors`, call_signature(a, b, bias)), before any of the checks in _signature.
+        if tensors is None:
+            tensors = call_signature(a, b, bias)
         call_key = None if tensors is None else (tensors, activation)
         kernel = self._by_call.get(call_key, False)
         if kernel is not False:
@@ -196,12 +197,16 @@ class Dispatcher:
             self._by_call[call_key] = kernel
         return kernel
 
-    def _run_tuned(self, kernel, a, b, bias, out=None):
+    def _run_tuned(self, kernel, a, b, bias, out=None, tensors=None):
         """The tuned kernel's result, or None when there is none or it declines this call (a ValueError, e.g. a
-        misaligned pointer: this call only) and the caller falls back; counts which path served the call."""
+        misaligned pointer: this call only) and the caller falls back; counts which path served the call.
+        `tensors` (call_signature(a, b, bias), computed once for the lookup) goes on to the kernel's plans."""
         if kernel is not None:
             try:
-                result = kernel(a, b, bias=bias, out=out)
+                if out is None and tensors is not None:
+                    result = kernel.call_planned(tensors, a, b, bias)
+                else:
+                    result = kernel(a, b, bias=bias, out=out)
                 self.stats["tuned"] += 1
                 return result
             except ValueError as err:
@@ -211,7 +216,8 @@ class Dispatcher:
 
     def matmul(self, a, b, bias=None, activation=None, out=None):
         activation = check_activation(activation)
-        result = self._run_tuned(self.resolve(a, b, bias, activation), a, b, bias, out)
+        tensors = call_signature(a, b, bias)
+        result = self._run_tuned(self.resolve(a, b, bias, activation, tensors), a, b, bias, out, tensors)
         return result if result is not None else _fallback(a, b, bias, activation, out)
 
     def linear(self, x, weight, bias=None, activation=None):
@@ -224,7 +230,8 @@ class Dispatcher:
         activation = check_activation(activation)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()
-        y = self._run_tuned(self.resolve(x2, w_t, bias, activation), x2, w_t, bias)
+        tensors = call_signature(x2, w_t, bias)
+        y = self._run_tuned(self.resolve(x2, w_t, bias, activation, tensors), x2, w_t, bias, None, tensors)
         if y is None:
             return _activate(F.linear(x, weight, bias), activation)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])

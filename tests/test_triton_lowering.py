@@ -306,3 +306,17 @@ def test_launch_hook_set_reads_triton_hook_chains():
         finally:
             runtime.launch_enter_hook = enter
     assert not launch_hook_set()
+
+
+def test_call_planned_is_the_allocating_call():
+    """The dispatcher hands a kernel the call signature it computed for its own lookup (`call_planned`); the
+    result is the allocating call's, bit for bit, under every target's path (CPU: the checked launch)."""
+    from l2c.build import call_signature
+    kernel = kernel_for(epilogue_bias="col", epilogue_activation="relu")
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(20, 24, generator=g).half()
+    b = torch.randn(24, 12, generator=g).half()
+    bias = torch.randn(12, generator=g).half()
+    want = kernel(a, b, bias=bias)
+    got = kernel.call_planned(call_signature(a, b, bias), a, b, bias)
+    assert torch.equal(got, want)
