@@ -82,6 +82,16 @@ elif [ "$1" = O ]; then
   stamp call_overhead $?; grep -E "FAIL|failure" $OUT/call_overhead.log | cut -c1-300 | head -8
   timeout 150 python3 scripts/dispatch_check.py --count 40 --out $OUT/dispatch_check_h200.json > $OUT/dispatch_check.log 2>&1
   stamp dispatch_eager $?; tail -1 $OUT/dispatch_check.log
+elif [ "$1" = T ]; then
+  # TMA loads in Triton (L2C_TRITON_TMA=1): plans over descriptors verified, then the pool's Triton specs with
+  # and without TMA on the 42 tune shapes, one after the other in one session.
+  timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
+  stamp call_overhead $?; grep -E "FAIL|failure" $OUT/call_overhead.log | cut -c1-300 | head -8
+  for t in 0 1; do
+    L2C_TRITON_TMA=$t timeout 75 python3 -m l2c bench benchmarks/pool_h200.l2 --target triton \
+      --shapes benchmarks/tune_shapes_h200.txt --protocol kernel --reps 3 -o $OUT/tma${t}_pool_h200.jsonl > /tmp/t$t.log 2>&1
+    stamp tma$t $?; grep -A1 "best-of" /tmp/t$t.log | cut -c1-200
+  done
 elif [ "$1" = R ]; then
   # Session 4, after the HookChain fix: the plans verified (call_overhead, gpu_check), then the tuned table with them.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1

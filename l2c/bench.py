@@ -210,6 +210,8 @@ def environment(device, protocols: List[str], command: str, settings: Dict[str, 
         "protocols": protocols, "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(), "cwd": os.getcwd(), "settings": settings,
+        # how l2c built the Triton kernels measured here (the spec texts do not say)
+        "build_settings": {name: os.environ[name] for name in sorted(os.environ) if name.startswith("L2C_TRITON_")},
     }
     if device.kind == "cuda":
         props = torch.cuda.get_device_properties(device.torch_device)

@@ -14,6 +14,7 @@ scripts/gpu_check.py; benchmarks/NOTES.md, session 4); L2C_TRITON_PLANS=0 turns 
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import sys
@@ -32,6 +33,10 @@ from .validate import ValidSpec
 
 PLANS = os.environ.get("L2C_TRITON_PLANS", "1") != "0"
 _KNOBS = getattr(triton, "knobs", None)   # Triton >= 3.4: where its launch hooks live (a profiler sets them)
+try:   # host-side TMA descriptors (L2C_TRITON_TMA=1 kernels take A and B as these)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:   # Triton < 3.4
+    TensorDescriptor = None
 _get_device, _get_stream = cuda_accessors()
 
 
@@ -93,13 +98,15 @@ class _NotReplayable(Exception):
 @dataclass(frozen=True)
 class _Launch:
     """One replayable launch: Triton's compiled launcher and its arguments, with the call's tensors left as
-    slots: `slots` pairs a position in `arguments` with an index into (a, b, bias, out)."""
+    slots: `slots` pairs a position in `arguments` with an index into (a, b, bias, out); `descriptor_slots` the
+    same for TMA descriptors, replayed as the first call's descriptor over the new call's tensor."""
     run: object
     function: object
     packed_metadata: object
     grid: Tuple[int, int, int]
     arguments: Tuple
     slots: Tuple[Tuple[int, int], ...]
+    descriptor_slots: Tuple[Tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,9 +139,16 @@ class _LaunchPlan:
             unpassed = [x for x in names[len(args):] if x not in meta]
             if unpassed or any(x in meta for x in names[:len(args)]):
                 raise _NotReplayable(f"arguments passed other than by position + constexprs: {unpassed} of {names}")
-            arguments, slots = [], []
+            arguments, slots, descriptor_slots = [], [], []
             for i, x in enumerate(args):
-                if isinstance(x, torch.Tensor):
+                if TensorDescriptor is not None and isinstance(x, TensorDescriptor):
+                    if id(x.base) not in roles:
+                        raise _NotReplayable(f"argument {i} describes a tensor that is not an operand")
+                    # the same shape, strides and block over a later call's tensor (same signature)
+                    descriptor_slots.append((i, roles[id(x.base)]))
+                    x = copy.copy(x)   # checked once, in the first call; hold no reference to its tensor
+                    x.base = None
+                elif isinstance(x, torch.Tensor):
                     if x.data_ptr() & 15:
                         raise _NotReplayable(f"argument {i} is not 16-byte aligned")
                     if id(x) in roles:   # a slot: hold no reference to this call's tensor
@@ -143,7 +157,8 @@ class _LaunchPlan:
                 arguments.append(x)
             arguments.extend(meta[x] for x in names[len(args):])
             grid = tuple(grid) + (1,) * (3 - len(grid))
-            replays.append(_Launch(ck.run, ck.function, ck.packed_metadata, grid, tuple(arguments), tuple(slots)))
+            replays.append(_Launch(ck.run, ck.function, ck.packed_metadata, grid, tuple(arguments), tuple(slots),
+                                   tuple(descriptor_slots)))
         stored = tuple(out.mT.shape) if transposed else tuple(out.shape)
         return _LaunchPlan(device=a.get_device(), out_shape=stored, out_dtype=out.dtype, transposed=transposed,
                            zero=zero, launches=tuple(replays))
@@ -159,6 +174,10 @@ class _LaunchPlan:
             arguments = list(launch.arguments)
             for position, index in launch.slots:
                 arguments[position] = tensors[index]
+            for position, index in launch.descriptor_slots:
+                descriptor = copy.copy(arguments[position])
+                descriptor.base = tensors[index]
+                arguments[position] = descriptor
             gx, gy, gz = launch.grid
             launch.run(gx, gy, gz, stream, launch.function, launch.packed_metadata, None, None, None, *arguments)
         return out

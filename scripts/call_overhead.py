@@ -100,6 +100,13 @@ def main(argv=None) -> int:
         inkernel = None
         if spec.target == "triton" and spec.split_k_slices > 1 and spec.split_k_mode == "workspace":
             inkernel = build(validate(spec, spec.target, "sm_90"))   # the same spec, reduced in the GEMM kernel
+        tma = None
+        if spec.target == "triton":   # the same spec with TMA loads (L2C_TRITON_TMA=1): plans replay descriptors
+            os.environ["L2C_TRITON_TMA"] = "1"
+            tma = build(validate(spec, spec.target, "sm_90"))
+            os.environ["L2C_TRITON_TMA"] = "0"
+            if "a_desc.load(" not in tma.source:
+                failures.append(f"{kname}: L2C_TRITON_TMA=1 did not render TMA loads")
         for (m, n, k) in SHAPES:
             g = torch.Generator(device="cuda").manual_seed(0)
             a = torch.randn(m, k, device="cuda", dtype=torch.float16, generator=g)
@@ -108,6 +115,18 @@ def main(argv=None) -> int:
             row = {"kernel": kname, "target": spec.target, "m": m, "n": n, "k": k, "errors": {}}
             row["errors"]["direct"] = check(f"{kname} {m}x{n}x{k} direct", kernel(a, b), ref)
             row["errors"]["direct_again"] = check(f"{kname} {m}x{n}x{k} direct (plan)", kernel(a, b), ref)
+            # the plan replayed over other tensors of the same signature (new pointers in every slot)
+            a2, b2 = torch.randn_like(a), torch.randn_like(b)
+            row["errors"]["direct_fresh"] = check(f"{kname} {m}x{n}x{k} direct (plan, fresh tensors)", kernel(a2, b2),
+                                                  torch.matmul(a2, b2))
+            if tma is not None:
+                row["errors"]["tma"] = check(f"{kname} {m}x{n}x{k} TMA", tma(a, b), ref)
+                row["errors"]["tma_again"] = check(f"{kname} {m}x{n}x{k} TMA (plan)", tma(a, b), ref)
+                row["errors"]["tma_fresh"] = check(f"{kname} {m}x{n}x{k} TMA (plan, fresh tensors)", tma(a2, b2),
+                                                   torch.matmul(a2, b2))
+                if not any(tma._plans.values()):
+                    failures.append(f"{kname} {m}x{n}x{k}: no TMA launch plan was made "
+                                    f"(refusals {set(tma.plan_refusals.values())})")
             # the shape-generic spec, as tuned tables hold it (the kernel above is the same build)
             entry = TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout="row,row,row", target=spec.target,
                                spec_text=spec.to_l2(), tflops=2.0, baseline_tflops=1.0)
@@ -159,6 +178,8 @@ def main(argv=None) -> int:
                 row["errors"]["inkernel_again"] = check(f"{kname} {m}x{n}x{k} in-kernel split-K (plan)",
                                                         inkernel(a, b), ref)
                 sides["kernel_inkernel"] = lambda: inkernel(a, b)
+            if tma is not None:
+                sides["kernel_tma"] = lambda: tma(a, b)
             row["launch_us"] = {name: round(host_per_call(fn), 2) for name, fn in sides.items()}
             row["call_us"] = {name: round(synced_call(fn), 2) for name, fn in sides.items()}
             rows.append(row)

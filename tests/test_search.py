@@ -541,3 +541,8 @@ def test_tune_refuses_a_triton_split_k_reduction_the_store_cannot_tell_apart(tmp
     monkeypatch.setenv("L2C_TRITON_SPLITK", "sideways")
     assert main(args) == 2
     assert "expected finalize or inkernel" in capsys.readouterr().err
+    monkeypatch.delenv("L2C_TRITON_SPLITK")
+    monkeypatch.setenv("L2C_TRITON_TMA", "1")                # TMA loads: the same spec text, another build
+    assert main(args) == 2
+    assert "L2C_TRITON_TMA=1" in capsys.readouterr().err
+    assert main(args + ["--target", "cutlass"]) == 0

@@ -38,17 +38,22 @@ def _cache_in_tmp(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def splitk_reduce(mode: str):
-    """Render Triton split-K kernels with this reduction (l2c.lower.triton_splitk_reduce) inside the block."""
-    before = os.environ.get("L2C_TRITON_SPLITK")
-    os.environ["L2C_TRITON_SPLITK"] = mode
+def setting(name: str, value: str):
+    """Render Triton kernels with this l2c.lower setting (an environment variable) inside the block."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            del os.environ["L2C_TRITON_SPLITK"]
+            del os.environ[name]
         else:
-            os.environ["L2C_TRITON_SPLITK"] = before
+            os.environ[name] = before
+
+
+def splitk_reduce(mode: str):
+    """Render Triton split-K kernels with this reduction (l2c.lower.triton_splitk_reduce) inside the block."""
+    return setting("L2C_TRITON_SPLITK", mode)
 
 
 def kernel_for(**knobs) -> Kernel:
@@ -65,10 +70,12 @@ def check(kernel, m, n, k, batch=1, seed=0):
 
 
 @st.composite
-def cases(draw):
-    """(spec, m, n, k, batch): a random valid Triton spec with small tiles and a shape it accepts."""
-    m, n, k = (draw(st.integers(1, 70)) for _ in range(3))
-    batch = draw(st.sampled_from((1, 1, 2, 3)))
+def cases(draw, align: int = 1, **fixed):
+    """(spec, m, n, k, batch): a random valid Triton spec with small tiles and a shape it accepts (N and K
+    multiples of `align`: 8 keeps fp16 and fp32 rows 16-byte aligned, as TMA loads need)."""
+    m = draw(st.integers(1, 70))
+    n, k = (draw(st.integers(1, 70 // align)) * align for _ in range(2))
+    batch = fixed.pop("batch", None) or draw(st.sampled_from((1, 1, 2, 3)))
     types_a = draw(st.sampled_from(("f16", "f32")))
     tile_k = draw(st.sampled_from(SMALL_TILES))
     fixed_k = draw(st.booleans())
@@ -89,6 +96,7 @@ def cases(draw):
         epilogue_alpha=draw(st.sampled_from((1.0, 0.5, -2.0))),
         epilogue_beta=draw(st.sampled_from((0.0, 0.0, 1.0, -0.75))),
     )
+    pins.update(fixed)   # knobs the caller pins (`fixed` beyond `batch`)
     return draw(valid_specs("triton", **pins)), m, n, k, batch
 
 
@@ -124,6 +132,41 @@ def test_prepare_describes_launches_a_plan_can_replay(case, reduce):
         assert all(isinstance(g, int) and g > 0 for g in grid)
     assert launches[0][2][0] is a and launches[0][2][1] is b
     assert any(x is out for x in launches[-1][2])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.one_of(cases(align=8, batch=1, layout_a="row", layout_b="row", problem_batch=1), cases(align=8)),
+       st.integers(0, 2 ** 31))
+def test_tma_loads_match_reference(case, seed):
+    """L2C_TRITON_TMA=1: specs with row-major fp16/fp32 A and B and no batch read them through host-built
+    tensor descriptors (out-of-bounds tiles read as zero, so no masks); every other spec keeps pointer loads.
+    Either way the kernel computes the reference, and `prepare` passes descriptors over the call's own tensors,
+    which a launch plan replays over a later call's."""
+    spec, m, n, k, batch = case
+    with setting("L2C_TRITON_TMA", "1"):
+        kernel = build(validate(spec, "triton"))
+    tma = (spec.layout_a, spec.layout_b, spec.problem_batch) == ("row", "row", 1) and spec.types_a in ("f16", "f32")
+    assert ("a_desc.load(" in kernel.source) == tma
+    check(kernel, m, n, k, batch, seed=seed)
+    if tma:
+        a, b, c, bias, _ = make_inputs(spec, m, n, k, batch, "cpu", torch.Generator().manual_seed(0))
+        _, _, launches = kernel.module.prepare(a, b, c, bias)
+        a_desc, b_desc = launches[0][2][:2]
+        assert a_desc.base is a and b_desc.base is b
+        assert list(a_desc.block_shape) == [spec.tile_m, spec.tile_k]
+
+
+def test_tma_kernel_rejects_rows_it_cannot_load():
+    """TMA needs 16-byte-aligned rows: K = 7 in fp16 is refused with a ValueError (the dispatcher then falls
+    back to torch), and the same spec without TMA serves it."""
+    with setting("L2C_TRITON_TMA", "1"):
+        kernel = kernel_for(name="tma_rows")
+    a, b = torch.randn(16, 7).half(), torch.randn(7, 16).half()
+    with pytest.raises(ValueError, match="TMA"):
+        kernel(a, b)
+    with setting("L2C_TRITON_TMA", "0"):
+        plain = kernel_for(name="tma_rows")
+    assert torch.allclose(plain(a, b).float(), a.float() @ b.float(), atol=1e-2)
 
 
 @pytest.mark.parametrize("layout_a", ["row", "col"])

@@ -83,11 +83,15 @@ def run(args) -> int:
         raise UsageError("no shapes to tune")
     if args.trials < 1 or args.workers < 1:
         raise UsageError("--trials and --workers must be at least 1")
-    from ..lower import SPLITK_REDUCE_DEFAULT, triton_splitk_reduce
+    from ..lower import SPLITK_REDUCE_DEFAULT, triton_splitk_reduce, triton_tma
     try:
         reduce = triton_splitk_reduce()
+        tma = triton_tma()
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if tma and "triton" in targets:
+        raise UsageError("L2C_TRITON_TMA=1 changes how Triton specs are built, but the results store keys results by "
+                         "spec text: unset it for l2c tune (measure it with l2c bench)")
     if reduce != SPLITK_REDUCE_DEFAULT and "triton" in targets:
         raise UsageError(f"L2C_TRITON_SPLITK={reduce} changes how Triton split-K specs are built, but the results "
                          "store keys results by spec text: unset it for l2c tune (measure it with l2c bench)")
