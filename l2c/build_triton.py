@@ -218,3 +218,57 @@ def build_triton(valid: ValidSpec) -> TritonKernel:
     source = render(valid)
     module, path = load_module(source, valid.name)
     return TritonKernel(valid, source, module, path)
+
+
+_SIGNATURE_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32"}
+
+
+def compile_ahead(kernel: TritonKernel, arch: str = "sm_90") -> Dict[str, int]:
+    """Compile every kernel one call of `kernel` launches with Triton's own compiler for `arch`, without a GPU,
+    and return each one's cubin size; raise BuildError with the compiler's message if one does not compile.
+
+    The Triton interpreter (the CPU tests) checks what a kernel computes but not what the GPU compiler accepts:
+    a loop variable retyped inside a branch ran on the CPU and failed to compile on the H200. The launches
+    come from `prepare` on small CPU tensors of the spec's types and layouts; the compiled variant is the
+    unspecialized one (no divisibility hints), which is enough to find what does not compile.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from .verify import make_inputs
+    if not arch.startswith("sm_") or not arch[3:5].isdigit():
+        raise BuildError(f"cannot compile Triton kernels ahead of time for {arch!r}")
+    spec = kernel.valid.spec
+    dims = [64 if d == "any" else d for d in (spec.problem_m, spec.problem_n, spec.problem_k)]
+    batch = 2 if spec.problem_batch == "any" else spec.problem_batch
+    a, b, c, bias, _ = make_inputs(spec, *dims, batch, "cpu", torch.Generator().manual_seed(0))
+    try:
+        _, _, launches = kernel.module.prepare(a, b, c, bias)
+    except ValueError as err:
+        raise BuildError(f"{kernel.valid.name}: cannot describe a launch to compile ahead: {err}") from err
+    sizes = {}
+    for jit, grid, args, meta in launches:
+        if not hasattr(jit, "arg_names") or not hasattr(jit, "params") or type(jit).__name__ != "JITFunction":
+            raise BuildError(f"{kernel.valid.name}: compiling ahead needs Triton's JIT functions "
+                             "(unset TRITON_INTERPRET)")
+        signature, constexprs = {}, {}
+        for name, x in zip(jit.arg_names, args):
+            if isinstance(x, torch.Tensor):
+                signature[name] = "*" + _SIGNATURE_DTYPES[x.dtype]
+            elif TensorDescriptor is not None and isinstance(x, TensorDescriptor):
+                signature[name] = f"tensordesc<{_SIGNATURE_DTYPES[x.base.dtype]}{list(x.block_shape)}>"
+            elif isinstance(x, float):
+                signature[name] = "fp32"
+            else:
+                signature[name] = "i32" if -2 ** 31 <= x < 2 ** 31 else "i64"
+        for name in jit.arg_names[len(args):]:
+            signature[name] = "constexpr"
+            constexprs[name] = meta[name]
+        options = {k: meta[k] for k in ("num_warps", "num_stages") if k in meta}
+        try:
+            compiled = triton.compile(ASTSource(jit, signature, constexprs),
+                                      target=GPUTarget("cuda", int(arch[3:5]), 32), options=options)
+        except Exception as err:   # Triton's CompilationError and the backends' errors: the message is the point
+            raise BuildError(f"{kernel.valid.name}: Triton cannot compile {jit.__name__} for {arch}: "
+                             f"{type(err).__name__}: {err}") from err
+        sizes[jit.__name__] = len(compiled.asm.get("cubin", b""))
+    return sizes

@@ -2,9 +2,10 @@
 
 CUTLASS kernels are compiled with nvcc in parallel (`-j`) into the content-hash cache, so a later
 `l2c bench`/`l2c tune`/`l2c.matmul` on a GPU machine with the same cache (`L2C_CACHE_DIR`) loads them
-without compiling. Triton modules are generated and imported; Triton compiles them for the device at
-their first launch. A kernel that fails to build is reported with the compiler's message; the command
-exits 1 if any failed.
+without compiling. Triton modules are generated and imported, then compiled for `--arch` by Triton's own
+compiler (no GPU needed; skipped under TRITON_INTERPRET=1, where there is nothing to compile): Triton compiles
+them again for the device at their first launch, but a kernel the GPU compiler rejects is found here. A kernel
+that fails to build is reported with the compiler's message; the command exits 1 if any failed.
 """
 from __future__ import annotations
 
@@ -26,15 +27,18 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _build_one(valid):
+def _build_one(valid, arch: str):
     start = time.perf_counter()
     try:
         if valid.target == "cutlass":
             from ..build_cutlass import compile_source
             path = compile_source(render(valid), valid.name)
         else:
-            from ..build_triton import build_triton
-            path = build_triton(valid).path
+            from ..build_triton import build_triton, compile_ahead
+            kernel = build_triton(valid)
+            path = kernel.path
+            if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+                compile_ahead(kernel, arch)
         return valid, str(path), None, time.perf_counter() - start
     except BuildError as err:
         return valid, None, err, time.perf_counter() - start
@@ -44,7 +48,7 @@ def run(args) -> int:
     valids = validated_kernels(args.specs, args.target, args.arch)   # all of them before any work
     failed = 0
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for valid, path, err, seconds in pool.map(_build_one, valids):
+        for valid, path, err, seconds in pool.map(lambda v: _build_one(v, args.arch), valids):
             if err is None:
                 print(f"built {valid.name} [{valid.target}] in {seconds:.0f}s: {path}", flush=True)
             else:
