@@ -220,6 +220,11 @@ def build_triton(valid: ValidSpec) -> TritonKernel:
     return TritonKernel(valid, source, module, path)
 
 
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1): nothing to compile ahead then."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 _SIGNATURE_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32"}
 
 

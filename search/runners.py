@@ -40,12 +40,16 @@ class Runner(Protocol):
 
 
 def precompile(spec_text: str, target: str, arch: str) -> Optional[str]:
-    """Build one spec in a compile-pool process (fills the on-disk build cache). None, or the failure."""
+    """Build one spec in a compile-pool process (fills the on-disk build cache; a Triton kernel is also compiled
+    ahead for `arch`, so one the GPU compiler rejects fails here, not on a GPU worker). None, or the failure."""
     from ..build import build
+    from ..build_triton import compile_ahead, interpreting
     from ..errors import BuildError
     from ..parser import parse_one
     try:
-        build(validate(parse_one(spec_text, file="<search>"), target, arch))
+        kernel = build(validate(parse_one(spec_text, file="<search>"), target, arch))
+        if target == "triton" and not interpreting():
+            compile_ahead(kernel, arch)
         return None
     except BuildError as err:
         return f"build: {err}"

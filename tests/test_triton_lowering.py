@@ -395,3 +395,20 @@ def test_generated_kernels_compile_for_the_gpu(tmp_path, build_settings, specs):
                           capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"{len(specs)} built, 0 failed" in done.stdout
+
+
+def test_tuner_compile_pool_compiles_triton_candidates_ahead(tmp_path):
+    """The tuner's compile pool (l2c.search.runners.precompile) compiles a Triton candidate with Triton's GPU
+    compiler when not interpreting, so a candidate that compiler rejects is failed on the CPU, before GPU time."""
+    import subprocess
+    import sys
+    spec = KernelSpec(name="pool", target="triton", tile_m=64, tile_n=64, tile_k=32, split_k_slices=2).to_l2()
+    code = ("import sys; from l2c.search.runners import precompile; "
+            "from l2c.build_triton import interpreting; assert not interpreting(); "
+            "print(repr(precompile(sys.argv[1], 'triton', 'sm_90')))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["L2C_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "None"
+    assert list(tmp_path.glob("triton/pool_*.py"))   # the module is in the build cache

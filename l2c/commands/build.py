@@ -34,10 +34,10 @@ def _build_one(valid, arch: str):
             from ..build_cutlass import compile_source
             path = compile_source(render(valid), valid.name)
         else:
-            from ..build_triton import build_triton, compile_ahead
+            from ..build_triton import build_triton, compile_ahead, interpreting
             kernel = build_triton(valid)
             path = kernel.path
-            if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            if not interpreting():
                 compile_ahead(kernel, arch)
         return valid, str(path), None, time.perf_counter() - start
     except BuildError as err:
