@@ -92,6 +92,14 @@ elif [ "$1" = T ]; then
       --shapes benchmarks/tune_shapes_h200.txt --protocol kernel --reps 3 -o $OUT/tma${t}_pool_h200.jsonl > /tmp/t$t.log 2>&1
     stamp tma$t $?; grep -A1 "best-of" /tmp/t$t.log | cut -c1-200
   done
+elif [ "$1" = G ]; then
+  # Prepared in session 4 (no device time left): the first bf16 grid screen, the six most-picked configurations
+  # in bf16 on all 1,000 grid shapes (6,000 measurements: about 7 minutes; --resume finishes it in a second call).
+  # Prediction (NOTES, session 4): best-of within 2% of the same six configurations' fp16 best-of on the grid.
+  [ -f benchmarks/results/grid_bf16_top6_h200.jsonl ] && cp benchmarks/results/grid_bf16_top6_h200.jsonl $OUT/
+  timeout 540 python3 -m l2c bench benchmarks/pool_h200_bf16_top6.l2 --shapes grid --protocol kernel --reps 3 \
+    --resume -o $OUT/grid_bf16_top6_h200.jsonl > /tmp/g.log 2>&1
+  stamp grid_bf16 $?; grep -A6 "best-of" /tmp/g.log | cut -c1-200
 elif [ "$1" = R ]; then
   # Session 4, after the HookChain fix: the plans verified (call_overhead, gpu_check), then the tuned table with them.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
