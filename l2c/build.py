@@ -83,3 +83,19 @@ def build(valid: ValidSpec) -> Kernel:
         raise
     except Exception as err:  # noqa: BLE001 - any failure of a builder is a failed candidate
         raise BuildError(f"{valid.target} build of {valid.name} failed: {type(err).__name__}: {err}") from err
+
+
+def prebuild(valid: ValidSpec) -> str:
+    """Fill the build cache for `valid` with no GPU and return the cached file (`l2c build`, the tuner's compile
+    pool): CUTLASS compiled with nvcc; Triton generated, imported and, unless Triton is interpreting, compiled for
+    the spec's arch with Triton's own compiler, so a kernel the GPU compiler rejects fails here. BuildError on
+    any failure."""
+    if valid.target == "cutlass":
+        from .build_cutlass import compile_source
+        from .lower import render
+        return str(compile_source(render(valid), valid.name))
+    kernel = build(valid)
+    from .build_triton import compile_ahead, interpreting
+    if not interpreting():
+        compile_ahead(kernel)
+    return str(kernel.path)

@@ -228,8 +228,8 @@ def interpreting() -> bool:
 _SIGNATURE_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32"}
 
 
-def compile_ahead(kernel: TritonKernel, arch: str = "sm_90") -> Dict[str, int]:
-    """Compile every kernel one call of `kernel` launches with Triton's own compiler for `arch`, without a GPU,
+def compile_ahead(kernel: TritonKernel) -> Dict[str, int]:
+    """Compile every kernel one call of `kernel` launches with Triton's own compiler for its arch, without a GPU,
     and return each one's cubin size; raise BuildError with the compiler's message if one does not compile.
 
     The Triton interpreter (the CPU tests) checks what a kernel computes but not what the GPU compiler accepts:
@@ -240,6 +240,7 @@ def compile_ahead(kernel: TritonKernel, arch: str = "sm_90") -> Dict[str, int]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from .verify import make_inputs
+    arch = kernel.valid.arch.name
     if not arch.startswith("sm_") or not arch[3:5].isdigit():
         raise BuildError(f"cannot compile Triton kernels ahead of time for {arch!r}")
     spec = kernel.valid.spec
@@ -252,7 +253,7 @@ def compile_ahead(kernel: TritonKernel, arch: str = "sm_90") -> Dict[str, int]:
         raise BuildError(f"{kernel.valid.name}: cannot describe a launch to compile ahead: {err}") from err
     sizes = {}
     for jit, grid, args, meta in launches:
-        if not hasattr(jit, "arg_names") or not hasattr(jit, "params") or type(jit).__name__ != "JITFunction":
+        if not isinstance(jit, triton.runtime.JITFunction):
             raise BuildError(f"{kernel.valid.name}: compiling ahead needs Triton's JIT functions "
                              "(unset TRITON_INTERPRET)")
         signature, constexprs = {}, {}

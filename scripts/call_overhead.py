@@ -86,6 +86,13 @@ def main(argv=None) -> int:
     specs = {s.name: s for pool in args.pool for s in parse_file(pool)}
     rows, failures = [], []
 
+    def check_plan(name, kernel):
+        """A Triton kernel made a launch plan for the signature it was just called with."""
+        if not any(kernel._plans.values()):
+            from l2c.build_triton import launch_hook_set
+            failures.append(f"{name}: no launch plan was made (refusals {set(kernel.plan_refusals.values())}, "
+                            f"launch hook set: {launch_hook_set()})")
+
     def check(name, got, ref, tol=3e-3):
         err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
         if not err <= tol:
@@ -124,9 +131,7 @@ def main(argv=None) -> int:
                 row["errors"]["tma_again"] = check(f"{kname} {m}x{n}x{k} TMA (plan)", tma(a, b), ref)
                 row["errors"]["tma_fresh"] = check(f"{kname} {m}x{n}x{k} TMA (plan, fresh tensors)", tma(a2, b2),
                                                    torch.matmul(a2, b2))
-                if not any(tma._plans.values()):
-                    failures.append(f"{kname} {m}x{n}x{k}: no TMA launch plan was made "
-                                    f"(refusals {set(tma.plan_refusals.values())})")
+                check_plan(f"{kname} {m}x{n}x{k} TMA", tma)
             # the shape-generic spec, as tuned tables hold it (the kernel above is the same build)
             entry = TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout="row,row,row", target=spec.target,
                                spec_text=spec.to_l2(), tflops=2.0, baseline_tflops=1.0)
@@ -145,12 +150,7 @@ def main(argv=None) -> int:
                 except ValueError:
                     row["misaligned_rejected"] = True
             else:
-                if not any(kernel._plans.values()):
-                    import triton
-                    hook = getattr(getattr(triton, "knobs", None), "runtime", None)
-                    hook = getattr(hook, "launch_enter_hook", "no triton.knobs")
-                    failures.append(f"{kname} {m}x{n}x{k}: no launch plan was made "
-                                    f"(refusals {set(kernel.plan_refusals.values())}, launch hook {hook!r})")
+                check_plan(f"{kname} {m}x{n}x{k}", kernel)
                 row["errors"]["misaligned"] = check(f"{kname} {m}x{n}x{k} misaligned A", kernel(skewed, b),
                                                     torch.matmul(skewed, b))
             before = dict(dispatcher.stats)

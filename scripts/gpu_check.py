@@ -124,22 +124,25 @@ def run_check(valid, shapes, batch, seed, failures, reduce="finalize"):
 
 
 def check_no_allocation(failures, reduce="finalize"):
+    """A split-K kernel called again with `out` given allocates no device memory: atomic mode (always reduced by
+    the finalize kernel) and workspace mode (reduced as `reduce` says: the in-kernel one adds its semaphores)."""
     set_reduce(reduce)
-    valid = validate(parse_one("kernel alloc { types a=f16 b=f16 c=f16 tile m=64 n=64 k=64 "
-                               "split_k slices=4 mode=atomic }"), "triton")
-    kernel = build(valid)
-    a = torch.randn(300, 5000, device="cuda", dtype=torch.float16)
-    b = torch.randn(5000, 200, device="cuda", dtype=torch.float16)
-    out = kernel(a, b)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    kernel(a, b, out=out)
-    torch.cuda.synchronize()
-    extra = torch.cuda.memory_stats()["allocation.all.allocated"] - before
-    print(f"{'ok  ' if extra == 0 else 'FAIL'} call path ({reduce}): {extra} device allocations on a repeated "
-          f"split-K call")
-    if extra:
-        failures.append(("alloc", f"call path {reduce}", f"{extra} allocations"))
+    for mode in ("atomic", "workspace"):
+        valid = validate(parse_one(f"kernel alloc_{mode} {{ types a=f16 b=f16 c=f16 tile m=64 n=64 k=64 "
+                                   f"split_k slices=4 mode={mode} }}"), "triton")
+        kernel = build(valid)
+        a = torch.randn(300, 5000, device="cuda", dtype=torch.float16)
+        b = torch.randn(5000, 200, device="cuda", dtype=torch.float16)
+        out = kernel(a, b)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        kernel(a, b, out=out)
+        torch.cuda.synchronize()
+        extra = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+        print(f"{'ok  ' if extra == 0 else 'FAIL'} call path ({mode}, {reduce}): {extra} device allocations on a "
+              f"repeated split-K call")
+        if extra:
+            failures.append(("alloc", f"call path {mode} {reduce}", f"{extra} allocations"))
 
 
 def check_inkernel_matches_finalize(failures, calls=20):

@@ -42,14 +42,11 @@ class Runner(Protocol):
 def precompile(spec_text: str, target: str, arch: str) -> Optional[str]:
     """Build one spec in a compile-pool process (fills the on-disk build cache; a Triton kernel is also compiled
     ahead for `arch`, so one the GPU compiler rejects fails here, not on a GPU worker). None, or the failure."""
-    from ..build import build
-    from ..build_triton import compile_ahead, interpreting
+    from ..build import prebuild
     from ..errors import BuildError
     from ..parser import parse_one
     try:
-        kernel = build(validate(parse_one(spec_text, file="<search>"), target, arch))
-        if target == "triton" and not interpreting():
-            compile_ahead(kernel, arch)
+        prebuild(validate(parse_one(spec_text, file="<search>"), target, arch))
         return None
     except BuildError as err:
         return f"build: {err}"

@@ -13,8 +13,8 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ..build import prebuild
 from ..errors import BuildError
-from ..lower import render
 from . import validated_kernels
 
 
@@ -27,19 +27,10 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _build_one(valid, arch: str):
+def _build_one(valid):
     start = time.perf_counter()
     try:
-        if valid.target == "cutlass":
-            from ..build_cutlass import compile_source
-            path = compile_source(render(valid), valid.name)
-        else:
-            from ..build_triton import build_triton, compile_ahead, interpreting
-            kernel = build_triton(valid)
-            path = kernel.path
-            if not interpreting():
-                compile_ahead(kernel, arch)
-        return valid, str(path), None, time.perf_counter() - start
+        return valid, prebuild(valid), None, time.perf_counter() - start
     except BuildError as err:
         return valid, None, err, time.perf_counter() - start
 
@@ -48,7 +39,7 @@ def run(args) -> int:
     valids = validated_kernels(args.specs, args.target, args.arch)   # all of them before any work
     failed = 0
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for valid, path, err, seconds in pool.map(lambda v: _build_one(v, args.arch), valids):
+        for valid, path, err, seconds in pool.map(_build_one, valids):
             if err is None:
                 print(f"built {valid.name} [{valid.target}] in {seconds:.0f}s: {path}", flush=True)
             else:

@@ -9,7 +9,8 @@ format of docs/CONTRACTS.md, which `l2c.matmul`, `l2c bench` and `l2c tune --exp
 `--host-overhead triton=30e-6,cutlass=10e-6` makes a `kernel`-protocol table safe for eager callers: each
 candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
 (measured by scripts/call_overhead.py), times its launches (a Triton atomic split-K kernel also clears its
-buffer and launches a finalize kernel; workspace mode reduces in the GEMM kernel unless L2C_TRITON_SPLITK=finalize), and must not lose after the charge:
+buffer and launches a finalize kernel; workspace mode reduces in the GEMM kernel unless
+L2C_TRITON_SPLITK=finalize), and must not lose after the charge:
 baseline_s / (candidate_s + charge) >= 1, besides clearing the margin uncharged. A kernel 10% faster on a 3 µs
 problem does not make a synchronized call faster when its launch costs 20 µs more. The per-shape winner is the
 best charged candidate.
@@ -106,6 +107,11 @@ def spec_text(row, cache) -> str:
     return cache[source].get(row.get("name"), "")
 
 
+def shape_key(row) -> tuple:
+    """What one table entry is for: shape, dtype and layout (a results row and a table entry alike)."""
+    return row["m"], row["n"], row["k"], row.get("batch", 1), row["dtype"], row["layout"]
+
+
 def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape: bool = False):
     """The best verified non-torch row per (shape, dtype, layout), chosen by charged speedup, if its speedup is
     at least `min_speedup` and its charged speedup at least 1 (no charges: the two are the same); with
@@ -120,7 +126,7 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
         if not r["spec"]:
             continue
         r["charged_speedup"] = charged_speedup(r, charges)
-        key = (r["m"], r["n"], r["k"], r.get("batch", 1), r["dtype"], r["layout"])
+        key = shape_key(r)
         if key not in best or r["charged_speedup"] > best[key]["charged_speedup"]:
             best[key] = r
     if every_shape:
@@ -135,12 +141,11 @@ def confirmed(entries, rows, protocol: str):
     for r in rows:
         if r.get("type") != "result" or r.get("protocol") != protocol or r.get("kernel") == "torch":
             continue
-        spec = spec_text(r, cache)
-        key = (r["m"], r["n"], r["k"], r.get("batch", 1), r["dtype"], r["layout"], spec)
+        key = (*shape_key(r), spec_text(r, cache))
         won = r.get("status") == "ok" and (r.get("speedup") or 0.0) >= 1.0
         verdicts[key] = verdicts.get(key, True) and won
     return [e for e in entries
-            if verdicts.get((e["m"], e["n"], e["k"], e["batch"], e["dtype"], e["layout"], e["spec"]), False)]
+            if verdicts.get((*shape_key(e), e["spec"]), False)]
 
 
 def run(args) -> int:

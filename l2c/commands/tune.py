@@ -89,12 +89,12 @@ def run(args) -> int:
         tma = triton_tma()
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if tma and "triton" in targets:
-        raise UsageError("L2C_TRITON_TMA=1 changes how Triton specs are built, but the results store keys results by "
-                         "spec text: unset it for l2c tune (measure it with l2c bench)")
-    if reduce != SPLITK_REDUCE_DEFAULT and "triton" in targets:
-        raise UsageError(f"L2C_TRITON_SPLITK={reduce} changes how Triton split-K specs are built, but the results "
-                         "store keys results by spec text: unset it for l2c tune (measure it with l2c bench)")
+    # settings that change how a Triton spec is built but not its text, which the results store keys results by
+    unkeyed = ([f"L2C_TRITON_SPLITK={reduce}"] if reduce != SPLITK_REDUCE_DEFAULT else []) + \
+        (["L2C_TRITON_TMA=1"] if tma else [])
+    if unkeyed and "triton" in targets:
+        raise UsageError(f"{' and '.join(unkeyed)} change(s) how Triton specs are built, but the results store keys "
+                         "results by spec text: unset it for l2c tune (measure it with l2c bench)")
     if args.runner == "gpu":
         import torch
         if not torch.cuda.is_available():
