@@ -83,15 +83,77 @@ elif [ "$1" = O ]; then
   timeout 150 python3 scripts/dispatch_check.py --count 40 --out $OUT/dispatch_check_h200.json > $OUT/dispatch_check.log 2>&1
   stamp dispatch_eager $?; tail -1 $OUT/dispatch_check.log
 elif [ "$1" = T ]; then
-  # TMA loads in Triton (L2C_TRITON_TMA=1): plans over descriptors verified, then the pool's Triton specs with
-  # and without TMA on the 42 tune shapes, one after the other in one session.
+  # TMA loads in Triton (session 4 ran this with the env setting L2C_TRITON_TMA, since replaced by the knob
+  # `launch loads=tma`): plans over descriptors verified, then the pool's Triton specs with pointer loads and
+  # their TMA twins (pool_h200_tma.l2) on the 42 tune shapes, one after the other in one session.
   timeout 100 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200.json > $OUT/call_overhead.log 2>&1
   stamp call_overhead $?; grep -E "FAIL|failure" $OUT/call_overhead.log | cut -c1-300 | head -8
-  for t in 0 1; do
-    L2C_TRITON_TMA=$t timeout 75 python3 -m l2c bench benchmarks/pool_h200.l2 --target triton \
-      --shapes benchmarks/tune_shapes_h200.txt --protocol kernel --reps 3 -o $OUT/tma${t}_pool_h200.jsonl > /tmp/t$t.log 2>&1
-    stamp tma$t $?; grep -A1 "best-of" /tmp/t$t.log | cut -c1-200
-  done
+  timeout 75 python3 -m l2c bench benchmarks/pool_h200.l2 --target triton --shapes benchmarks/tune_shapes_h200.txt \
+    --protocol kernel --reps 3 -o $OUT/tma0_pool_h200.jsonl > /tmp/t0.log 2>&1
+  stamp tma0 $?; grep -A1 "best-of" /tmp/t0.log | cut -c1-200
+  timeout 75 python3 -m l2c bench benchmarks/pool_h200_tma.l2 --shapes benchmarks/tune_shapes_h200.txt \
+    --protocol kernel --reps 3 -o $OUT/tma1_pool_h200.jsonl > /tmp/t1.log 2>&1
+  stamp tma1 $?; grep -A1 "best-of" /tmp/t1.log | cut -c1-200
+elif [ "$1" = S ]; then
+  # Session 5, first call: the CUTLASS call-plan shim (six ctypes arguments instead of 20) and the `loads=tma` knob
+  # verified (call_overhead: TMA + in-kernel split-K, never run before; gpu_check: TMA specs), then the grid's
+  # per-shape best table of session 4 in the `call` protocol again (the shim changes only host time).
+  timeout 150 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200_s5.json > $OUT/call_overhead_s5.log 2>&1
+  stamp call_overhead $?; grep -E "FAIL|failure" $OUT/call_overhead_s5.log | cut -c1-300 | head -8
+  timeout 200 python3 scripts/gpu_check.py --out $OUT/gpu_check_triton_h200_s5.json > $OUT/gpu_check_s5.log 2>&1
+  stamp gpu_check $?; grep -E "in-kernel|call path|failure|FAIL" $OUT/gpu_check_s5.log | tail -8
+  timeout 240 python3 -m l2c bench benchmarks/results/tables/grid_h200_s4.json --shapes grid --protocol call \
+    --iters 10 -o $OUT/grid_table_call_h200_s5.jsonl > /tmp/gc.log 2>&1
+  stamp grid_call $?; grep -A6 "tuned table" /tmp/gc.log | cut -c1-200
+elif [ "$1" = M ]; then
+  # Session 5: the six Triton configurations with TMA loads on the 239 grid shapes where TMA could make Triton the
+  # best (benchmarks/grid_tma_shapes.txt), then each shape's best of every grid screen plus this one, re-measured
+  # on those shapes in `kernel` and `call`.
+  timeout 330 python3 -m l2c bench benchmarks/pool_h200_tma.l2 --shapes benchmarks/grid_tma_shapes.txt \
+    --protocol kernel --reps 5 --resume -o $OUT/grid_tma_pool_h200.jsonl > /tmp/tp.log 2>&1
+  stamp tma_pool $?; grep -A6 "best-of" /tmp/tp.log | cut -c1-200
+  R=benchmarks/results
+  python3 -m l2c table $R/grid_h200.jsonl.xz $R/grid_pool_h200.jsonl.xz $R/grid_losers_splitk_h200.jsonl.xz \
+    $R/grid_longk_splitk_h200.jsonl $R/grid_longk_inkernel_h200.jsonl $R/grid_longk_cutlass_h200.jsonl \
+    $OUT/grid_tma_pool_h200.jsonl --every-shape --protocol kernel -o $OUT/grid_h200_s5.json > /tmp/tb.log 2>&1
+  stamp table $?; tail -2 /tmp/tb.log
+  timeout 200 python3 -m l2c bench $OUT/grid_h200_s5.json --shapes benchmarks/grid_tma_shapes.txt \
+    --protocol kernel,call --reps 3 --iters 10 -o $OUT/grid_tma_table_h200_s5.jsonl > /tmp/tt.log 2>&1
+  stamp tma_table $?; grep -A6 "tuned table" /tmp/tt.log | cut -c1-200
+elif [ "$1" = N ]; then
+  # Session 5: bf16 reported like fp16 — each grid shape's best bf16 kernel (tables/grid_bf16_h200_s5.json, from the
+  # bf16 grid screen of call G and the 16-config bf16 pool) re-measured side by side in all three protocols.
+  timeout 440 python3 -m l2c bench benchmarks/results/tables/grid_bf16_h200_s5.json --shapes grid \
+    --protocol kernel,call,server --reps 3 --iters 10 -o $OUT/grid_bf16_table_h200_s5.jsonl > /tmp/bt.log 2>&1
+  stamp grid_bf16_table $?; grep -A6 "tuned table" /tmp/bt.log | cut -c1-200
+elif [ "$1" = W ]; then
+  # Session 5: the shipped tables' candidates (tables/{eager,graphs}_candidate_s5.json: every re-measured win of
+  # >= 1.05x, `call` for the eager table, `kernel` for the CUDA-graphs table, fp16 and bf16) measured once more, and
+  # each candidate table served through l2c.matmul (dispatch_check: tuned kernel used, result correct).
+  timeout 150 python3 -m l2c bench benchmarks/results/tables/eager_candidate_s5.json --protocol call --iters 10 \
+    -o $OUT/eager_candidate_h200_s5.jsonl > /tmp/v.log 2>&1
+  stamp eager $?; grep -A1 "tuned table" /tmp/v.log | cut -c1-200
+  timeout 150 python3 -m l2c bench benchmarks/results/tables/graphs_candidate_s5.json --protocol kernel --reps 3 \
+    -o $OUT/graphs_candidate_h200_s5.jsonl > /tmp/v.log 2>&1
+  stamp graphs $?; grep -A1 "tuned table" /tmp/v.log | cut -c1-200
+  L2C_TUNED_TABLE=benchmarks/results/tables/eager_candidate_s5.json timeout 100 python3 scripts/dispatch_check.py \
+    --count 40 --out $OUT/dispatch_check_eager_s5.json > $OUT/dispatch_check_eager_s5.log 2>&1
+  stamp dispatch_eager $?; tail -1 $OUT/dispatch_check_eager_s5.log
+  L2C_TUNED_TABLE=benchmarks/results/tables/graphs_candidate_s5.json timeout 100 python3 scripts/dispatch_check.py \
+    --count 40 --also loads=tma --out $OUT/dispatch_check_graphs_s5.json > $OUT/dispatch_check_graphs_s5.log 2>&1
+  stamp dispatch_graphs $?; tail -1 $OUT/dispatch_check_graphs_s5.log; grep FAIL $OUT/dispatch_check*_s5.log | head
+elif [ "$1" = X ]; then
+  # Session 5, last call: with the CUTLASS shim, the 42 tune shapes' per-shape best (#5's tuned shapes) in all three
+  # protocols, the llm shapes' per-shape best in `call`, and the new shipped eager table once more in `call`.
+  timeout 150 python3 -m l2c bench benchmarks/results/tables/tune_h200_s4.json --shapes benchmarks/tune_shapes_h200.txt \
+    --protocol kernel,call,server --reps 5 --iters 10 -o $OUT/tune_table_h200_s5.jsonl > /tmp/tt.log 2>&1
+  stamp tune_table $?; grep -A1 "tuned table" /tmp/tt.log | cut -c1-200
+  timeout 100 python3 -m l2c bench benchmarks/results/tables/llm_h200_s4.json --shapes llm --protocol call --iters 10 \
+    -o $OUT/llm_table_call_h200_s5.jsonl > /tmp/lt.log 2>&1
+  stamp llm_call $?; grep -A1 "tuned table" /tmp/lt.log | cut -c1-200
+  timeout 60 python3 -m l2c bench l2c/tuned/sm_90.json --protocol call --iters 10 -o $OUT/shipped_eager_h200_s5.jsonl \
+    > /tmp/se.log 2>&1
+  stamp shipped_eager $?; grep -A1 "tuned table" /tmp/se.log | cut -c1-200
 elif [ "$1" = G ]; then
   # Prepared in session 4 (no device time left): the first bf16 grid screen, the six most-picked configurations
   # in bf16 on all 1,000 grid shapes (6,000 measurements: about 7 minutes; --resume finishes it in a second call).

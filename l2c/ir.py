@@ -64,14 +64,15 @@ def _spell(knob: Knob, value: object) -> str:
 
 
 def print_spec(spec: KernelSpec) -> str:
-    """Canonical `.l2` text: every section in table order, every knob spelled out.
+    """Canonical `.l2` text: every section in table order, every knob spelled out (except a knob added later,
+    `spelled_at_default=False`, at its default: the texts stored before it existed stay canonical).
 
     parse(print_spec(s)) == s for every spec the builder accepts, and printing is idempotent.
     """
     lines = [f"kernel {spec.name} {{"]
     width = max(len(s) for s in SECTIONS)
     for section in SECTIONS:
-        knobs = knobs_in(section)
+        knobs = [k for k in knobs_in(section) if k.spelled_at_default or getattr(spec, k.field) != k.default]
         if len(knobs) == 1 and not knobs[0].name:
             value = _spell(knobs[0], getattr(spec, knobs[0].field))
         else:

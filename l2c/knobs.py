@@ -34,6 +34,10 @@ class Knob:
     hi: Optional[int] = None
     targets: Tuple[str, ...] = TARGETS   # the targets that read this knob
     searchable: bool = True              # part of the search space (problem/epilogue are not)
+    # Knobs added after spec texts were stored (results, tuned tables, build-cache keys, config names) are not
+    # spelled by the canonical printer at their default, so every existing text stays the canonical text of
+    # the kernel it always described.
+    spelled_at_default: bool = True
 
     @property
     def field(self) -> str:
@@ -88,6 +92,11 @@ KNOBS: Tuple[Knob, ...] = (
          "Warp-specialized kernel schedule (CUTLASS): cooperative (2 consumer warpgroups share a tile) or "
          "pingpong (consumer warpgroups alternate tiles); `auto` picks by tile size.",
          choices=(AUTO, "cooperative", "pingpong"), targets=("cutlass",)),
+    Knob("launch", "loads", "enum", "pointer",
+         "How Triton programs read A and B: `pointer` (address arithmetic and masked loads) or `tma` (tensor "
+         "descriptors built on the host: one bulk copy per tile, out-of-bounds zero-filled; row-major fp16/fp32 "
+         "A and B without a batch). CUTLASS kernels always load through TMA.",
+         choices=("pointer", "tma"), targets=("triton",), spelled_at_default=False),
     Knob("cluster", "m", "int", 1, "Thread-block cluster size along M (CUTLASS, TMA multicast of B).",
          choices=(1, 2, 4), targets=("cutlass",)),
     Knob("cluster", "n", "int", 1, "Thread-block cluster size along N (CUTLASS, TMA multicast of A).",

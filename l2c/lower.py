@@ -31,19 +31,8 @@ def environment() -> jinja2.Environment:
 def render(valid: ValidSpec) -> str:
     """Source text of the kernel module (Triton .py or CUTLASS .cu) for one validated spec."""
     template = environment().get_template(TEMPLATE_FOR_TARGET[valid.target])
-    extra = {"splitk_reduce": triton_splitk_reduce(), "triton_tma": triton_tma()} if valid.target == "triton" else {}
+    extra = {"splitk_reduce": triton_splitk_reduce()} if valid.target == "triton" else {}
     return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES, **extra)
-
-
-def triton_tma() -> bool:
-    """Whether Triton kernels with row-major A and B and no batch load them through TMA tensor descriptors
-    (L2C_TRITON_TMA=1). Off by default until the H200 has measured it against pointer loads (benchmarks/NOTES.md);
-    a TMA kernel rejects (ValueError) operands whose rows are not 16-byte aligned. `l2c tune` refuses it like
-    the non-default split-K reduction: the results store keys results by spec text."""
-    value = os.environ.get("L2C_TRITON_TMA", "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"L2C_TRITON_TMA={value!r}: expected 0 or 1")
-    return value == "1"
 
 
 SPLITK_REDUCE_DEFAULT = "inkernel"

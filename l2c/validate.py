@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .errors import L2ValidationError
-from .ir import KernelSpec
+from .ir import KernelSpec, knob
 from .knobs import ANY, AUTO, DTYPE_BYTES, KNOBS, TARGETS
 
 
@@ -38,6 +38,9 @@ RULES = {
     "acc-type": "an f16 accumulator needs f16 inputs; f32 inputs need an f32 accumulator",
     "split-k-slices": "split-K slices may not exceed the number of K tiles of a fixed K",
     "stream-k-target": "stream-K is a CUTLASS scheduler; Triton supports split_k modes workspace and atomic",
+    "triton-tma-loads": "Triton `launch loads=tma` reads row-major fp16 or fp32 A and B of a plain (unbatched) "
+                        "GEMM, with rows of a multiple of 16 bytes (not bf16: the CPU interpreter reads bf16 "
+                        "through a descriptor wrongly, so such kernels could not be tested)",
     "shared-memory": "stages x (tile_m x tile_k + tile_k x tile_n) x element bytes (+ epilogue) must fit the "
                      "architecture's shared memory per block",
     "accumulator-registers": "the fp32 accumulator tile spread over the threads must fit in registers "
@@ -168,6 +171,8 @@ def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
 def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.split_k_mode == "stream_k":
         raise _fail(spec, "split_k_mode", "stream-k-target", "split_k mode=stream_k on Triton")
+    if spec.launch_loads == "tma":
+        _check_triton_tma(spec)
     acc_tile = spec.tile_m * spec.tile_n
     if spec.launch_warps == AUTO:
         warps = 8 if acc_tile >= 128 * 128 else 4
@@ -188,6 +193,22 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise _fail(spec, "pipeline_stages" if spec.pipeline_stages != AUTO else "tile_k", "shared-memory",
                     f"{stages} stages x {per_stage} bytes = {smem} bytes > {arch.smem_per_block}")
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
+
+
+def _check_triton_tma(spec: KernelSpec) -> None:
+    """What the Triton template's TMA loads assume (templates/triton/gemm.py.j2); a shape-generic kernel checks
+    the row alignment of each call's operands instead (ValueError, so the dispatcher falls back)."""
+    for field, value, wanted in (("layout_a", spec.layout_a, "row"), ("layout_b", spec.layout_b, "row"),
+                                 ("problem_batch", spec.problem_batch, 1)):
+        if value != wanted:
+            raise _fail(spec, field, "triton-tma-loads", f"loads=tma with {knob(field).key}={value}")
+    if spec.types_a not in ("f16", "f32"):
+        raise _fail(spec, "types_a", "triton-tma-loads", f"loads=tma with {spec.types_a} inputs")
+    for field, extent in (("problem_k", spec.problem_k), ("problem_n", spec.problem_n)):
+        if extent != ANY and (extent * DTYPE_BYTES[spec.types_a]) % 16:
+            raise _fail(spec, field, "triton-tma-loads",
+                        f"loads=tma with {knob(field).key}={extent}: rows of {extent * DTYPE_BYTES[spec.types_a]} "
+                        f"bytes")
 
 
 def _alignment_checks(spec: KernelSpec) -> List[Tuple[str, str, object, int]]:

@@ -12,7 +12,9 @@ Sides: torch.matmul; the kernel called directly (its steady-state path: a replay
 without plans (CUTLASS: the fully checked `_checked_call`; Triton: the module's `launch` through Triton's JIT
 dispatch); the direct kernel is built with the finalize split-K reduction (L2C_TRITON_SPLITK=finalize: two
 launches), and for a Triton workspace split-K kernel `kernel_inkernel` is the same spec with the in-kernel
-reduction (the default: one launch); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
+reduction (the default: one launch); for a Triton spec `kernel_tma` is the same spec with `launch loads=tma`;
+for a CUTLASS kernel `kernel_ctypes20` replays its plans through the 20-argument entry instead of the call-plan
+shim (l2c.cutlass_shim); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
 
 Correctness (exits 1 on any failure): each side's result equals torch.matmul's; after a call plan exists, a
 16-byte-misaligned view of the same shape and strides is still rejected (ValueError) by the kernel and
@@ -97,6 +99,7 @@ def main(argv=None) -> int:
         err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
         if not err <= tol:
             failures.append(f"{name}: relative error {err:.3g} > {tol}")
+            print("FAIL", failures[-1], flush=True)   # now: a later crash must not hide it
         return err
 
     for kname in KERNELS:
@@ -108,12 +111,15 @@ def main(argv=None) -> int:
         if spec.target == "triton" and spec.split_k_slices > 1 and spec.split_k_mode == "workspace":
             inkernel = build(validate(spec, spec.target, "sm_90"))   # the same spec, reduced in the GEMM kernel
         tma = None
-        if spec.target == "triton":   # the same spec with TMA loads (L2C_TRITON_TMA=1): plans replay descriptors
-            os.environ["L2C_TRITON_TMA"] = "1"
-            tma = build(validate(spec, spec.target, "sm_90"))
-            os.environ["L2C_TRITON_TMA"] = "0"
-            if "a_desc.load(" not in tma.source:
-                failures.append(f"{kname}: L2C_TRITON_TMA=1 did not render TMA loads")
+        if spec.target == "triton":   # the same spec with `launch loads=tma` (in-kernel split-K where split)
+            tma = build(validate(spec.replace(name=spec.name + "_tma", launch_loads="tma"), spec.target, "sm_90"))
+        ctypes20 = None
+        if spec.target == "cutlass":   # the same library, planned calls through the 20-argument entry (no shim)
+            from l2c.build_cutlass import load_cutlass
+            ctypes20 = load_cutlass(kernel.valid, kernel.path, kernel.source)
+            if kernel._run_planned is None:
+                failures.append(f"{kname}: the CUTLASS call-plan shim did not build (no host C compiler?)")
+            ctypes20._run_planned = None
         for (m, n, k) in SHAPES:
             g = torch.Generator(device="cuda").manual_seed(0)
             a = torch.randn(m, k, device="cuda", dtype=torch.float16, generator=g)
@@ -180,6 +186,11 @@ def main(argv=None) -> int:
                 sides["kernel_inkernel"] = lambda: inkernel(a, b)
             if tma is not None:
                 sides["kernel_tma"] = lambda: tma(a, b)
+            if ctypes20 is not None:
+                row["errors"]["ctypes20"] = check(f"{kname} {m}x{n}x{k} 20-argument call", ctypes20(a, b), ref)
+                row["errors"]["ctypes20_again"] = check(f"{kname} {m}x{n}x{k} 20-argument call (plan)",
+                                                        ctypes20(a, b), ref)
+                sides["kernel_ctypes20"] = lambda: ctypes20(a, b)
             row["launch_us"] = {name: round(host_per_call(fn), 2) for name, fn in sides.items()}
             row["call_us"] = {name: round(synced_call(fn), 2) for name, fn in sides.items()}
             rows.append(row)

@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--out")
     p.add_argument("--count", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--also", metavar="TEXT", help="also check every entry whose spec text contains TEXT "
+                                                  "(e.g. loads=tma: a path the random sample may miss)")
     args = p.parse_args(argv)
     disp = default_dispatcher()
     table = disp.table
@@ -37,6 +39,8 @@ def main(argv=None) -> int:
     entries = sorted(table.exact.values(), key=lambda e: (e.target, e.m, e.n, e.k))
     small = [e for e in entries if e.m * e.n * e.k <= 4096 ** 3]
     picks = rng.sample(small, min(args.count, len(small)))
+    if args.also:
+        picks += [e for e in small if args.also in e.spec_text and e not in picks]
     rows, failures = [], 0
     torch.manual_seed(args.seed)
     for e in picks:

@@ -6,6 +6,8 @@
 - bf16 inputs (bf16 `tl.dot` is broken in the Triton interpreter, so tests/ cannot run it);
 - production tiles (64..256), warps and pipeline stages, compiled for the real device;
 - every layout, epilogue, split-K mode, persistent grid and batch, on odd and even shapes;
+- TMA loads (`launch loads=tma`, host-built tensor descriptors) alone and with split-K, persistent grids and
+  fused epilogues, on shapes whose rows they accept;
 - N random valid Triton specs drawn from the knob table (tiles of any size);
 - the call path: a split-K kernel called again with `out` given allocates no device memory;
 - split-K under both reductions (L2C_TRITON_SPLITK: a finalize kernel, or in the GEMM kernel through per-tile
@@ -39,6 +41,8 @@ from l2c.verify import verify
 
 ODD_SHAPES = [(1, 1, 1), (127, 255, 129), (1000, 1000, 1000), (333, 4097, 77)]
 EVEN_SHAPES = [(512, 512, 512), (2048, 1024, 4096)]
+# odd M, and N and K whose fp16 rows are multiples of 16 bytes: what `launch loads=tma` kernels accept
+TMA_SHAPES = [(1, 8, 8), (127, 256, 136), (1000, 1000, 1000), (333, 4096, 80)]
 
 FIXED = [
     # (spec body, shapes, batch)
@@ -56,6 +60,12 @@ FIXED = [
      "activation=relu", [(127, 255, 129), (512, 512, 512)], 4),
     ("types a=f32 b=f32 c=f32 math=tf32 tile m=64 n=64 k=32", ODD_SHAPES, 1),
     ("types a=f32 b=f32 c=f32 math=ieee tile m=64 n=64 k=32 split_k slices=2", ODD_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 tile m=128 n=128 k=64 launch loads=tma", TMA_SHAPES + EVEN_SHAPES, 1),
+    ("types a=f32 b=f32 c=f32 math=tf32 tile m=64 n=64 k=32 launch loads=tma warps=4", TMA_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 tile m=64 n=128 k=64 launch loads=tma split_k slices=4 mode=workspace "
+     "epilogue beta=0.5 bias=col activation=gelu", TMA_SHAPES, 1),
+    ("types a=f16 b=f16 c=f32 tile m=128 n=64 k=64 launch loads=tma persistent=yes split_k slices=3 mode=atomic "
+     "epilogue bias=row activation=silu", TMA_SHAPES, 1),
     ("problem m=4096 n=4096 k=4096 types a=f16 b=f16 c=f16 tile m=128 n=256 k=64 launch warps=8 pipeline stages=3",
      [(4096, 4096, 4096)], 1),
 ]
@@ -208,7 +218,7 @@ def main(argv=None) -> int:
             run_check(valid, shapes, batch, args.seed + i, failures, reduce)
     rng = random.Random(args.seed)
     for valid in random_specs(args.random, rng):
-        m, n, k = rng.choice(ODD_SHAPES[1:] + EVEN_SHAPES[:1])
+        m, n, k = rng.choice(TMA_SHAPES[1:] if valid.spec.launch_loads == "tma" else ODD_SHAPES[1:] + EVEN_SHAPES[:1])
         batch = rng.choice((1, 1, 3)) if valid.spec.problem_batch == ANY else 1
         seed = rng.randrange(2 ** 31)
         for reduce in each_reduce(valid):

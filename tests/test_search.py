@@ -501,10 +501,11 @@ def test_seed_specs_enter_a_resumed_study_once():
     assert study.trials[0].params == params_from_spec(seed_a, "triton")
     # resumed with one old and one new seed: only the new one is enqueued, and it is evaluated first
     cfg = replace(cfg, n_trials=3, seed_specs=(seed_a, seed_b))
+    first_new = len(study.trials)   # the first run's trials (invalid random draws are trials too)
     assert warm_start(study, p, cfg) == {"seed": 1, "policy": 0, "llm": 0}
     assert warm_start(study, p, cfg)["seed"] == 0
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), cfg)])
-    assert study.trials[2].params == params_from_spec(seed_b, "triton")
+    assert study.trials[first_new].params == params_from_spec(seed_b, "triton")
 
 
 def test_policy_pool_script_writes_buildable_generic_specs(tmp_path):
@@ -541,8 +542,3 @@ def test_tune_refuses_a_triton_split_k_reduction_the_store_cannot_tell_apart(tmp
     monkeypatch.setenv("L2C_TRITON_SPLITK", "sideways")
     assert main(args) == 2
     assert "expected finalize or inkernel" in capsys.readouterr().err
-    monkeypatch.delenv("L2C_TRITON_SPLITK")
-    monkeypatch.setenv("L2C_TRITON_TMA", "1")                # TMA loads: the same spec text, another build
-    assert main(args) == 2
-    assert "L2C_TRITON_TMA=1" in capsys.readouterr().err
-    assert main(args + ["--target", "cutlass"]) == 0

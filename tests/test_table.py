@@ -98,3 +98,25 @@ def test_confirmed_by_keeps_only_entries_that_won_again(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "l2c", "table", str(paths[0]), "-o", str(out),
                           "--confirmed-by", str(paths[1])], capture_output=True, text=True)
     assert bad.returncode == 2 and "different GPUs" in bad.stderr
+
+
+def test_rows_whose_spec_cannot_be_found_are_refused_not_skipped(tmp_path):
+    """A results row may name its spec by the file it was measured from (`source`); if that file is not there (a
+    path on the GPU machine), the table would be the best of fewer candidates than were measured: refused."""
+    spec = KernelSpec(name="far", tile_m=64)
+    source = tmp_path / "elsewhere" / "pool.l2"
+    rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("far", 128, 1.3, spec=""), row("near", 128, 1.1)]
+    rows[1]["source"] = str(source)
+    results = tmp_path / "r.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "t.json"
+    command = [sys.executable, "-m", "l2c", "table", str(results), "-o", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2 and "far in " + str(source) in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+    source.parent.mkdir()
+    source.write_text(spec.to_l2())
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    entries = json.loads(out.read_text())["entries"]
+    assert [e["spec"] for e in entries] == [spec.to_l2()]

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from l2c import cache
 from l2c.build import Kernel, build
 from l2c.build_triton import TritonKernel, load_module
-from l2c.errors import BuildError
+from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
-from l2c.knobs import ANY
+from l2c.knobs import ANY, DTYPE_BYTES
 from l2c.lower import render
 from l2c.validate import validate
 from l2c.verify import make_inputs, verify
@@ -93,6 +93,8 @@ def cases(draw, align: int = 1, **fixed):
         tile_n=draw(st.sampled_from(SMALL_TILES)),
         tile_k=tile_k,
         split_k_slices=slices,
+        # TMA loads need 16-byte rows: only with `align` 8 is every drawn shape one they accept
+        launch_loads=draw(st.sampled_from(("pointer", "tma"))) if align >= 8 else "pointer",
         epilogue_alpha=draw(st.sampled_from((1.0, 0.5, -2.0))),
         epilogue_beta=draw(st.sampled_from((0.0, 0.0, 1.0, -0.75))),
     )
@@ -135,37 +137,50 @@ def test_prepare_describes_launches_a_plan_can_replay(case, reduce):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(st.one_of(cases(align=8, batch=1, layout_a="row", layout_b="row", problem_batch=1), cases(align=8)),
+@given(cases(align=8, batch=1, problem_batch=1, layout_a="row", layout_b="row", launch_loads="tma"),
        st.integers(0, 2 ** 31))
 def test_tma_loads_match_reference(case, seed):
-    """L2C_TRITON_TMA=1: specs with row-major fp16/fp32 A and B and no batch read them through host-built
-    tensor descriptors (out-of-bounds tiles read as zero, so no masks); every other spec keeps pointer loads.
-    Either way the kernel computes the reference, and `prepare` passes descriptors over the call's own tensors,
-    which a launch plan replays over a later call's."""
+    """`launch loads=tma` (validated for row-major fp16/fp32 A and B without a batch) reads A and B through
+    host-built tensor descriptors: out-of-bounds tiles read as zero, so no masks. The kernel computes the
+    reference, and `prepare` passes descriptors over the call's own tensors, which a launch plan replays over a
+    later call's."""
     spec, m, n, k, batch = case
-    with setting("L2C_TRITON_TMA", "1"):
-        kernel = build(validate(spec, "triton"))
-    tma = (spec.layout_a, spec.layout_b, spec.problem_batch) == ("row", "row", 1) and spec.types_a in ("f16", "f32")
-    assert ("a_desc.load(" in kernel.source) == tma
+    kernel = build(validate(spec, "triton"))
+    assert "a_desc.load(" in kernel.source
     check(kernel, m, n, k, batch, seed=seed)
-    if tma:
-        a, b, c, bias, _ = make_inputs(spec, m, n, k, batch, "cpu", torch.Generator().manual_seed(0))
-        _, _, launches = kernel.module.prepare(a, b, c, bias)
-        a_desc, b_desc = launches[0][2][:2]
-        assert a_desc.base is a and b_desc.base is b
-        assert list(a_desc.block_shape) == [spec.tile_m, spec.tile_k]
+    a, b, c, bias, _ = make_inputs(spec, m, n, k, batch, "cpu", torch.Generator().manual_seed(0))
+    _, _, launches = kernel.module.prepare(a, b, c, bias)
+    a_desc, b_desc = launches[0][2][:2]
+    assert a_desc.base is a and b_desc.base is b
+    assert list(a_desc.block_shape) == [spec.tile_m, spec.tile_k]
+
+
+@settings(max_examples=60, deadline=None)
+@given(valid_specs("triton", launch_loads="pointer"))
+def test_tma_loads_are_validated_where_the_template_can_serve_them(spec):
+    """Every valid Triton spec with pointer loads either validates with `loads=tma` too, or is refused by the
+    rule triton-tma-loads exactly when it breaks what the TMA template assumes."""
+    eligible = (spec.layout_a == spec.layout_b == "row" and spec.problem_batch == 1
+                and spec.types_a in ("f16", "f32")
+                and all(x == ANY or x * DTYPE_BYTES[spec.types_a] % 16 == 0 for x in (spec.problem_k, spec.problem_n)))
+    tma = spec.replace(launch_loads="tma")
+    if eligible:
+        assert validate(tma, "triton").spec.launch_loads == "tma"
+        assert "loads=tma" in tma.to_l2() and "loads=" not in spec.to_l2()
+    else:
+        with pytest.raises(L2ValidationError) as err:
+            validate(tma, "triton")
+        assert err.value.rule == "triton-tma-loads"
 
 
 def test_tma_kernel_rejects_rows_it_cannot_load():
-    """TMA needs 16-byte-aligned rows: K = 7 in fp16 is refused with a ValueError (the dispatcher then falls
-    back to torch), and the same spec without TMA serves it."""
-    with setting("L2C_TRITON_TMA", "1"):
-        kernel = kernel_for(name="tma_rows")
+    """TMA needs 16-byte-aligned rows: a shape-generic TMA kernel refuses K = 7 in fp16 with a ValueError (the
+    dispatcher then falls back to torch), and the same spec with pointer loads serves it."""
+    kernel = kernel_for(name="tma_rows", launch_loads="tma")
     a, b = torch.randn(16, 7).half(), torch.randn(7, 16).half()
     with pytest.raises(ValueError, match="TMA"):
         kernel(a, b)
-    with setting("L2C_TRITON_TMA", "0"):
-        plain = kernel_for(name="tma_rows")
+    plain = kernel_for(name="tma_rows")
     assert torch.allclose(plain(a, b).float(), a.float() @ b.float(), atol=1e-2)
 
 
@@ -365,11 +380,7 @@ def test_call_planned_is_the_allocating_call():
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("build_settings", [
-    {"L2C_TRITON_TMA": "0", "L2C_TRITON_SPLITK": "inkernel"},
-    {"L2C_TRITON_TMA": "0", "L2C_TRITON_SPLITK": "finalize"},
-    {"L2C_TRITON_TMA": "1", "L2C_TRITON_SPLITK": "inkernel"},
-])
+@pytest.mark.parametrize("build_settings", [{"L2C_TRITON_SPLITK": "inkernel"}, {"L2C_TRITON_SPLITK": "finalize"}])
 @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                                                 HealthCheck.function_scoped_fixture])
 @given(st.lists(valid_specs("triton"), min_size=10, max_size=10))
@@ -383,9 +394,11 @@ def test_generated_kernels_compile_for_the_gpu(tmp_path, build_settings, specs):
     # with the template's feature matrix, so every branch of it is compiled whatever the random draw
     matrix = [KernelSpec(name="m", tile_m=64, tile_n=64, tile_k=32, split_k_slices=slices, split_k_mode=mode,
                          launch_persistent=persistent, layout_a=layout, layout_b=layout, problem_batch=batch,
-                         epilogue_bias="col", epilogue_beta=0.5)
+                         launch_loads=loads, epilogue_bias="col", epilogue_beta=0.5)
               for slices, mode in ((1, "workspace"), (4, "workspace"), (4, "atomic"))
-              for persistent in ("no", "yes") for layout in ("row", "col") for batch in (1, ANY)]
+              for persistent in ("no", "yes") for layout, batch, loads in
+              (("row", 1, "pointer"), ("row", 1, "tma"), ("row", ANY, "pointer"), ("col", 1, "pointer"),
+               ("col", ANY, "pointer"))]
     specs = specs + matrix
     path = tmp_path / f"specs_{len(list(tmp_path.iterdir()))}.l2"
     path.write_text("\n".join(s.replace(name=f"k{i}").to_l2() for i, s in enumerate(specs)))

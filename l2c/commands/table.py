@@ -163,6 +163,14 @@ def run(args) -> int:
         charges = parse_overhead(args.host_overhead)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    cache = {}
+    unresolved = sorted({(r.get("source", ""), r.get("name", "")) for r in rows
+                         if r.get("type") == "result" and r.get("status") == "ok" and r.get("kernel") != "torch"
+                         and not spec_text(r, cache)})
+    if unresolved:   # a silently skipped row would make the table "best" of fewer candidates than measured
+        names = ", ".join(f"{name} in {source or '(no source)'}" for source, name in unresolved[:5])
+        raise UsageError(f"{len(unresolved)} measured kernel(s) whose spec text is neither in the row nor in the file "
+                         f"it names: {names}{' ...' if len(unresolved) > 5 else ''}; put that file at that path")
     chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape)
     entries = [{"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
                 "layout": r["layout"], "target": r["target"], "spec": r["spec"],

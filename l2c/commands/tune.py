@@ -83,17 +83,14 @@ def run(args) -> int:
         raise UsageError("no shapes to tune")
     if args.trials < 1 or args.workers < 1:
         raise UsageError("--trials and --workers must be at least 1")
-    from ..lower import SPLITK_REDUCE_DEFAULT, triton_splitk_reduce, triton_tma
+    from ..lower import SPLITK_REDUCE_DEFAULT, triton_splitk_reduce
     try:
         reduce = triton_splitk_reduce()
-        tma = triton_tma()
     except ValueError as err:
         raise UsageError(str(err)) from None
-    # settings that change how a Triton spec is built but not its text, which the results store keys results by
-    unkeyed = ([f"L2C_TRITON_SPLITK={reduce}"] if reduce != SPLITK_REDUCE_DEFAULT else []) + \
-        (["L2C_TRITON_TMA=1"] if tma else [])
-    if unkeyed and "triton" in targets:
-        raise UsageError(f"{' and '.join(unkeyed)} change(s) how Triton specs are built, but the results store keys "
+    # a setting that changes how a Triton spec is built but not its text, which the results store keys results by
+    if reduce != SPLITK_REDUCE_DEFAULT and "triton" in targets:
+        raise UsageError(f"L2C_TRITON_SPLITK={reduce} changes how Triton specs are built, but the results store keys "
                          "results by spec text: unset it for l2c tune (measure it with l2c bench)")
     if args.runner == "gpu":
         import torch

@@ -1,0 +1,118 @@
+"""A six-argument C entry point that replays a CUTLASS call plan, so an eager call crosses ctypes cheaply.
+
+Every generated CUTLASS library exports `l2c_<name>_run` with 20 arguments (templates/cutlass/gemm.cu.j2).
+ctypes converts each argument in Python, so one such call costs about 3.7 µs of host time on the CPU machine
+against 0.6 µs for five pointer arguments, and in the `call` protocol that time is on the critical path of
+every small GEMM (torch.matmul's whole launch is about 13 µs on the H200 host). A call plan fixes 15 of the 20
+arguments (sizes, strides, workspace) the first time a call signature is seen; this shim holds them in a C
+struct together with the entry point's address and forwards them, so a planned call passes only the struct,
+the three operand pointers, the output pointer and the stream.
+
+The shim is C source compiled once per machine with the host C compiler into the build cache (keyed by its
+text and the compiler's path). It does not touch the generated CUTLASS libraries, so no kernel is rebuilt.
+Without a C compiler `planned_call()` returns None and kernels keep the 20-argument call.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from . import cache
+
+SOURCE = r"""
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int (*l2c_run_fn)(void const*, void const*, void const*, void const*, void*, int, int, int, int,
+                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                          void*, size_t, void*);
+
+struct l2c_call_plan {
+  l2c_run_fn run;
+  int m, n, k, batch;
+  int64_t lda, batch_stride_a, ldb, batch_stride_b, ldc, batch_stride_c, ldd, batch_stride_d;
+  void* workspace;
+  size_t workspace_bytes;
+};
+
+/* The allocating call without a C input: C is D's layout and is not read (beta = 0). */
+int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b, void const* bias, void* d,
+                    void* stream) {
+  return p->run(a, b, NULL, bias, d, p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
+                p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, p->workspace,
+                p->workspace_bytes, stream);
+}
+"""
+
+_FIELDS = ("m", "n", "k", "batch", "lda", "batch_stride_a", "ldb", "batch_stride_b", "ldc", "batch_stride_c",
+           "ldd", "batch_stride_d", "workspace", "workspace_bytes")
+
+
+class CallPlanStruct(ctypes.Structure):
+    """Mirror of `struct l2c_call_plan` above."""
+    _fields_ = [("run", ctypes.c_void_p)] + [(f, ctypes.c_int) for f in _FIELDS[:4]] + \
+        [(f, ctypes.c_int64) for f in _FIELDS[4:12]] + [("workspace", ctypes.c_void_p),
+                                                         ("workspace_bytes", ctypes.c_size_t)]
+
+
+def find_c_compiler() -> Optional[str]:
+    """$CC, else cc, else gcc (the host compiler nvcc itself needs); None when there is none."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def shim_library() -> Optional[ctypes.CDLL]:
+    """The compiled shim, built into the cache on first use; None (and a one-line warning) if it cannot be built."""
+    compiler = find_c_compiler()
+    if compiler is None:
+        return None
+    digest = cache.content_hash(SOURCE, compiler)[:24]
+    folder = cache.cache_dir("native")
+    library = folder / f"cutlass_call_plan_{digest}.so"
+    try:
+        with cache.locked(library):
+            if not library.exists():
+                with tempfile.TemporaryDirectory(dir=folder, prefix=".cutlass_call_plan.") as work:
+                    c, so = Path(work) / "shim.c", Path(work) / "shim.so"
+                    c.write_text(SOURCE)
+                    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(c), "-o", str(so)],
+                                          capture_output=True, text=True)
+                    if done.returncode != 0:
+                        raise OSError(f"{compiler} failed: {(done.stdout + done.stderr).strip()[:500]}")
+                    os.replace(so, library)
+        lib = ctypes.CDLL(str(library))
+    except OSError as err:
+        import warnings
+        warnings.warn(f"l2c: CUTLASS kernels keep the 20-argument call (the call-plan shim did not build: {err})")
+        return None
+    entry = lib.l2c_run_planned
+    entry.argtypes = [ctypes.c_void_p] * 6
+    entry.restype = ctypes.c_int
+    return lib
+
+
+def planned_call():
+    """The shim's `l2c_run_planned(plan, a, b, bias, d, stream)` ctypes function, or None."""
+    lib = shim_library()
+    return None if lib is None else lib.l2c_run_planned
+
+
+def make_plan(run_function, arguments) -> CallPlanStruct:
+    """A plan struct for the 20-argument entry `run_function` (a ctypes function) with `arguments` fixed:
+    (M, N, K, L, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace pointer, workspace bytes)."""
+    if len(arguments) != len(_FIELDS):
+        raise ValueError(f"a call plan fixes {len(_FIELDS)} arguments, got {len(arguments)}")
+    plan = CallPlanStruct()
+    plan.run = ctypes.cast(run_function, ctypes.c_void_p).value
+    for name, value in zip(_FIELDS, arguments):
+        setattr(plan, name, value)
+    return plan
