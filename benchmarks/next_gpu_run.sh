@@ -154,6 +154,22 @@ elif [ "$1" = X ]; then
   timeout 60 python3 -m l2c bench l2c/tuned/sm_90.json --protocol call --iters 10 -o $OUT/shipped_eager_h200_s5.jsonl \
     > /tmp/se.log 2>&1
   stamp shipped_eager $?; grep -A1 "tuned table" /tmp/se.log | cut -c1-200
+elif [ "$1" = Y ]; then
+  # Session 5: a second TMA pool (pool_h200_tma2.l2, 14 Triton configurations compiled ahead for sm_90 on the CPU)
+  # on the 457 grid shapes of 1 GFLOP-1 TFLOP that still lose in `kernel` (grid_losers_s5.txt); then each shape's
+  # best of every grid screen plus both TMA screens, re-measured on those shapes in `kernel`.
+  timeout 330 python3 -m l2c bench benchmarks/pool_h200_tma2.l2 --shapes benchmarks/grid_losers_s5.txt \
+    --protocol kernel --reps 3 --resume -o $OUT/grid_tma2_pool_h200.jsonl > /tmp/tp.log 2>&1
+  stamp tma2_pool $?; grep -A5 "best-of" /tmp/tp.log | cut -c1-200
+  R=benchmarks/results
+  python3 -m l2c table $R/grid_h200.jsonl.xz $R/grid_pool_h200.jsonl.xz $R/grid_losers_splitk_h200.jsonl.xz \
+    $R/grid_longk_splitk_h200.jsonl $R/grid_longk_inkernel_h200.jsonl $R/grid_longk_cutlass_h200.jsonl \
+    $R/grid_tma_pool_h200.jsonl.xz $OUT/grid_tma2_pool_h200.jsonl --every-shape --protocol kernel \
+    -o $R/tables/grid_h200_s5b.json > /tmp/tb.log 2>&1
+  stamp table $?; tail -2 /tmp/tb.log; cp $R/tables/grid_h200_s5b.json $OUT/
+  timeout 120 python3 -m l2c bench $R/tables/grid_h200_s5b.json --shapes benchmarks/grid_losers_s5.txt \
+    --protocol kernel --reps 3 -o $OUT/grid_tma2_table_h200_s5.jsonl > /tmp/tt.log 2>&1
+  stamp tma2_table $?; grep -A5 "tuned table" /tmp/tt.log | cut -c1-200
 elif [ "$1" = G ]; then
   # Prepared in session 4 (no device time left): the first bf16 grid screen, the six most-picked configurations
   # in bf16 on all 1,000 grid shapes (6,000 measurements: about 7 minutes; --resume finishes it in a second call).
