@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "l2c.commands.bench",
     "l2c.commands.report",
     "l2c.commands.tune",
+    "l2c.commands.import_results",
 ]
 
 

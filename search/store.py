@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Union
 
 STATUSES = ("ok", "build_failed", "verify_failed", "invalid")
-SOURCES = ("tpe", "random", "policy", "llm", "enqueued")
+SOURCES = ("tpe", "random", "policy", "llm", "enqueued", "import")   # import: `l2c import` of `l2c bench` rows
 
 
 def default_store_path() -> Path:
@@ -87,14 +87,20 @@ class Store:
         return {"path": self.path, "_timeout_s": self._timeout_s, "_conn": None, "_pid": -1}
 
     def record(self, r: Result) -> None:
-        if r.status not in STATUSES:
-            raise ValueError(f"unknown status {r.status!r}")
-        row = (r.problem, r.spec, r.target, r.gpu, r.protocol, r.status, r.tflops, r.baseline_tflops, r.speedup,
-               r.reason, r.source, json.dumps(r.params, sort_keys=True), r.time or time.time())
+        self.record_many([r])
+
+    def record_many(self, results) -> None:
+        """Record results in one transaction (a later result for the same key replaces the earlier one)."""
+        rows = []
+        for r in results:
+            if r.status not in STATUSES:
+                raise ValueError(f"unknown status {r.status!r}")
+            rows.append((r.problem, r.spec, r.target, r.gpu, r.protocol, r.status, r.tflops, r.baseline_tflops,
+                         r.speedup, r.reason, r.source, json.dumps(r.params, sort_keys=True), r.time or time.time()))
         db = self._db()
         with db:  # one transaction, retried by SQLite's busy handler under contention
-            db.execute(f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES "
-                       f"({', '.join('?' * len(_COLUMNS))})", row)
+            db.executemany(f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES "
+                           f"({', '.join('?' * len(_COLUMNS))})", rows)
 
     @staticmethod
     def _result(row) -> Result:

@@ -1,0 +1,110 @@
+"""`l2c import`: record `l2c bench` measurements in the tuner's results store.
+
+A pool screened with `l2c bench` (one shape-generic kernel on many shapes) measures the same (problem, spec)
+points a tune would try. Imported, they are what the tuner already knows: `l2c tune` takes a stored result
+instead of measuring that point again (its trials are cached by problem and spec text), exports tables from
+them, and the learned policy trains on them, every verified row with its measured speedup and every failed
+one as a failure. A result keeps its spec's search-space point when the spec is one (the text is then the one
+the tuner writes for that point, so later trials hit it); a spec outside the space (e.g. 32 split-K slices)
+is stored without one: it is a cached measurement, not a training sample.
+"""
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from typing import Dict, Iterable, List, Tuple
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("import", help="record `l2c bench` results in the tuner's results store")
+    p.add_argument("results", nargs="+", help="JSON-lines files written by l2c bench (.jsonl or .jsonl.xz)")
+    p.add_argument("--store", default=None, help="results store (SQLite file; default in the user data dir)")
+    p.add_argument("--arch", default="sm_90")
+    p.set_defaults(func=run)
+
+
+# bench statuses that are a verdict on the kernel; `error` (an exception while timing, e.g. out of memory) is not
+_STATUS = {"ok": "ok", "verify_failed": "verify_failed", "build_failed": "build_failed", "invalid": "invalid"}
+
+
+def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tuple[List, Dict[str, int]]:
+    """Store results for the kernel rows of one bench file, and counts of what was taken or left."""
+    from l2c.commands.table import spec_text
+    from l2c.errors import L2Error
+    from l2c.knobs import ANY
+    from l2c.parser import parse_one
+    from l2c.search.space import Problem, params_from_spec, spec_from_params
+    from l2c.search.store import Result
+
+    results, counts = [], {"imported": 0, "outside_space": 0, "not_a_verdict": 0}
+    points: Dict[tuple, Tuple[dict, str]] = {}   # (spec text, target, dtype, layout, batch) -> (point, stored text)
+    gpu, when = None, 0.0
+    for row in rows:
+        if row.get("type") == "env":
+            gpu = row.get("gpu")
+            try:
+                when = datetime.fromisoformat(str(row.get("date"))).timestamp()
+            except ValueError:
+                when = 0.0
+            continue
+        if row.get("type") != "result" or row.get("kernel") == "torch":
+            continue
+        status = _STATUS.get(str(row.get("status")))
+        if status is None:
+            counts["not_a_verdict"] += 1
+            continue
+        if gpu is None:
+            raise ValueError("a result row comes before any environment row naming the GPU")
+        text = spec_text(row, spec_cache)
+        if not text:
+            raise ValueError(f"the spec of {row.get('name')} is neither in the row nor in {row.get('source')!r}")
+        la, lb, lc = str(row["layout"]).split(",")
+        problem = Problem(int(row["m"]), int(row["n"]), int(row["k"]), batch=int(row.get("batch", 1)),
+                          dtype=str(row["dtype"]), layout_a=la, layout_b=lb, layout_c=lc, arch=arch)
+        target = str(row["target"])
+        memo_key = (text, target, problem.dtype, problem.layout, problem.batch)   # the point depends on no more
+        if memo_key not in points:
+            spec = parse_one(text)
+            generic = spec.replace(name="_", problem_m=ANY, problem_n=ANY, problem_k=ANY)
+            points[memo_key] = ({}, generic.replace(name=spec.name).to_l2())
+            try:
+                candidate = params_from_spec(spec, target)
+                point = spec_from_params(candidate, problem, generic=True)
+                if point.replace(name="_") == generic:
+                    points[memo_key] = (candidate, point.to_l2())
+            except (ValueError, L2Error):
+                pass
+        params, text = points[memo_key]
+        if not params:
+            counts["outside_space"] += 1
+        speedup = row.get("speedup") if status == "ok" else None
+        results.append(Result(problem=problem.key(), spec=text, target=target, gpu=gpu, protocol=str(row["protocol"]),
+                              status=status, tflops=row.get("candidate_tflops") if status == "ok" else None,
+                              baseline_tflops=row.get("baseline_tflops"), speedup=speedup,
+                              reason=str(row.get("reason") or ""), source="import", params=params, time=when))
+        counts["imported"] += 1
+    return results, counts
+
+
+def run(args) -> int:
+    from ..bench import BenchError, read_rows
+    from ..cli import UsageError
+    from l2c.search.store import Store, default_store_path
+
+    store = Store(args.store or default_store_path())
+    cache: dict = {}
+    total = {"imported": 0, "outside_space": 0, "not_a_verdict": 0}
+    for path in args.results:
+        try:
+            results, counts = results_from_rows(read_rows(path), args.arch, cache)
+        except (BenchError, OSError) as err:
+            raise UsageError(str(err)) from None
+        except (ValueError, KeyError) as err:
+            raise UsageError(f"{path}: {err}") from None
+        store.record_many(results)
+        print(f"{path}: {counts['imported']} result(s) recorded ({counts['outside_space']} outside the search space, "
+              f"kept as measurements only); {counts['not_a_verdict']} error row(s) skipped")
+        for key in total:
+            total[key] += counts[key]
+    print(f"{store.path}: {total['imported']} result(s) imported; the store holds {store.count()}", file=sys.stderr)
+    return 0

@@ -1,0 +1,113 @@
+"""`l2c import`: real `l2c bench` rows (CPU device, Triton interpreter) into a real SQLite results store, and the
+tuner and the policy using them."""
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+import torch
+
+from l2c.bench import read_rows
+from l2c.cli import main
+from l2c.parser import parse_file
+from l2c.search.driver import StudyWorker, TuneConfig, run_studies, warm_start
+from l2c.search.policy import Policy
+from l2c.search.runners import FunctionRunner
+from l2c.search.space import Problem, params_from_spec, spec_from_params
+from l2c.search.store import Store
+
+POOL = """
+kernel in_space {
+  target   triton
+  problem  m=any n=any k=any
+  types    a=f16 b=f16 c=f16 acc=f32
+  tile     m=16 n=16 k=16
+  swizzle  group=1
+}
+kernel three_slices {
+  target   triton
+  problem  m=any n=any k=any
+  types    a=f16 b=f16 c=f16 acc=f32
+  tile     m=16 n=16 k=16
+  split_k  slices=3
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """A pool of two shape-generic specs measured on two shapes: the first is a point of the search space, the
+    second is not (the space has split-K slices 1, 2, 4, ... only)."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    folder = tmp_path_factory.mktemp("import")
+    pool, shapes, out = folder / "pool.l2", folder / "shapes.txt", folder / "r.jsonl"
+    pool.write_text(POOL)
+    shapes.write_text("16 16 32\n32 16 48\n")
+    assert main(["bench", str(pool), "--shapes", str(shapes), "--protocol", "kernel", "--device", "cpu",
+                 "--reps", "2", "--iters", "2", "--warmup", "1", "-o", str(out)]) == 0
+    return folder, pool, out
+
+
+def test_imported_rows_are_stored_with_their_search_space_point(measured, capsys):
+    folder, pool, out = measured
+    store_path = folder / "store.sqlite"
+    assert main(["import", str(out), "--store", str(store_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "4 result(s) recorded (2 outside the search space" in printed
+    gpu = read_rows(out)[0]["gpu"]
+    stored = list(Store(store_path).results(gpu=gpu, protocol="kernel"))
+    assert len(stored) == 4 and {r.source for r in stored} == {"import"}
+    in_space, outside = parse_file(pool)
+    for r in stored:
+        problem = Problem.from_key(r.problem)
+        assert (problem.m, problem.n, problem.k) in ((16, 16, 32), (32, 16, 48))
+        if r.params:
+            # the text the tuner itself writes for this point, so a later trial of it is a cache hit
+            assert r.params == params_from_spec(in_space, "triton")
+            assert r.spec == spec_from_params(r.params, problem, generic=True).to_l2()
+        else:
+            assert "slices=3" in r.spec
+        assert r.status == "ok" and r.speedup > 0
+    # importing again replaces, it does not duplicate
+    assert main(["import", str(out), "--store", str(store_path)]) == 0
+    assert Store(store_path).count() == 4
+
+
+def test_the_tuner_takes_an_imported_result_instead_of_measuring_again(measured):
+    folder, pool, out = measured
+    store = Store(folder / "tuner.sqlite")
+    assert main(["import", str(out), "--store", str(store.path)]) == 0
+    gpu = read_rows(out)[0]["gpu"]
+    calls = []
+    runner = FunctionRunner(lambda params, problem: calls.append(params) or 1.0, gpu=gpu, protocol="kernel")
+    problem = Problem(16, 16, 32)
+    stored = {r.spec: r for r in store.results(problem=problem.key())}
+    in_space = parse_file(pool)[0]
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    cfg = TuneConfig(targets=("triton",), n_trials=1, seed_specs=(in_space,), sampler="random")
+    assert warm_start(study, problem, cfg)["seed"] == 1
+    run_studies([StudyWorker(study, problem, runner, store, cfg)])
+    first = study.trials[0]
+    assert first.params == params_from_spec(in_space, "triton")
+    assert calls == []   # not measured again
+    text = spec_from_params(first.params, problem, generic=True).to_l2()
+    assert first.value == pytest.approx(stored[text].speedup)
+
+
+def test_the_policy_trains_on_imported_points_only(measured):
+    folder, pool, out = measured
+    store = Store(folder / "policy.sqlite")
+    assert main(["import", str(out), "--store", str(store.path)]) == 0
+    assert Policy(seed=0).fit_store(store, epochs=5) == 2   # the two in-space rows; the others have no point
+
+
+def test_rows_that_cannot_be_imported_are_a_usage_error(measured, tmp_path, capsys):
+    folder, pool, out = measured
+    rows = read_rows(out)
+    rows[1] = dict(rows[1], source=str(tmp_path / "gone.l2"))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["import", str(broken), "--store", str(tmp_path / "s.sqlite")]) == 2
+    assert "gone.l2" in capsys.readouterr().err
