@@ -170,6 +170,17 @@ elif [ "$1" = Y ]; then
   timeout 120 python3 -m l2c bench $R/tables/grid_h200_s5b.json --shapes benchmarks/grid_losers_s5.txt \
     --protocol kernel --reps 3 -o $OUT/grid_tma2_table_h200_s5.jsonl > /tmp/tt.log 2>&1
   stamp tma2_table $?; grep -A5 "tuned table" /tmp/tt.log | cut -c1-200
+elif [ "$1" = Z ]; then
+  # Session 5: the grid screens imported into a fresh results store (l2c import), then l2c tune on six off-grid
+  # llm shapes (Triton, TMA knob in the space): the policy trained on the imported 29,832 measurements proposes.
+  mkdir -p /tmp/z
+  python3 -m l2c import benchmarks/results/grid_pool_h200.jsonl.xz benchmarks/results/grid_tma_pool_h200.jsonl.xz \
+    benchmarks/results/grid_tma2_pool_h200.jsonl benchmarks/results/grid_bf16_top6_h200.jsonl.xz \
+    --store /tmp/z/store.sqlite > $OUT/import_z.log 2>&1
+  stamp import $?; tail -1 $OUT/import_z.log
+  timeout 220 python3 -m l2c tune --shapes benchmarks/tune_shapes_s5_offgrid.txt --target triton --trials 6 \
+    --store /tmp/z/store.sqlite --no-llm --export $OUT/tune_z > $OUT/tune_z.log 2>&1
+  stamp tune $?; tail -12 $OUT/tune_z.log | cut -c1-200
 elif [ "$1" = G ]; then
   # Prepared in session 4 (no device time left): the first bf16 grid screen, the six most-picked configurations
   # in bf16 on all 1,000 grid shapes (6,000 measurements: about 7 minutes; --resume finishes it in a second call).
