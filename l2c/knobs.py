@@ -94,8 +94,8 @@ KNOBS: Tuple[Knob, ...] = (
          choices=(AUTO, "cooperative", "pingpong"), targets=("cutlass",)),
     Knob("launch", "loads", "enum", "pointer",
          "How Triton programs read A and B: `pointer` (address arithmetic and masked loads) or `tma` (tensor "
-         "descriptors built on the host: one bulk copy per tile, out-of-bounds zero-filled; row-major fp16/fp32 "
-         "A and B without a batch). CUTLASS kernels always load through TMA.",
+         "descriptors built on the host: one bulk copy per tile, out-of-bounds zero-filled; fp16/fp32 A and B "
+         "without a batch). CUTLASS kernels always load through TMA.",
          choices=("pointer", "tma"), targets=("triton",), spelled_at_default=False),
     Knob("cluster", "m", "int", 1, "Thread-block cluster size along M (CUTLASS, TMA multicast of B).",
          choices=(1, 2, 4), targets=("cutlass",)),

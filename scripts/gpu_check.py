@@ -6,8 +6,8 @@
 - bf16 inputs (bf16 `tl.dot` is broken in the Triton interpreter, so tests/ cannot run it);
 - production tiles (64..256), warps and pipeline stages, compiled for the real device;
 - every layout, epilogue, split-K mode, persistent grid and batch, on odd and even shapes;
-- TMA loads (`launch loads=tma`, host-built tensor descriptors) alone and with split-K, persistent grids and
-  fused epilogues, on shapes whose rows they accept;
+- TMA loads (`launch loads=tma`, host-built tensor descriptors; column-major operands through their transposes)
+  alone and with split-K, persistent grids and fused epilogues, on shapes whose rows they accept;
 - N random valid Triton specs drawn from the knob table (tiles of any size);
 - the call path: a split-K kernel called again with `out` given allocates no device memory;
 - split-K under both reductions (L2C_TRITON_SPLITK: a finalize kernel, or in the GEMM kernel through per-tile
@@ -66,6 +66,10 @@ FIXED = [
      "epilogue beta=0.5 bias=col activation=gelu", TMA_SHAPES, 1),
     ("types a=f16 b=f16 c=f32 tile m=128 n=64 k=64 launch loads=tma persistent=yes split_k slices=3 mode=atomic "
      "epilogue bias=row activation=silu", TMA_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 layout b=col tile m=128 n=128 k=64 launch loads=tma epilogue bias=col activation=gelu",
+     TMA_SHAPES + EVEN_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 layout a=col b=col c=col tile m=64 n=128 k=64 launch loads=tma split_k slices=4",
+     [(8, 8, 8), (128, 256, 136), (1000, 1000, 1000), (336, 4096, 80)], 1),
     ("problem m=4096 n=4096 k=4096 types a=f16 b=f16 c=f16 tile m=128 n=256 k=64 launch warps=8 pipeline stages=3",
      [(4096, 4096, 4096)], 1),
 ]
@@ -219,6 +223,8 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     for valid in random_specs(args.random, rng):
         m, n, k = rng.choice(TMA_SHAPES[1:] if valid.spec.launch_loads == "tma" else ODD_SHAPES[1:] + EVEN_SHAPES[:1])
+        if valid.spec.launch_loads == "tma" and valid.spec.layout_a == "col":
+            m = -(-m // 8) * 8   # a column-major A is read along M: TMA needs its columns 16-byte aligned
         batch = rng.choice((1, 1, 3)) if valid.spec.problem_batch == ANY else 1
         seed = rng.randrange(2 ** 31)
         for reduce in each_reduce(valid):
