@@ -181,6 +181,22 @@ elif [ "$1" = Z ]; then
   timeout 220 python3 -m l2c tune --shapes benchmarks/tune_shapes_s5_offgrid.txt --target triton --trials 6 \
     --store /tmp/z/store.sqlite --no-llm --export $OUT/tune_z > $OUT/tune_z.log 2>&1
   stamp tune $?; tail -12 $OUT/tune_z.log | cut -c1-200
+elif [ "$1" = K ]; then
+  # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
+  # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
+  # re-measured in `kernel` and `call`. Prediction in NOTES ("Prepared for session 6").
+  timeout 200 python3 scripts/gpu_check.py --out $OUT/gpu_check_triton_h200_s6.json > $OUT/gpu_check_s6.log 2>&1
+  stamp gpu_check $?; grep -E "failure|FAIL" $OUT/gpu_check_s6.log | tail -8
+  timeout 240 python3 -m l2c bench benchmarks/pool_h200_tma_linear.l2 --shapes llm --protocol kernel --reps 5 \
+    --resume -o $OUT/llm_tma_pool_h200.jsonl > /tmp/lp.log 2>&1
+  stamp llm_tma_pool $?; grep -A5 "best-of" /tmp/lp.log | cut -c1-200
+  R=benchmarks/results
+  python3 -m l2c table $R/llm_linear_pool_h200.jsonl.xz $OUT/llm_tma_pool_h200.jsonl --every-shape --protocol kernel \
+    -o $R/tables/llm_h200_s6.json > /tmp/tb.log 2>&1
+  stamp table $?; tail -1 /tmp/tb.log; cp $R/tables/llm_h200_s6.json $OUT/
+  timeout 150 python3 -m l2c bench $R/tables/llm_h200_s6.json --shapes llm --protocol kernel,call --reps 3 --iters 10 \
+    -o $OUT/llm_table_h200_s6.jsonl > /tmp/lt.log 2>&1
+  stamp llm_table $?; grep -A5 "tuned table" /tmp/lt.log | cut -c1-200
 elif [ "$1" = G ]; then
   # Prepared in session 4 (no device time left): the first bf16 grid screen, the six most-picked configurations
   # in bf16 on all 1,000 grid shapes (6,000 measurements: about 7 minutes; --resume finishes it in a second call).
