@@ -33,7 +33,7 @@ from .validate import ValidSpec
 
 PLANS = os.environ.get("L2C_TRITON_PLANS", "1") != "0"
 _KNOBS = getattr(triton, "knobs", None)   # Triton >= 3.4: where its launch hooks live (a profiler sets them)
-try:   # host-side TMA descriptors (L2C_TRITON_TMA=1 kernels take A and B as these)
+try:   # host-side TMA descriptors (`launch loads=tma` kernels take A and B as these)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:   # Triton < 3.4
     TensorDescriptor = None

@@ -202,15 +202,10 @@ def _check_triton_tma(spec: KernelSpec) -> None:
         raise _fail(spec, "problem_batch", "triton-tma-loads", f"loads=tma with problem.batch={spec.problem_batch}")
     if spec.types_a not in ("f16", "f32"):
         raise _fail(spec, "types_a", "triton-tma-loads", f"loads=tma with {spec.types_a} inputs")
-    # the contiguous extent of each operand: A's rows (K) or columns (M), B's rows (N) or columns (K)
-    for field, extent in (("problem_k" if spec.layout_a == "row" else "problem_m",
-                           spec.problem_k if spec.layout_a == "row" else spec.problem_m),
-                          ("problem_n" if spec.layout_b == "row" else "problem_k",
-                           spec.problem_n if spec.layout_b == "row" else spec.problem_k)):
-        if extent != ANY and (extent * DTYPE_BYTES[spec.types_a]) % 16:
+    for field, _, extent, nbytes in _alignment_checks(spec)[:2]:   # A and B (the output is stored by pointer)
+        if extent != ANY and (extent * nbytes) % 16:
             raise _fail(spec, field, "triton-tma-loads",
-                        f"loads=tma with {knob(field).key}={extent}: rows of {extent * DTYPE_BYTES[spec.types_a]} "
-                        f"bytes")
+                        f"loads=tma with {knob(field).key}={extent}: rows of {extent * nbytes} bytes")
 
 
 def _alignment_checks(spec: KernelSpec) -> List[Tuple[str, str, object, int]]:

@@ -23,10 +23,6 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-# bench statuses that are a verdict on the kernel; `error` (an exception while timing, e.g. out of memory) is not
-_STATUS = {"ok": "ok", "verify_failed": "verify_failed", "build_failed": "build_failed", "invalid": "invalid"}
-
-
 def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tuple[List, Dict[str, int]]:
     """Store results for the kernel rows of one bench file, and counts of what was taken or left."""
     from l2c.commands.table import spec_text
@@ -34,7 +30,7 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
     from l2c.knobs import ANY
     from l2c.parser import parse_one
     from l2c.search.space import Problem, params_from_spec, spec_from_params
-    from l2c.search.store import Result
+    from l2c.search.store import STATUSES, Result
 
     results, counts = [], {"imported": 0, "outside_space": 0, "not_a_verdict": 0}
     points: Dict[tuple, Tuple[dict, str]] = {}   # (spec text, target, dtype, layout, batch) -> (point, stored text)
@@ -49,8 +45,10 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
             continue
         if row.get("type") != "result" or row.get("kernel") == "torch":
             continue
-        status = _STATUS.get(str(row.get("status")))
-        if status is None:
+        # bench statuses the store knows are verdicts on the kernel; `error` (an exception while timing, e.g. out
+        # of memory) is not
+        status = str(row.get("status"))
+        if status not in STATUSES:
             counts["not_a_verdict"] += 1
             continue
         if gpu is None:

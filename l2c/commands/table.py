@@ -112,11 +112,13 @@ def shape_key(row) -> tuple:
     return row["m"], row["n"], row["k"], row.get("batch", 1), row["dtype"], row["layout"]
 
 
-def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape: bool = False):
+def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape: bool = False, cache=None):
     """The best verified non-torch row per (shape, dtype, layout), chosen by charged speedup, if its speedup is
     at least `min_speedup` and its charged speedup at least 1 (no charges: the two are the same); with
-    `every_shape`, each shape's best whatever its speedup."""
-    best, cache, charges = {}, {}, charges or {}
+    `every_shape`, each shape's best whatever its speedup. `cache`: spec_text's, to share the .l2/.json files
+    already read."""
+    best, charges = {}, charges or {}
+    cache = {} if cache is None else cache
     for r in rows:
         if r.get("type") != "result" or r.get("status") != "ok" or r.get("protocol") != protocol:
             continue
@@ -171,7 +173,7 @@ def run(args) -> int:
         names = ", ".join(f"{name} in {source or '(no source)'}" for source, name in unresolved[:5])
         raise UsageError(f"{len(unresolved)} measured kernel(s) whose spec text is neither in the row nor in the file "
                          f"it names: {names}{' ...' if len(unresolved) > 5 else ''}; put that file at that path")
-    chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape)
+    chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape, cache)
     entries = [{"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
                 "layout": r["layout"], "target": r["target"], "spec": r["spec"],
                 "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
