@@ -181,6 +181,20 @@ elif [ "$1" = Z ]; then
   timeout 220 python3 -m l2c tune --shapes benchmarks/tune_shapes_s5_offgrid.txt --target triton --trials 6 \
     --store /tmp/z/store.sqlite --no-llm --export $OUT/tune_z > $OUT/tune_z.log 2>&1
   stamp tune $?; tail -12 $OUT/tune_z.log | cut -c1-200
+elif [ "$1" = D ]; then
+  # Session 6: TMA descriptors built by each program (`launch loads=tma_device`). The call-path check with its host
+  # time beside host-built descriptors (`tma`), the GPU check of its specs (plus two streams and a CUDA graph), then
+  # the 182 grid shapes whose best kernel uses TMA, each measured with that kernel as picked (host descriptors) and
+  # with device descriptors, side by side in one run, `kernel` and `call`. Prediction in NOTES (session 6).
+  timeout 150 python3 scripts/call_overhead.py --out $OUT/call_overhead_h200_s6.json > $OUT/call_overhead_s6.log 2>&1
+  stamp call_overhead $?; grep -E "FAIL|failure" $OUT/call_overhead_s6.log | cut -c1-300 | head -8
+  timeout 150 python3 scripts/gpu_check.py --only tma_device --random 0 --out $OUT/gpu_check_tma_device_h200_s6.json \
+    > $OUT/gpu_check_d_s6.log 2>&1
+  stamp gpu_check $?; grep -E "failure|FAIL|scratch" $OUT/gpu_check_d_s6.log | tail -8
+  R=benchmarks/results
+  timeout 270 python3 -m l2c bench $R/tables/grid_tma_host_s6.json $R/tables/grid_tma_device_s6.json --shapes grid \
+    --protocol kernel,call --reps 3 --iters 10 -o $OUT/grid_tma_device_s6.jsonl > /tmp/td.log 2>&1
+  stamp grid_tma_device $?; tail -12 /tmp/td.log | cut -c1-200
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens

@@ -75,7 +75,8 @@ class TritonKernel(Kernel):
         if key is not None and key not in self._plans:
             try:
                 self._plans[key] = _LaunchPlan.make(a, b, bias, out, zero, launches, compiled,
-                                                    transposed=self.spec.layout_c == "col")
+                                                    transposed=self.spec.layout_c == "col",
+                                                    setup=getattr(self.module, "_ensure_scratch_allocator", None))
             except _NotReplayable as why:
                 self._plans[key] = None
                 self.plan_refusals[key] = str(why)
@@ -118,9 +119,10 @@ class _LaunchPlan:
     transposed: bool
     zero: object                     # workspace view cleared before the launches, or None
     launches: Tuple[_Launch, ...]
+    setup: object = None             # called before the launches (a `tma_device` module installs its allocator)
 
     @staticmethod
-    def make(a, b, bias, out, zero, launches, compiled, transposed: bool) -> "_LaunchPlan":
+    def make(a, b, bias, out, zero, launches, compiled, transposed: bool, setup=None) -> "_LaunchPlan":
         """Raises _NotReplayable when a launch cannot be replayed: a pointer Triton specialized as unaligned, or
         a compiled kernel without the launcher interface (another Triton version): those calls keep the JIT path."""
         roles = {id(a): 0, id(b): 1, id(out): 3}
@@ -161,13 +163,15 @@ class _LaunchPlan:
                                    tuple(descriptor_slots)))
         stored = tuple(out.mT.shape) if transposed else tuple(out.shape)
         return _LaunchPlan(device=a.get_device(), out_shape=stored, out_dtype=out.dtype, transposed=transposed,
-                           zero=zero, launches=tuple(replays))
+                           zero=zero, launches=tuple(replays), setup=setup)
 
     def replay(self, a, b, bias, stream):
         out = a.new_empty(self.out_shape, dtype=self.out_dtype)
         if self.transposed:
             out = out.transpose(-1, -2)
         tensors = (a, b, bias, out)
+        if self.setup is not None:
+            self.setup()
         if self.zero is not None:
             self.zero.zero_()
         for launch in self.launches:

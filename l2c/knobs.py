@@ -93,10 +93,11 @@ KNOBS: Tuple[Knob, ...] = (
          "pingpong (consumer warpgroups alternate tiles); `auto` picks by tile size.",
          choices=(AUTO, "cooperative", "pingpong"), targets=("cutlass",)),
     Knob("launch", "loads", "enum", "pointer",
-         "How Triton programs read A and B: `pointer` (address arithmetic and masked loads) or `tma` (tensor "
+         "How Triton programs read A and B: `pointer` (address arithmetic and masked loads), `tma` (tensor "
          "descriptors built on the host: one bulk copy per tile, out-of-bounds zero-filled; fp16/fp32 A and B "
-         "without a batch). CUTLASS kernels always load through TMA.",
-         choices=("pointer", "tma"), targets=("triton",), spelled_at_default=False),
+         "without a batch) or `tma_device` (the same loads from descriptors each program builds itself: no "
+         "descriptor encoding on the host per launch). CUTLASS kernels always load through TMA.",
+         choices=("pointer", "tma", "tma_device"), targets=("triton",), spelled_at_default=False),
     Knob("cluster", "m", "int", 1, "Thread-block cluster size along M (CUTLASS, TMA multicast of B).",
          choices=(1, 2, 4), targets=("cutlass",)),
     Knob("cluster", "n", "int", 1, "Thread-block cluster size along N (CUTLASS, TMA multicast of A).",

@@ -24,6 +24,8 @@ class Arch:
     max_cluster: int        # portable thread-block cluster size
 
 
+TMA_LOADS = ("tma", "tma_device")   # Triton `launch loads=` values that read A and B through tensor descriptors
+
 ARCHS = {
     # H100/H200: 227 KB of shared memory per block, 132 SMs (H200 SXM), clusters of up to 8 portable.
     "sm_90": Arch("sm_90", smem_per_block=227 * 1024, sm_count=132, max_cluster=8),
@@ -38,7 +40,7 @@ RULES = {
     "acc-type": "an f16 accumulator needs f16 inputs; f32 inputs need an f32 accumulator",
     "split-k-slices": "split-K slices may not exceed the number of K tiles of a fixed K",
     "stream-k-target": "stream-K is a CUTLASS scheduler; Triton supports split_k modes workspace and atomic",
-    "triton-tma-loads": "Triton `launch loads=tma` reads fp16 or fp32 A and B of a plain (unbatched) GEMM whose "
+    "triton-tma-loads": "Triton `launch loads=tma` or `tma_device` reads fp16 or fp32 A and B of a plain (unbatched) GEMM whose "
                         "contiguous extents are multiples of 16 bytes (not bf16: the CPU interpreter reads bf16 "
                         "through a descriptor wrongly, so such kernels could not be tested)",
     "shared-memory": "stages x (tile_m x tile_k + tile_k x tile_n) x element bytes (+ epilogue) must fit the "
@@ -171,7 +173,7 @@ def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
 def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.split_k_mode == "stream_k":
         raise _fail(spec, "split_k_mode", "stream-k-target", "split_k mode=stream_k on Triton")
-    if spec.launch_loads == "tma":
+    if spec.launch_loads in TMA_LOADS:
         _check_triton_tma(spec)
     acc_tile = spec.tile_m * spec.tile_n
     if spec.launch_warps == AUTO:
@@ -199,13 +201,13 @@ def _check_triton_tma(spec: KernelSpec) -> None:
     """What the Triton template's TMA loads assume (templates/triton/gemm.py.j2); a shape-generic kernel checks
     the row alignment of each call's operands instead (ValueError, so the dispatcher falls back)."""
     if spec.problem_batch != 1:
-        raise _fail(spec, "problem_batch", "triton-tma-loads", f"loads=tma with problem.batch={spec.problem_batch}")
+        raise _fail(spec, "problem_batch", "triton-tma-loads", f"loads={spec.launch_loads} with problem.batch={spec.problem_batch}")
     if spec.types_a not in ("f16", "f32"):
-        raise _fail(spec, "types_a", "triton-tma-loads", f"loads=tma with {spec.types_a} inputs")
+        raise _fail(spec, "types_a", "triton-tma-loads", f"loads={spec.launch_loads} with {spec.types_a} inputs")
     for field, _, extent, nbytes in _alignment_checks(spec)[:2]:   # A and B (the output is stored by pointer)
         if extent != ANY and (extent * nbytes) % 16:
             raise _fail(spec, field, "triton-tma-loads",
-                        f"loads=tma with {knob(field).key}={extent}: rows of {extent * nbytes} bytes")
+                        f"loads={spec.launch_loads} with {knob(field).key}={extent}: rows of {extent * nbytes} bytes")
 
 
 def _alignment_checks(spec: KernelSpec) -> List[Tuple[str, str, object, int]]:

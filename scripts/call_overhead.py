@@ -12,7 +12,8 @@ Sides: torch.matmul; the kernel called directly (its steady-state path: a replay
 without plans (CUTLASS: the fully checked `_checked_call`; Triton: the module's `launch` through Triton's JIT
 dispatch); the direct kernel is built with the finalize split-K reduction (L2C_TRITON_SPLITK=finalize: two
 launches), and for a Triton workspace split-K kernel `kernel_inkernel` is the same spec with the in-kernel
-reduction (the default: one launch); for a Triton spec `kernel_tma` is the same spec with `launch loads=tma`;
+reduction (the default: one launch); for a Triton spec `kernel_tma` and `kernel_tma_device` are the same spec
+with `launch loads=tma` (descriptors encoded on the host per launch) and `loads=tma_device` (built by each program);
 for a CUTLASS kernel `kernel_ctypes20` replays its plans through the 20-argument entry instead of the call-plan
 shim (l2c.cutlass_shim); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
 
@@ -110,9 +111,11 @@ def main(argv=None) -> int:
         inkernel = None
         if spec.target == "triton" and spec.split_k_slices > 1 and spec.split_k_mode == "workspace":
             inkernel = build(validate(spec, spec.target, "sm_90"))   # the same spec, reduced in the GEMM kernel
-        tma = None
-        if spec.target == "triton":   # the same spec with `launch loads=tma` (in-kernel split-K where split)
-            tma = build(validate(spec.replace(name=spec.name + "_tma", launch_loads="tma"), spec.target, "sm_90"))
+        tmas = {}
+        if spec.target == "triton":   # the same spec with TMA loads (in-kernel split-K where split)
+            for loads in ("tma", "tma_device"):
+                tmas[loads] = build(validate(spec.replace(name=f"{spec.name}_{loads}", launch_loads=loads),
+                                             spec.target, "sm_90"))
         ctypes20 = None
         if spec.target == "cutlass":   # the same library, planned calls through the 20-argument entry (no shim)
             from l2c.build_cutlass import load_cutlass
@@ -132,12 +135,12 @@ def main(argv=None) -> int:
             a2, b2 = torch.randn_like(a), torch.randn_like(b)
             row["errors"]["direct_fresh"] = check(f"{kname} {m}x{n}x{k} direct (plan, fresh tensors)", kernel(a2, b2),
                                                   torch.matmul(a2, b2))
-            if tma is not None:
-                row["errors"]["tma"] = check(f"{kname} {m}x{n}x{k} TMA", tma(a, b), ref)
-                row["errors"]["tma_again"] = check(f"{kname} {m}x{n}x{k} TMA (plan)", tma(a, b), ref)
-                row["errors"]["tma_fresh"] = check(f"{kname} {m}x{n}x{k} TMA (plan, fresh tensors)", tma(a2, b2),
-                                                   torch.matmul(a2, b2))
-                check_plan(f"{kname} {m}x{n}x{k} TMA", tma)
+            for loads, tma in tmas.items():
+                row["errors"][loads] = check(f"{kname} {m}x{n}x{k} {loads}", tma(a, b), ref)
+                row["errors"][f"{loads}_again"] = check(f"{kname} {m}x{n}x{k} {loads} (plan)", tma(a, b), ref)
+                row["errors"][f"{loads}_fresh"] = check(f"{kname} {m}x{n}x{k} {loads} (plan, fresh tensors)",
+                                                        tma(a2, b2), torch.matmul(a2, b2))
+                check_plan(f"{kname} {m}x{n}x{k} {loads}", tma)
             # the shape-generic spec, as tuned tables hold it (the kernel above is the same build)
             entry = TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout="row,row,row", target=spec.target,
                                spec_text=spec.to_l2(), tflops=2.0, baseline_tflops=1.0)
@@ -184,8 +187,8 @@ def main(argv=None) -> int:
                 row["errors"]["inkernel_again"] = check(f"{kname} {m}x{n}x{k} in-kernel split-K (plan)",
                                                         inkernel(a, b), ref)
                 sides["kernel_inkernel"] = lambda: inkernel(a, b)
-            if tma is not None:
-                sides["kernel_tma"] = lambda: tma(a, b)
+            for loads, tma in tmas.items():
+                sides[f"kernel_{loads}"] = lambda tma=tma: tma(a, b)
             if ctypes20 is not None:
                 row["errors"]["ctypes20"] = check(f"{kname} {m}x{n}x{k} 20-argument call", ctypes20(a, b), ref)
                 row["errors"]["ctypes20_again"] = check(f"{kname} {m}x{n}x{k} 20-argument call (plan)",

@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """Check the Triton target on a real GPU: what the CPU interpreter tests cannot cover.
 
-    python scripts/gpu_check.py [--random N] [--seed S]
+    python scripts/gpu_check.py [--random N] [--seed S] [--only TEXT] [--out FILE]
 
 - bf16 inputs (bf16 `tl.dot` is broken in the Triton interpreter, so tests/ cannot run it);
 - production tiles (64..256), warps and pipeline stages, compiled for the real device;
 - every layout, epilogue, split-K mode, persistent grid and batch, on odd and even shapes;
-- TMA loads (`launch loads=tma`, host-built tensor descriptors; column-major operands through their transposes)
-  alone and with split-K, persistent grids and fused epilogues, on shapes whose rows they accept;
+- TMA loads (`launch loads=tma`, host-built tensor descriptors, and `tma_device`, descriptors each program builds;
+  column-major operands through their transposes) alone and with split-K, persistent grids and fused epilogues,
+  on shapes whose rows they accept; `tma_device` launches on two streams at once and in a CUDA graph;
 - N random valid Triton specs drawn from the knob table (tiles of any size);
 - the call path: a split-K kernel called again with `out` given allocates no device memory;
 - split-K under both reductions (L2C_TRITON_SPLITK: a finalize kernel, or in the GEMM kernel through per-tile
@@ -36,7 +37,7 @@ from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
 from l2c.knobs import ANY, AUTO, KNOBS
 from l2c.parser import parse_one
-from l2c.validate import validate
+from l2c.validate import TMA_LOADS, validate
 from l2c.verify import verify
 
 ODD_SHAPES = [(1, 1, 1), (127, 255, 129), (1000, 1000, 1000), (333, 4097, 77)]
@@ -70,6 +71,17 @@ FIXED = [
      TMA_SHAPES + EVEN_SHAPES, 1),
     ("types a=f16 b=f16 c=f16 layout a=col b=col c=col tile m=64 n=128 k=64 launch loads=tma split_k slices=4",
      [(8, 8, 8), (128, 256, 136), (1000, 1000, 1000), (336, 4096, 80)], 1),
+    # descriptors built by each program (`tma_device`): the same features
+    ("types a=f16 b=f16 c=f16 tile m=128 n=128 k=64 launch loads=tma_device", TMA_SHAPES + EVEN_SHAPES, 1),
+    ("types a=f32 b=f32 c=f32 math=tf32 tile m=64 n=64 k=32 launch loads=tma_device warps=4", TMA_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 tile m=64 n=128 k=64 launch loads=tma_device split_k slices=4 mode=workspace "
+     "epilogue beta=0.5 bias=col activation=gelu", TMA_SHAPES, 1),
+    ("types a=f16 b=f16 c=f32 tile m=128 n=64 k=64 launch loads=tma_device persistent=yes split_k slices=3 "
+     "mode=atomic epilogue bias=row activation=silu", TMA_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 layout b=col tile m=128 n=128 k=64 launch loads=tma_device persistent=yes "
+     "epilogue bias=col activation=gelu", TMA_SHAPES + EVEN_SHAPES, 1),
+    ("types a=f16 b=f16 c=f16 layout a=col b=col c=col tile m=64 n=128 k=64 launch loads=tma_device "
+     "split_k slices=4", [(8, 8, 8), (128, 256, 136), (1000, 1000, 1000), (336, 4096, 80)], 1),
     ("problem m=4096 n=4096 k=4096 types a=f16 b=f16 c=f16 tile m=128 n=256 k=64 launch warps=8 pipeline stages=3",
      [(4096, 4096, 4096)], 1),
 ]
@@ -184,6 +196,54 @@ def check_inkernel_matches_finalize(failures, calls=20):
             failures.append(("inkernel race", f"persistent={persistent}", f"{differ} of {calls} calls differ"))
 
 
+def check_device_descriptors_on_streams_and_graphs(failures):
+    """`tma_device` programs build their descriptors in a scratch buffer the module keeps per stream: launches on
+    two streams at once must not share it, and a launch captured into a CUDA graph gets its own (the graph may be
+    replayed on another stream while eager launches run). Each result is compared with torch.matmul."""
+    kernel = build(validate(parse_one("kernel scratch { types a=f16 b=f16 c=f16 tile m=64 n=64 k=64 "
+                                      "launch loads=tma_device }"), "triton"))
+    def inputs():
+        return (torch.randn(1024, 2048, device="cuda", dtype=torch.float16),
+                torch.randn(2048, 512, device="cuda", dtype=torch.float16))
+    def close(out, a, b):
+        want = a.float() @ b.float()
+        return bool(((out.float() - want).abs().max() / want.abs().max()) < 1e-2)
+    results = {}
+    (a1, b1), (a2, b2) = inputs(), inputs()
+    kernel(a1, b1)   # compile and plan
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    outs = []
+    for _ in range(20):
+        outs.append(kernel(a1, b1))
+        with torch.cuda.stream(side):
+            outs.append(kernel(a2, b2))
+    torch.cuda.synchronize()
+    results["two_streams"] = all(close(o, *(a1, b1) if i % 2 == 0 else (a2, b2)) for i, o in enumerate(outs))
+    static_a, static_b = inputs()
+    graph = torch.cuda.CUDAGraph()
+    kernel(static_a, static_b)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        graph_out = kernel(static_a, static_b)
+    a3, b3 = inputs()
+    static_a.copy_(a3)
+    static_b.copy_(b3)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(10):
+            graph.replay()
+    eager = [kernel(a1, b1) for _ in range(10)]
+    torch.cuda.synchronize()
+    results["graph_replay"] = close(graph_out, a3, b3)
+    results["eager_beside_graph"] = all(close(o, a1, b1) for o in eager)
+    for name, ok in results.items():
+        print(f"{'ok  ' if ok else 'FAIL'} tma_device scratch: {name.replace('_', ' ')}")
+        if not ok:
+            failures.append(("tma_device scratch", name, "result differs from torch.matmul"))
+    RECORDS.append({"check": "tma_device_scratch", **results})
+
+
 def speed_line():
     import triton.testing
     valid = validate(parse_one(f"kernel speed {{ {FIXED[-1][0]} }}"), "triton")
@@ -202,6 +262,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--random", type=int, default=24, help="number of random valid specs (default 24)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", help="check only the fixed specs whose body contains this text (the other checks "
+                                  "still run; --random 0 skips the random specs)")
     p.add_argument("--out", help="write every check as JSON here (commit it under benchmarks/results/)")
     p.add_argument("--splitk-reduce", choices=("finalize", "inkernel", "both"), default="both",
                    help="split-K reductions to check split-K specs under (default both)")
@@ -217,13 +279,16 @@ def main(argv=None) -> int:
         return reduces if valid.spec.split_k_slices > 1 else reduces[:1]
 
     for i, (body, shapes, batch) in enumerate(FIXED):
+        if args.only and args.only not in body:
+            continue
         valid = validate(parse_one(f"kernel fixed_{i} {{ {body} }}"), "triton")
         for reduce in each_reduce(valid):
             run_check(valid, shapes, batch, args.seed + i, failures, reduce)
     rng = random.Random(args.seed)
     for valid in random_specs(args.random, rng):
-        m, n, k = rng.choice(TMA_SHAPES[1:] if valid.spec.launch_loads == "tma" else ODD_SHAPES[1:] + EVEN_SHAPES[:1])
-        if valid.spec.launch_loads == "tma" and valid.spec.layout_a == "col":
+        tma = valid.spec.launch_loads in TMA_LOADS
+        m, n, k = rng.choice(TMA_SHAPES[1:] if tma else ODD_SHAPES[1:] + EVEN_SHAPES[:1])
+        if tma and valid.spec.layout_a == "col":
             m = -(-m // 8) * 8   # a column-major A is read along M: TMA needs its columns 16-byte aligned
         batch = rng.choice((1, 1, 3)) if valid.spec.problem_batch == ANY else 1
         seed = rng.randrange(2 ** 31)
@@ -231,6 +296,7 @@ def main(argv=None) -> int:
             run_check(valid, [(m, n, k)], batch, seed, failures, reduce)
     for reduce in reduces:
         check_no_allocation(failures, reduce)
+    check_device_descriptors_on_streams_and_graphs(failures)
     if "inkernel" in reduces:
         check_inkernel_matches_finalize(failures)
     set_reduce("finalize")

@@ -22,7 +22,7 @@ from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
 from l2c.knobs import ANY, DTYPE_BYTES
 from l2c.lower import render
-from l2c.validate import validate
+from l2c.validate import TMA_LOADS, validate
 from l2c.verify import make_inputs, verify
 
 from .strategies import valid_specs
@@ -94,7 +94,7 @@ def cases(draw, align: int = 1, **fixed):
         tile_k=tile_k,
         split_k_slices=slices,
         # TMA loads need 16-byte rows: only with `align` 8 is every drawn shape one they accept
-        launch_loads=draw(st.sampled_from(("pointer", "tma"))) if align >= 8 else "pointer",
+        launch_loads=draw(st.sampled_from(("pointer",) + TMA_LOADS)) if align >= 8 else "pointer",
         epilogue_alpha=draw(st.sampled_from((1.0, 0.5, -2.0))),
         epilogue_beta=draw(st.sampled_from((0.0, 0.0, 1.0, -0.75))),
     )
@@ -137,16 +137,20 @@ def test_prepare_describes_launches_a_plan_can_replay(case, reduce):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(cases(align=8, batch=1, problem_batch=1, launch_loads="tma"), st.integers(0, 2 ** 31))
+@given(st.sampled_from(TMA_LOADS).flatmap(lambda loads: cases(align=8, batch=1, problem_batch=1,
+                                                               launch_loads=loads)),
+       st.integers(0, 2 ** 31))
 def test_tma_loads_match_reference(case, seed):
-    """`launch loads=tma` (validated for fp16/fp32 A and B without a batch) reads A and B through host-built
+    """`launch loads=tma` and `tma_device` (validated for fp16/fp32 A and B without a batch) read A and B through
     tensor descriptors (a column-major operand through its transpose): out-of-bounds tiles read as zero, so no
-    masks. The kernel computes the reference in every layout, and `prepare` passes descriptors over the call's own
-    tensors, which a launch plan replays over a later call's. A column-major A whose M makes rows of a length
-    TMA cannot read is refused with a ValueError (the dispatcher then falls back to torch)."""
+    masks. The kernel computes the reference in every layout. With `tma`, `prepare` passes host-built descriptors
+    over the call's own tensors, which a launch plan replays over a later call's; with `tma_device` it passes the
+    tensors and each program builds the descriptors. A column-major A whose M makes rows of a length TMA cannot
+    read is refused with a ValueError (the dispatcher then falls back to torch)."""
     spec, m, n, k, batch = case
     kernel = build(validate(spec, "triton"))
     assert "a_desc.load(" in kernel.source
+    assert ("tl.make_tensor_descriptor(" in kernel.source) == (spec.launch_loads == "tma_device")
     a, b, c, bias, _ = make_inputs(spec, m, n, k, batch, "cpu", torch.Generator().manual_seed(0))
     if spec.layout_a == "col" and (m * a.element_size()) % 16:   # (validation refuses a fixed M like this)
         with pytest.raises(ValueError, match="TMA"):
@@ -156,6 +160,9 @@ def test_tma_loads_match_reference(case, seed):
     check(kernel, m, n, k, batch, seed=seed)
     _, _, launches = kernel.module.prepare(a, b, c, bias)
     a_desc, b_desc = launches[0][2][:2]
+    if spec.launch_loads == "tma_device":
+        assert a_desc is a and b_desc is b
+        return
     assert a_desc.base is a and b_desc.base is b
     assert list(a_desc.block_shape) == ([spec.tile_k, spec.tile_m] if spec.layout_a == "col"
                                         else [spec.tile_m, spec.tile_k])
@@ -164,28 +171,29 @@ def test_tma_loads_match_reference(case, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(valid_specs("triton", launch_loads="pointer"))
-def test_tma_loads_are_validated_where_the_template_can_serve_them(spec):
-    """Every valid Triton spec with pointer loads either validates with `loads=tma` too, or is refused by the
-    rule triton-tma-loads exactly when it breaks what the TMA template assumes."""
+@given(valid_specs("triton", launch_loads="pointer"), st.sampled_from(TMA_LOADS))
+def test_tma_loads_are_validated_where_the_template_can_serve_them(spec, loads):
+    """Every valid Triton spec with pointer loads either validates with `loads=tma` and `loads=tma_device` too,
+    or is refused by the rule triton-tma-loads exactly when it breaks what the TMA template assumes."""
     contiguous = (spec.problem_k if spec.layout_a == "row" else spec.problem_m,
                   spec.problem_n if spec.layout_b == "row" else spec.problem_k)
     eligible = (spec.problem_batch == 1 and spec.types_a in ("f16", "f32")
                 and all(x == ANY or x * DTYPE_BYTES[spec.types_a] % 16 == 0 for x in contiguous))
-    tma = spec.replace(launch_loads="tma")
+    tma = spec.replace(launch_loads=loads)
     if eligible:
-        assert validate(tma, "triton").spec.launch_loads == "tma"
-        assert "loads=tma" in tma.to_l2() and "loads=" not in spec.to_l2()
+        assert validate(tma, "triton").spec.launch_loads == loads
+        assert f"loads={loads}\n" in tma.to_l2() and "loads=" not in spec.to_l2()
     else:
         with pytest.raises(L2ValidationError) as err:
             validate(tma, "triton")
         assert err.value.rule == "triton-tma-loads"
 
 
-def test_tma_kernel_rejects_rows_it_cannot_load():
+@pytest.mark.parametrize("loads", TMA_LOADS)
+def test_tma_kernel_rejects_rows_it_cannot_load(loads):
     """TMA needs 16-byte-aligned rows: a shape-generic TMA kernel refuses K = 7 in fp16 with a ValueError (the
     dispatcher then falls back to torch), and the same spec with pointer loads serves it."""
-    kernel = kernel_for(name="tma_rows", launch_loads="tma")
+    kernel = kernel_for(name="tma_rows", launch_loads=loads)
     a, b = torch.randn(16, 7).half(), torch.randn(7, 16).half()
     with pytest.raises(ValueError, match="TMA"):
         kernel(a, b)
@@ -406,8 +414,8 @@ def test_generated_kernels_compile_for_the_gpu(tmp_path, build_settings, specs):
                          launch_loads=loads, epilogue_bias="col", epilogue_beta=0.5)
               for slices, mode in ((1, "workspace"), (4, "workspace"), (4, "atomic"))
               for persistent in ("no", "yes") for layout, batch, loads in
-              (("row", 1, "pointer"), ("row", 1, "tma"), ("row", ANY, "pointer"), ("col", 1, "pointer"),
-               ("col", 1, "tma"), ("col", ANY, "pointer"))]
+              (("row", 1, "pointer"), ("row", 1, "tma"), ("row", 1, "tma_device"), ("row", ANY, "pointer"),
+               ("col", 1, "pointer"), ("col", 1, "tma"), ("col", 1, "tma_device"), ("col", ANY, "pointer"))]
     specs = specs + matrix
     path = tmp_path / f"specs_{len(list(tmp_path.iterdir()))}.l2"
     path.write_text("\n".join(s.replace(name=f"k{i}").to_l2() for i, s in enumerate(specs)))
