@@ -181,7 +181,7 @@ elif [ "$1" = Z ]; then
   timeout 220 python3 -m l2c tune --shapes benchmarks/tune_shapes_s5_offgrid.txt --target triton --trials 6 \
     --store /tmp/z/store.sqlite --no-llm --export $OUT/tune_z > $OUT/tune_z.log 2>&1
   stamp tune $?; tail -12 $OUT/tune_z.log | cut -c1-200
-elif [ "$1" = D ]; then
+elif [ "$1" = E ]; then
   # Session 6: TMA descriptors built by each program (`launch loads=tma_device`). The call-path check with its host
   # time beside host-built descriptors (`tma`), the GPU check of its specs (plus two streams and a CUDA graph), then
   # the 182 grid shapes whose best kernel uses TMA, each measured with that kernel as picked (host descriptors) and
