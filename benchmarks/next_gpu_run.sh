@@ -195,6 +195,26 @@ elif [ "$1" = E ]; then
   timeout 270 python3 -m l2c bench $R/tables/grid_tma_host_s6.json $R/tables/grid_tma_device_s6.json --shapes grid \
     --protocol kernel,call --reps 3 --iters 10 -o $OUT/grid_tma_device_s6.jsonl > /tmp/td.log 2>&1
   stamp grid_tma_device $?; tail -12 /tmp/td.log | cut -c1-200
+elif [ "$1" = H ]; then
+  # Session 6: CUTLASS parallel split-K (`split_k mode=parallel`; its 13 libraries prebuilt in the pack). The GPU check
+  # of its hand-picked specs (epilogues, layouts, pingpong, bf16/f32 out, a K it must refuse), the 10-configuration
+  # pool on the grid's 175 long-K losers, then each of those shapes' best of every grid screen re-measured.
+  # Prediction in NOTES (session 6).
+  timeout 200 python3 scripts/cutlass_gpu_check.py --only parallel --out $OUT/cutlass_gpu_check_parallel_h200_s6.json \
+    > $OUT/cutlass_gpu_check_parallel_s6.log 2>&1
+  stamp cutlass_gpu_check $?; tail -12 $OUT/cutlass_gpu_check_parallel_s6.log | cut -c1-200
+  timeout 220 python3 -m l2c bench benchmarks/pool_h200_parallel.l2 --shapes benchmarks/grid_longk_losers_s6.txt \
+    --protocol kernel --reps 3 --resume -o $OUT/grid_parallel_pool_h200.jsonl > /tmp/pp.log 2>&1
+  stamp parallel_pool $?; grep -A5 "best-of" /tmp/pp.log | cut -c1-200
+  R=benchmarks/results
+  python3 -m l2c table $R/grid_h200.jsonl.xz $R/grid_pool_h200.jsonl.xz $R/grid_losers_splitk_h200.jsonl.xz \
+    $R/grid_longk_splitk_h200.jsonl $R/grid_longk_inkernel_h200.jsonl $R/grid_longk_cutlass_h200.jsonl \
+    $R/grid_tma_pool_h200.jsonl.xz $R/grid_tma2_pool_h200.jsonl $OUT/grid_parallel_pool_h200.jsonl --every-shape \
+    --protocol kernel -o $R/tables/grid_h200_s6.json > /tmp/tb.log 2>&1
+  stamp table $?; tail -1 /tmp/tb.log; cp $R/tables/grid_h200_s6.json $OUT/
+  timeout 150 python3 -m l2c bench $R/tables/grid_h200_s6.json --shapes benchmarks/grid_longk_losers_s6.txt \
+    --protocol kernel,call --reps 3 --iters 10 -o $OUT/grid_parallel_table_h200_s6.jsonl > /tmp/pt.log 2>&1
+  stamp parallel_table $?; grep -A5 "tuned table" /tmp/pt.log | cut -c1-200
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens

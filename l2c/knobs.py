@@ -111,9 +111,11 @@ KNOBS: Tuple[Knob, ...] = (
     # reduction decomposition
     Knob("split_k", "slices", "int", 1, "Split the K loop into this many slices (1 = no split).", lo=1, hi=32),
     Knob("split_k", "mode", "enum", "workspace",
-         "How slices are combined: `workspace` (deterministic fp32 partials reduced in a second pass), "
-         "`atomic` (fp32 atomic adds), `stream_k` (CUTLASS stream-K scheduler; slices ignored).",
-         choices=("workspace", "atomic", "stream_k")),
+         "How slices are combined: `workspace` (deterministic fp32 partials; Triton reduces them in parallel, "
+         "CUTLASS's split-K scheduler adds them one slice after another), `atomic` (fp32 atomic adds), "
+         "`stream_k` (CUTLASS stream-K scheduler; slices ignored), `parallel` (CUTLASS: the slices run as one "
+         "batched GEMM into fp32 partials, summed in slice order by a second kernel that applies the epilogue).",
+         choices=("workspace", "atomic", "stream_k", "parallel")),
     # epilogue
     Knob("epilogue", "alpha", "float", 1.0, "D = activation(alpha * A@B + beta * C + bias).", searchable=False),
     Knob("epilogue", "beta", "float", 0.0, "Scale of the C input; 0 means no C input is read.", searchable=False),

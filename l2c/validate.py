@@ -40,6 +40,11 @@ RULES = {
     "acc-type": "an f16 accumulator needs f16 inputs; f32 inputs need an f32 accumulator",
     "split-k-slices": "split-K slices may not exceed the number of K tiles of a fixed K",
     "stream-k-target": "stream-K is a CUTLASS scheduler; Triton supports split_k modes workspace and atomic",
+    "parallel-split-k-target": "split_k mode=parallel is a CUTLASS decomposition (a batched GEMM over the slices "
+                               "and a reduction kernel); Triton's workspace mode already sums its slices in parallel",
+    "parallel-split-k": "split_k mode=parallel runs a plain (unbatched) GEMM whose K splits into equal slices that "
+                        "each start on a 16-byte boundary (K a multiple of slices x 16 bytes of A's elements), with "
+                        "N a multiple of 4 (the fp32 partials are row-major and stored through TMA)",
     "triton-tma-loads": "Triton `launch loads=tma` or `tma_device` reads fp16 or fp32 A and B of a plain (unbatched) GEMM whose "
                         "contiguous extents are multiples of 16 bytes (not bf16: the CPU interpreter reads bf16 "
                         "through a descriptor wrongly, so such kernels could not be tested)",
@@ -55,8 +60,8 @@ RULES = {
                           "multiple of 128",
     "pingpong-tile-m": "the pingpong schedule gives each warpgroup a whole tile: tile M must be 64 or 128",
     "cluster-size": "cluster M x N may not exceed the portable cluster size of the architecture",
-    "split-k-schedule": "split-K and stream-K in CUTLASS use the stream-K tile scheduler, which needs the "
-                        "cooperative schedule",
+    "split-k-schedule": "split-K (modes workspace and atomic) and stream-K in CUTLASS use the stream-K tile "
+                        "scheduler, which needs the cooperative schedule",
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
 }
@@ -136,6 +141,15 @@ def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     return tensors, stages_c, alignment
 
 
+def cutlass_gemm_spec(spec: KernelSpec) -> KernelSpec:
+    """The GEMM CUTLASS instantiates for `spec`: with parallel split-K, the one that writes each slice's fp32
+    partial sums (row-major, no epilogue inputs); the reduction kernel applies the spec's epilogue."""
+    if spec.split_k_mode == "parallel" and spec.split_k_slices > 1:
+        return spec.replace(types_c="f32", layout_c="row", epilogue_alpha=1.0, epilogue_beta=0.0,
+                            epilogue_bias="none", epilogue_activation="none")
+    return spec
+
+
 def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
     """sizeof(CollectiveEpilogue::SharedStorage): what `StageCountAutoCarveout` subtracts before sizing stages."""
     tensors, stages_c, alignment = _cutlass_epilogue(spec, schedule)
@@ -173,6 +187,8 @@ def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
 def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.split_k_mode == "stream_k":
         raise _fail(spec, "split_k_mode", "stream-k-target", "split_k mode=stream_k on Triton")
+    if spec.split_k_mode == "parallel":
+        raise _fail(spec, "split_k_mode", "parallel-split-k-target", "split_k mode=parallel on Triton")
     if spec.launch_loads in TMA_LOADS:
         _check_triton_tma(spec)
     acc_tile = spec.tile_m * spec.tile_n
@@ -246,15 +262,27 @@ def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.cluster_m * spec.cluster_n > arch.max_cluster:
         raise _fail(spec, "cluster_n", "cluster-size",
                     f"cluster {spec.cluster_m}x{spec.cluster_n} > {arch.max_cluster}")
-    if (spec.split_k_slices > 1 or spec.split_k_mode == "stream_k") and schedule != "cooperative":
+    parallel = spec.split_k_mode == "parallel" and spec.split_k_slices > 1
+    if ((spec.split_k_slices > 1 and not parallel) or spec.split_k_mode == "stream_k") and schedule != "cooperative":
         raise _fail(spec, "split_k_slices" if spec.split_k_slices > 1 else "split_k_mode", "split-k-schedule",
-                    f"split_k with the {schedule} schedule")
+                    f"split_k mode={spec.split_k_mode} with the {schedule} schedule")
+    if parallel:
+        if spec.problem_batch != 1:
+            raise _fail(spec, "problem_batch", "parallel-split-k",
+                        f"split_k mode=parallel with problem.batch={spec.problem_batch}")
+        step = spec.split_k_slices * 16 // DTYPE_BYTES[spec.types_a]
+        if spec.problem_k != ANY and spec.problem_k % step:
+            raise _fail(spec, "problem_k", "parallel-split-k",
+                        f"K={spec.problem_k} is not a multiple of {spec.split_k_slices} slices x "
+                        f"{16 // DTYPE_BYTES[spec.types_a]} elements")
+        if spec.problem_n != ANY and spec.problem_n % 4:
+            raise _fail(spec, "problem_n", "parallel-split-k", f"N={spec.problem_n} is not a multiple of 4")
     for knob_field, operand, extent, nbytes in _alignment_checks(spec):
         if extent != ANY and (extent * nbytes) % 16:
             raise _fail(spec, knob_field, "tma-alignment",
                         f"{operand}'s contiguous extent {extent} x {nbytes} bytes is not a multiple of 16")
     per_stage = _mainloop_stage_bytes(spec) + CUTLASS_STAGE_BARRIER_BYTES
-    carve = cutlass_epilogue_smem(spec, schedule)
+    carve = cutlass_epilogue_smem(cutlass_gemm_spec(spec), schedule)
     if spec.pipeline_stages == AUTO:
         # CUTLASS's StageCountAutoCarveout: whole stages in what the epilogue leaves (128-byte granules).
         capacity = arch.smem_per_block // 128 * 128
@@ -266,7 +294,7 @@ def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
         stages = int(spec.pipeline_stages)
         if stages < 2:
             raise _fail(spec, "pipeline_stages", "cutlass-min-stages", f"stages={stages}")
-    smem = cutlass_kernel_smem(spec, schedule, stages)
+    smem = cutlass_kernel_smem(cutlass_gemm_spec(spec), schedule, stages)
     if smem > arch.smem_per_block:
         raise _fail(spec, "pipeline_stages", "shared-memory",
                     f"{stages} stages x {per_stage} bytes beside a {carve}-byte epilogue, with barriers and "

@@ -35,12 +35,19 @@ HEADLINE_SHAPE = (4096, 4096, 4096)
 
 # Shapes for verification: multiples of 8 (16-byte rows for 16-bit types), never multiples of a tile.
 VERIFY_SHAPES = [(1032, 776, 520), (8, 1928, 4104), (2056, 24, 264), (520, 1000, 1096)]
+# split_k mode=parallel needs K a multiple of slices x 8 (16-byte slices) and N a multiple of 4
+PARALLEL_VERIFY_SHAPES = [(1032, 776, 4096), (8, 1928, 2112), (2056, 24, 1024), (520, 1000, 12288)]
 VERIFY_BATCH = 3   # for kernels with problem batch=any
 TIME_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 8192, 1024), (512, 4096, 4096), (128, 12288, 4096)]
 
 
-def sample_specs(count: int, seed: int):
-    """`count` specs: the headline kernel, hand-picked corner cases, then random valid specs over the CUTLASS knobs."""
+def parallel_split(spec) -> bool:
+    return spec.split_k_mode == "parallel" and spec.split_k_slices > 1
+
+
+def sample_specs(count: int, seed: int, only: str = ""):
+    """`count` specs: the headline kernel, hand-picked corner cases, then random valid specs over the CUTLASS knobs;
+    with `only`, just the hand-picked specs whose name contains it."""
     fixed = [
         HEADLINE,
         KernelSpec(name="pingpong_64x128x64", tile_m=64, tile_n=128, tile_k=64, launch_schedule="pingpong"),
@@ -59,6 +66,14 @@ def sample_specs(count: int, seed: int):
         KernelSpec(name="relu_tn_batched", layout_b="col", problem_batch="any", tile_m=128, tile_n=64,
                    epilogue_activation="relu", swizzle_raster="n", swizzle_group=16),
         KernelSpec(name="tiny_64x16x32", tile_m=64, tile_n=16, tile_k=32),
+        KernelSpec(name="parallel8_c2x1", tile_m=128, tile_n=128, tile_k=64, cluster_m=2, split_k_slices=8,
+                   split_k_mode="parallel"),
+        KernelSpec(name="parallel4_fused_nt", tile_m=128, tile_n=256, cluster_n=2, layout_b="col", split_k_slices=4,
+                   split_k_mode="parallel", epilogue_alpha=0.75, epilogue_beta=0.5, epilogue_bias="col",
+                   epilogue_activation="gelu"),
+        KernelSpec(name="parallel4_pingpong_colc", types_a="bf16", types_b="bf16", types_c="f32", layout_a="col",
+                   layout_c="col", tile_m=64, tile_n=128, launch_schedule="pingpong", split_k_slices=4,
+                   split_k_mode="parallel", epilogue_beta=-1.0, epilogue_bias="row", epilogue_activation="silu"),
     ]
     rng = random.Random(seed)
     choices = {
@@ -67,10 +82,14 @@ def sample_specs(count: int, seed: int):
         "tile_m": (64, 128, 256), "tile_n": (16, 32, 64, 128, 256), "tile_k": (32, 64, 128),
         "pipeline_stages": ("auto", 2, 3, 4, 5, 6), "launch_schedule": ("auto", "cooperative", "pingpong"),
         "cluster_m": (1, 2), "cluster_n": (1, 2), "swizzle_group": (1, 2, 4, 8), "swizzle_raster": ("m", "n"),
-        "split_k_slices": (1, 1, 1, 2, 4), "split_k_mode": ("workspace", "workspace", "atomic", "stream_k"),
+        "split_k_slices": (1, 1, 1, 2, 4),
+        "split_k_mode": ("workspace", "workspace", "atomic", "stream_k", "parallel"),
         "epilogue_beta": (0.0, 0.0, 1.0), "epilogue_bias": ("none", "row", "col"),
         "epilogue_activation": ("none", "relu", "gelu", "silu"), "problem_batch": (1, 1, "any"),
     }
+    if only:
+        fixed = [spec for spec in fixed if only in spec.name]
+        count = len(fixed)
     specs, seen = [], set()
     for spec in fixed:
         validate(spec, "cutlass")
@@ -155,6 +174,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=False, help="JSON result file")
     parser.add_argument("--count", type=int, default=32, help="specs to sample (including the hand-picked ones)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default="", help="only the hand-picked specs whose name contains this text")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--manifest", help="JSON of spec -> .so: written with --compile-only, read otherwise")
     parser.add_argument("--compile-only", action="store_true", help="build the sample and stop (no GPU needed)")
@@ -179,7 +199,7 @@ def main(argv=None) -> int:
                 kernels.append(err)
         build_s = None
     else:
-        valids = [validate(s, "cutlass") for s in sample_specs(args.count, args.seed)]
+        valids = [validate(s, "cutlass") for s in sample_specs(args.count, args.seed, args.only)]
         t0 = time.perf_counter()
         kernels = build_many(valids, workers=args.workers)
         build_s = time.perf_counter() - t0
@@ -212,13 +232,20 @@ def main(argv=None) -> int:
         entry.update(stages=kernel.stages, smem_bytes=kernel.shared_memory_bytes,
                      stages_match=kernel.stages == valid.stages)
         checks = []
-        for m, n, k in VERIFY_SHAPES:
+        if parallel_split(spec):   # a K the slices cannot split evenly is refused (ValueError: torch serves it)
+            try:
+                a, b, c, bias, _ = timing_operands(spec, 64, 64, 8 * spec.split_k_slices + 8, args.seed)
+                kernel(a, b, c=c, bias=bias)
+                entry["rejects_uneven_k"] = False
+            except ValueError:
+                entry["rejects_uneven_k"] = True
+        for m, n, k in PARALLEL_VERIFY_SHAPES if parallel_split(spec) else VERIFY_SHAPES:
             batch = VERIFY_BATCH if spec.problem_batch == "any" else spec.problem_batch
             result = verify(kernel, m, n, k, batch=batch, device="cuda", seed=args.seed + index)
             checks.append({"m": m, "n": n, "k": k, "batch": batch, "ok": result.ok, "rel_error": result.rel_error,
                            "tolerance": result.tolerance, "reason": result.reason})
         entry["verify"] = checks
-        entry["status"] = "ok" if all(c["ok"] for c in checks) else "wrong"
+        entry["status"] = "ok" if all(c["ok"] for c in checks) and entry.get("rejects_uneven_k", True) else "wrong"
         print(f"{spec.name}: {entry['status']} (max rel err "
               f"{max(c['rel_error'] for c in checks):.2e})", flush=True)
         if entry["status"] != "ok" or args.no_timing:

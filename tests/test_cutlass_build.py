@@ -1,7 +1,7 @@
 """Real nvcc builds of CUTLASS kernels (CPU only: they compile for sm_90a, nothing runs).
 
 A handful of specs chosen to cover both schedules, a cluster, fused epilogues (bias, activations, C input),
-split-K and stream-K, bf16 and an f32 output, and all-column-major / mixed layouts. They compile in
+split-K (scheduler and parallel) and stream-K, bf16 and an f32 output, and all-column-major / mixed layouts. They compile in
 parallel through `build_many` into a fresh cache directory, so the test really compiles; each CUTLASS
 compile takes about two minutes of one core. Skipped only when nvcc is absent.
 """
@@ -48,6 +48,12 @@ SPECS = [
     # stream-K, cluster 2x1, B and C column-major, alpha scaling, deep K tile
     KernelSpec(name="streamk_nt", tile_m=128, tile_n=128, tile_k=128, cluster_m=2, launch_schedule="cooperative",
                layout_b="col", layout_c="col", split_k_mode="stream_k", epilogue_alpha=2.0),
+    # parallel split-K (batched slices + reduction kernel), pingpong, cluster 1x2, bf16, C and D column-major with
+    # beta, per-row bias + SiLU
+    KernelSpec(name="parallel_pp", types_a="bf16", types_b="bf16", types_c="bf16", tile_m=64, tile_n=128,
+               tile_k=64, cluster_n=2, launch_schedule="pingpong", layout_b="col", layout_c="col",
+               split_k_slices=4, split_k_mode="parallel", epilogue_alpha=0.5, epilogue_beta=-1.0,
+               epilogue_bias="row", epilogue_activation="silu"),
 ]
 
 

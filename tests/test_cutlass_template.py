@@ -103,6 +103,35 @@ def test_stream_k():
 
 def test_split_k_one_slice_is_a_plain_kernel():
     assert "PersistentScheduler" in src(split_k_slices=1, split_k_mode="atomic")
+    assert "reduce_slices" not in src(split_k_slices=1, split_k_mode="parallel")
+
+
+@pytest.mark.parametrize("la,lb,slice_a,slice_b", [
+    ("row", "row", "int64_t const slice_a = slice_k;", "int64_t const slice_b = int64_t(slice_k) * ldb;"),
+    ("col", "col", "int64_t const slice_a = int64_t(slice_k) * lda;", "int64_t const slice_b = slice_k;"),
+])
+def test_parallel_split_k_is_a_batched_gemm_into_fp32_partials_then_a_reduction(la, lb, slice_a, slice_b):
+    """mode=parallel: the persistent scheduler (no split-K scheduler, no serial reduction), the K slices as the
+    batch (each slice's offset along K as the batch stride, by layout), fp32 row-major partials with a plain linear
+    combination, and reduce_slices applying the spec's epilogue in slice order after the GEMM, on the same stream."""
+    text = src(tile_m=128, layout_a=la, layout_b=lb, layout_c="col", split_k_slices=8, split_k_mode="parallel",
+               epilogue_alpha=0.5, epilogue_beta=1.0, epilogue_bias="col", epilogue_activation="silu")
+    flat = squash(text)
+    assert "using TileScheduler = cutlass::gemm::PersistentScheduler;" in text and "DecompositionMode" not in text
+    assert "constexpr int kSplits = 8;" in text
+    assert slice_a in text and slice_b in text
+    assert "using ElementD = float;" in text and "using ElementC = void;" in text
+    assert "using LayoutC = cutlass::layout::RowMajor;" in text
+    assert "fusion::LinearCombination< ElementD, ElementCompute, ElementC>" in flat
+    assert "fusion.bias_ptr" not in text and "fusion.alpha = 1.0f;" in text
+    assert "for (int slice = 0; slice < kSplits; ++slice) { sum += partials[slice * count + i]; }" in flat
+    assert "x += kBeta * static_cast<float>(C[n * ldc + m]);" in text   # C and D column-major (layout c=col)
+    assert "x += static_cast<float>(bias[n]);" in text
+    assert "D[n * ldd + m] = static_cast<ElementOut>(activation(x));" in text
+    assert "return x / (1.0f + expf(-x));" in text
+    run = text[text.index("_run("):]
+    assert run.index("Gemm::run(params, stream)") < run.index("reduce_slices<<<blocks, kReduceThreads, 0, stream>>>")
+    assert "K % (kSplits * kAlignmentA) != 0" in text and "if (L != 1)" in text
 
 
 FUSIONS = [

@@ -43,6 +43,12 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
     ("kernel a { tile m=256 n=256 }", "cutlass", "accumulator-registers", "tile.n"),
     ("kernel a { cluster m=4 n=4 }", "cutlass", "cluster-size", "cluster.n"),
     ("kernel a { tile m=64 split_k slices=2 }", "cutlass", "split-k-schedule", "split_k.slices"),
+    ("kernel a { split_k slices=4 mode=parallel }", "triton", "parallel-split-k-target", "split_k.mode"),
+    ("kernel a { problem batch=any split_k slices=4 mode=parallel }", "cutlass", "parallel-split-k", "problem.batch"),
+    ("kernel a { problem k=4100 split_k slices=4 mode=parallel }", "cutlass", "parallel-split-k", "problem.k"),
+    ("kernel a { problem k=4096 split_k slices=3 mode=parallel }", "cutlass", "parallel-split-k", "problem.k"),
+    ("kernel a { problem n=66 layout c=col split_k slices=4 mode=parallel }", "cutlass", "parallel-split-k",
+     "problem.n"),
     ("kernel a { pipeline stages=1 }", "cutlass", "cutlass-min-stages", "pipeline.stages"),
     ("kernel a { tile m=128 n=256 k=128 pipeline stages=5 }", "cutlass", "shared-memory", "pipeline.stages"),
     ("kernel a { problem m=4096 n=4096 k=4100 layout a=row }", "cutlass", "tma-alignment", "problem.k"),
@@ -51,6 +57,19 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
 ])
 def test_each_rule_rejects_with_its_name_and_knob(text, target, rule, knob):
     rejects(text, target, rule, knob)
+
+
+def test_parallel_split_k_takes_either_schedule_and_sizes_the_partials_gemm():
+    """Parallel split-K runs a plain batched GEMM (the persistent scheduler), so pingpong tiles are allowed, unlike
+    the split-K scheduler's modes; its shared memory is that of the GEMM CUTLASS instantiates: fp32 row-major
+    partials with no epilogue inputs, whatever the spec's own output and epilogue."""
+    pingpong = validate(parse_one("kernel a { tile m=64 n=128 split_k slices=4 mode=parallel }"), "cutlass")
+    assert pingpong.schedule == "pingpong"
+    fused = parse_one("kernel a { types c=bf16 layout c=col tile m=128 n=128 split_k slices=8 mode=parallel "
+                      "epilogue beta=1.0 bias=col activation=gelu }")
+    plain_f32 = parse_one("kernel a { types c=f32 tile m=128 n=128 split_k slices=8 mode=parallel }")
+    assert validate(fused, "cutlass").smem_bytes == validate(plain_f32, "cutlass").smem_bytes
+    assert validate(parse_one("kernel a { problem k=4096 split_k slices=8 mode=parallel }"), "cutlass")
 
 
 def test_rejection_points_at_the_offending_knob():
