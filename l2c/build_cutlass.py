@@ -8,7 +8,8 @@ wgmma pipeline got serialized), is a `BuildError` carrying the compiler's messag
 
 The loaded kernel follows docs/CONTRACTS.md: `kernel(a, b, c=None, bias=None, out=None)`. It checks layouts,
 alignment and shapes up front and raises ValueError (so the dispatcher can fall back to torch), queries the
-workspace size once per problem size and keeps that buffer, and launches on torch's current stream.
+workspace size once per problem size into one buffer per device grown to the largest size seen, and launches on
+torch's current stream.
 """
 from __future__ import annotations
 
@@ -183,7 +184,9 @@ class CutlassKernel(Kernel):
         self._workspace_size.restype = ctypes.c_int
         self._last_error = getattr(self.library, prefix + "last_error")
         self._last_error.restype = ctypes.c_char_p
-        self._workspaces: Dict[tuple, object] = {}   # (device, M, N, K, L) -> uint8 tensor, kept for reuse
+        self._workspace_bytes: Dict[tuple, int] = {}   # (device, M, N, K, L) -> bytes that size needs
+        self._workspaces: Dict[int, object] = {}       # device -> uint8 tensor shared by every size, grown as needed
+        self._retired: List[object] = []               # outgrown workspaces: plans and captured graphs may use them
         spec = valid.spec
         self._needs_c = spec.epilogue_beta != 0.0
         self._bias = spec.epilogue_bias
@@ -208,16 +211,26 @@ class CutlassKernel(Kernel):
         return f"CUTLASS kernel {self.valid.name}: {_STATUS.get(status, 'status %d' % status)}: {detail}"
 
     def _workspace(self, device, m: int, n: int, k: int, batch: int):
+        """The device's workspace, at least as large as this size needs. One buffer serves every size (launches
+        on a stream run in order): parallel split-K needs slices x M x N fp32 partials, and a buffer per size
+        would hold gigabytes after a sweep of shapes. It grows by at least doubling; an outgrown buffer is kept
+        alive, since call plans and CUDA graphs captured earlier still point into it."""
         key = (device.index, m, n, k, batch)
-        workspace = self._workspaces.get(key)
-        if workspace is None:
-            import torch
+        needed = self._workspace_bytes.get(key)
+        if needed is None:
             size = ctypes.c_size_t(0)
             status = self._workspace_size(m, n, k, batch, ctypes.byref(size))
             if status != 0:
                 raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
-            workspace = torch.empty(max(size.value, 1), dtype=torch.uint8, device=device)
-            self._workspaces[key] = workspace
+            needed = self._workspace_bytes[key] = max(size.value, 1)
+        workspace = self._workspaces.get(device.index)
+        if workspace is None or workspace.numel() < needed:
+            import torch
+            if workspace is not None:
+                self._retired.append(workspace)
+                needed = max(needed, 2 * workspace.numel())
+            workspace = torch.empty(needed, dtype=torch.uint8, device=device)
+            self._workspaces[device.index] = workspace
         return workspace
 
     def __call__(self, a, b, c=None, bias=None, out=None):
