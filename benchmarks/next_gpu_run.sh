@@ -215,6 +215,36 @@ elif [ "$1" = H ]; then
   timeout 150 python3 -m l2c bench $R/tables/grid_h200_s6.json --shapes benchmarks/grid_longk_losers_s6.txt \
     --protocol kernel,call --reps 3 --iters 10 -o $OUT/grid_parallel_table_h200_s6.jsonl > /tmp/pt.log 2>&1
   stamp parallel_table $?; grep -A5 "tuned table" /tmp/pt.log | cut -c1-200
+elif [ "$1" = I ]; then
+  # Session 6: the second parallel split-K pool (no clusters; prebuilt in the pack) on the 175 long-K losers, each of
+  # those shapes' best of every grid screen re-measured (`kernel`, `call`), then the re-measured wins of >= 1.05x
+  # measured once more, as candidates for the shipped tables (graphs: `kernel`; eager: `call`).
+  timeout 150 python3 -m l2c bench benchmarks/pool_h200_parallel2.l2 --shapes benchmarks/grid_longk_losers_s6.txt \
+    --protocol kernel --reps 3 --resume -o $OUT/grid_parallel2_pool_h200.jsonl > /tmp/pp.log 2>&1
+  stamp parallel2_pool $?; grep -A5 "best-of" /tmp/pp.log | cut -c1-200
+  R=benchmarks/results
+  python3 -m l2c table $R/grid_h200.jsonl.xz $R/grid_pool_h200.jsonl.xz $R/grid_losers_splitk_h200.jsonl.xz \
+    $R/grid_longk_splitk_h200.jsonl $R/grid_longk_inkernel_h200.jsonl $R/grid_longk_cutlass_h200.jsonl \
+    $R/grid_tma_pool_h200.jsonl.xz $R/grid_tma2_pool_h200.jsonl $R/grid_parallel_pool_h200.jsonl.xz \
+    $OUT/grid_parallel2_pool_h200.jsonl --every-shape --protocol kernel -o $R/tables/grid_h200_s6b.json > /tmp/tb.log 2>&1
+  stamp table $?; tail -1 /tmp/tb.log; cp $R/tables/grid_h200_s6b.json $OUT/
+  timeout 150 python3 -m l2c bench $R/tables/grid_h200_s6b.json --shapes benchmarks/grid_longk_losers_s6.txt \
+    --protocol kernel,call --reps 3 --iters 10 -o $OUT/grid_parallel2_table_h200_s6.jsonl > /tmp/pt.log 2>&1
+  stamp parallel2_table $?; grep -A5 "tuned table" /tmp/pt.log | cut -c1-200
+  for proto in kernel call; do
+    python3 -m l2c table $OUT/grid_parallel2_table_h200_s6.jsonl --protocol $proto --min-speedup 1.05 \
+      -o $OUT/candidates_${proto}_s6.json > /tmp/tc.log 2>&1 && tail -1 /tmp/tc.log
+    timeout 60 python3 -m l2c bench $OUT/candidates_${proto}_s6.json --shapes benchmarks/grid_longk_losers_s6.txt \
+      --protocol $proto --reps 5 --iters 10 -o $OUT/candidates_${proto}_confirm_s6.jsonl > /tmp/cc.log 2>&1
+    stamp confirm_$proto $?; grep -A2 "tuned table" /tmp/cc.log | cut -c1-200
+  done
+elif [ "$1" = J ]; then
+  # Session 6: the final per-shape grid table (every screen; the 175 long-K shapes re-picked with parallel split-K)
+  # measured whole, `kernel` and `call`, side by side with torch.matmul in one run: #7's grid figures from one
+  # measurement instead of a composite of sessions: tables/grid_h200_s6b.json (made by mode I).
+  timeout 580 python3 -m l2c bench benchmarks/results/tables/grid_h200_s6b.json --shapes grid \
+    --protocol kernel,call --reps 3 --iters 10 --resume -o $OUT/grid_table_h200_s6.jsonl > /tmp/gt.log 2>&1
+  stamp grid_table $?; grep -A7 "tuned table" /tmp/gt.log | cut -c1-200
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
