@@ -245,6 +245,22 @@ elif [ "$1" = J ]; then
   timeout 580 python3 -m l2c bench benchmarks/results/tables/grid_h200_s6b.json --shapes grid \
     --protocol kernel,call --reps 3 --iters 10 --resume -o $OUT/grid_table_h200_s6.jsonl > /tmp/gt.log 2>&1
   stamp grid_table $?; grep -A7 "tuned table" /tmp/gt.log | cut -c1-200
+elif [ "$1" = Q ]; then
+  # Session 6: the drop-in path through the graphs table with its 18 new parallel split-K entries; the grid's
+  # per-shape best in `call` (of sessions 5 and 6) measured whole in `call`; its wins of >= 1.05x measured once more
+  # as eager-table candidates. Prediction in NOTES (session 6).
+  L2C_TUNED_TABLE=l2c/tuned/sm_90_graphs.json timeout 150 python3 scripts/dispatch_check.py --count 8 \
+    --also mode=parallel --out $OUT/dispatch_check_graphs_s6b.json > $OUT/dispatch_check_graphs_s6b.log 2>&1
+  stamp dispatch_graphs $?; tail -2 $OUT/dispatch_check_graphs_s6b.log
+  R=benchmarks/results
+  timeout 150 python3 -m l2c bench $R/tables/grid_call_h200_s6.json --shapes grid --protocol call --iters 10 \
+    -o $OUT/grid_call_table_h200_s6.jsonl > /tmp/gc.log 2>&1
+  stamp grid_call $?; grep -A7 "tuned table" /tmp/gc.log | cut -c1-200
+  python3 -m l2c table $OUT/grid_call_table_h200_s6.jsonl --protocol call --min-speedup 1.05 \
+    -o $OUT/eager_candidates_s6.json > /tmp/tc.log 2>&1; tail -1 /tmp/tc.log
+  timeout 90 python3 -m l2c bench $OUT/eager_candidates_s6.json --shapes grid --protocol call --iters 10 \
+    -o $OUT/eager_candidates_confirm_s6.jsonl > /tmp/cc.log 2>&1
+  stamp confirm_eager $?; grep -A2 "tuned table" /tmp/cc.log | cut -c1-200
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
