@@ -261,6 +261,18 @@ elif [ "$1" = Q ]; then
   timeout 90 python3 -m l2c bench $OUT/eager_candidates_s6.json --shapes grid --protocol call --iters 10 \
     -o $OUT/eager_candidates_confirm_s6.jsonl > /tmp/cc.log 2>&1
   stamp confirm_eager $?; grep -A2 "tuned table" /tmp/cc.log | cut -c1-200
+elif [ "$1" = U ]; then
+  # Session 6, last: the drop-in path through the remade eager table (111 entries, 5 of them parallel split-K), then
+  # that table and the graphs table (335) measured once more, each in its own protocol.
+  timeout 150 python3 scripts/dispatch_check.py --count 16 --also mode=parallel --out $OUT/dispatch_check_eager_s6b.json \
+    > $OUT/dispatch_check_eager_s6b.log 2>&1
+  stamp dispatch_eager $?; tail -1 $OUT/dispatch_check_eager_s6b.log
+  timeout 90 python3 -m l2c bench l2c/tuned/sm_90.json --protocol call --iters 10 -o $OUT/shipped_eager_h200_s6.jsonl \
+    > /tmp/se.log 2>&1
+  stamp shipped_eager $?; grep -A1 "tuned table" /tmp/se.log | cut -c1-200
+  timeout 150 python3 -m l2c bench l2c/tuned/sm_90_graphs.json --protocol kernel --reps 3 \
+    -o $OUT/shipped_graphs_h200_s6.jsonl > /tmp/sg.log 2>&1
+  stamp shipped_graphs $?; grep -A1 "tuned table" /tmp/sg.log | cut -c1-200
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
