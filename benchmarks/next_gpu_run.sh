@@ -273,6 +273,26 @@ elif [ "$1" = U ]; then
   timeout 150 python3 -m l2c bench l2c/tuned/sm_90_graphs.json --protocol kernel --reps 3 \
     -o $OUT/shipped_graphs_h200_s6.jsonl > /tmp/sg.log 2>&1
   stamp shipped_graphs $?; grep -A1 "tuned table" /tmp/sg.log | cut -c1-200
+elif [ "$1" = LP ]; then
+  # Session 6: parallel split-K in nn.Linear's layout (pool_h200_parallel_linear.l2, prebuilt) on the llm shapes; each
+  # llm shape's best of the three linear screens re-measured (`kernel`, `call`); its wins of >= 1.05x measured again.
+  timeout 150 python3 -m l2c bench benchmarks/pool_h200_parallel_linear.l2 --shapes llm --protocol kernel --reps 3 \
+    --resume -o $OUT/llm_parallel_pool_h200.jsonl > /tmp/lp.log 2>&1
+  stamp llm_parallel_pool $?; grep -A5 "best-of" /tmp/lp.log | cut -c1-200
+  R=benchmarks/results
+  python3 -m l2c table $R/llm_linear_pool_h200.jsonl.xz $R/llm_tma_pool_h200.jsonl.xz $OUT/llm_parallel_pool_h200.jsonl \
+    --every-shape --protocol kernel -o $R/tables/llm_h200_s6b.json > /tmp/tb.log 2>&1
+  stamp table $?; tail -1 /tmp/tb.log; cp $R/tables/llm_h200_s6b.json $OUT/
+  timeout 120 python3 -m l2c bench $R/tables/llm_h200_s6b.json --shapes llm --protocol kernel,call --reps 3 --iters 10 \
+    -o $OUT/llm_table_h200_s6b.jsonl > /tmp/lt.log 2>&1
+  stamp llm_table $?; grep -A5 "tuned table" /tmp/lt.log | cut -c1-200
+  for proto in kernel call; do
+    python3 -m l2c table $OUT/llm_table_h200_s6b.jsonl --protocol $proto --min-speedup 1.05 \
+      -o $OUT/llm_candidates_${proto}_s6.json > /tmp/tc.log 2>&1 && tail -1 /tmp/tc.log
+    timeout 60 python3 -m l2c bench $OUT/llm_candidates_${proto}_s6.json --shapes llm --protocol $proto --reps 5 \
+      --iters 10 -o $OUT/llm_candidates_${proto}_confirm_s6.jsonl > /tmp/cc.log 2>&1
+    stamp confirm_$proto $?; grep -A1 "tuned table" /tmp/cc.log | cut -c1-200
+  done
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
