@@ -293,6 +293,14 @@ elif [ "$1" = LP ]; then
       --iters 10 -o $OUT/llm_candidates_${proto}_confirm_s6.jsonl > /tmp/cc.log 2>&1
     stamp confirm_$proto $?; grep -A1 "tuned table" /tmp/cc.log | cut -c1-200
   done
+elif [ "$1" = LD ]; then
+  # Session 6, last: l2c.matmul through both remade tables' entries in nn.Linear's layout (B column-major: the 5 added
+  # from call LP among them) and a random sample of the rest.
+  for t in sm_90 sm_90_graphs; do
+    L2C_TUNED_TABLE=l2c/tuned/$t.json timeout 120 python3 scripts/dispatch_check.py --count 6 --also b=col \
+      --out $OUT/dispatch_check_${t}_s6c.json > $OUT/dispatch_check_${t}_s6c.log 2>&1
+    stamp dispatch_$t $?; tail -1 $OUT/dispatch_check_${t}_s6c.log
+  done
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
