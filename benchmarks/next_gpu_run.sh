@@ -301,6 +301,24 @@ elif [ "$1" = LD ]; then
       --out $OUT/dispatch_check_${t}_s6c.json > $OUT/dispatch_check_${t}_s6c.log 2>&1
     stamp dispatch_$t $?; tail -1 $OUT/dispatch_check_${t}_s6c.log
   done
+elif [ "$1" = BP ]; then
+  # Session 6: parallel split-K in bf16 (pool_h200_parallel_bf16.l2, prebuilt) on the 175 long-K grid shapes; each
+  # shape's best of the bf16 screens re-measured in `kernel`; its wins of >= 1.05x measured again.
+  timeout 120 python3 -m l2c bench benchmarks/pool_h200_parallel_bf16.l2 --shapes benchmarks/grid_longk_losers_s6.txt \
+    --protocol kernel --reps 3 --resume -o $OUT/grid_bf16_parallel_pool_h200.jsonl > /tmp/bp.log 2>&1
+  stamp bf16_parallel_pool $?; grep -A4 "best-of" /tmp/bp.log | cut -c1-200
+  R=benchmarks/results
+  python3 -m l2c table $R/grid_bf16_top6_h200.jsonl.xz $R/bf16_pool_h200.jsonl $OUT/grid_bf16_parallel_pool_h200.jsonl \
+    --every-shape --protocol kernel -o $R/tables/grid_bf16_h200_s6.json > /tmp/tb.log 2>&1
+  stamp table $?; tail -1 /tmp/tb.log; cp $R/tables/grid_bf16_h200_s6.json $OUT/
+  timeout 90 python3 -m l2c bench $R/tables/grid_bf16_h200_s6.json --shapes benchmarks/grid_longk_losers_s6.txt \
+    --protocol kernel --reps 3 -o $OUT/grid_bf16_parallel_table_h200_s6.jsonl > /tmp/bt.log 2>&1
+  stamp bf16_table $?; grep -A4 "tuned table" /tmp/bt.log | cut -c1-200
+  python3 -m l2c table $OUT/grid_bf16_parallel_table_h200_s6.jsonl --protocol kernel --min-speedup 1.05 \
+    -o $OUT/bf16_candidates_kernel_s6.json > /tmp/tc.log 2>&1 && tail -1 /tmp/tc.log
+  timeout 60 python3 -m l2c bench $OUT/bf16_candidates_kernel_s6.json --shapes benchmarks/grid_longk_losers_s6.txt \
+    --protocol kernel --reps 5 -o $OUT/bf16_candidates_kernel_confirm_s6.jsonl > /tmp/cc.log 2>&1
+  stamp confirm_bf16 $?; grep -A1 "tuned table" /tmp/cc.log | cut -c1-200
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
