@@ -73,15 +73,19 @@ def test_host_overhead_charge_drops_wins_that_a_launch_would_eat(tmp_path):
 
 
 def test_confirmed_by_keeps_only_entries_that_won_again(tmp_path):
-    """--confirmed-by: an entry chosen on one measurement stays only if its spec won again (>= 1.0) on that shape
-    in the later results; a shape the later run lost, did not measure, or measured with another spec is dropped."""
+    """--confirmed-by: only specs that won again (>= 1.0) on that shape in the later results are candidates, so each
+    shape keeps its best confirmed candidate above the margin; a shape whose candidates the later run lost, did not
+    measure, or measured with another spec only, is dropped."""
     first = [{"type": "env", "gpu": "NVIDIA H200"},
-             row("a", 64, 1.20), row("b", 128, 1.30), row("c", 256, 1.10), row("d", 512, 1.10)]
+             row("a", 64, 1.20), row("b", 128, 1.30), row("c", 256, 1.10), row("d", 512, 1.10),
+             row("e", 1024, 1.30), row("f", 1024, 1.12), row("g", 1024, 1.03)]
     again = [{"type": "env", "gpu": "NVIDIA H200"},
              row("a", 64, 1.02),                        # won again: kept
              row("b", 128, 0.97),                       # lost: dropped
              row("x", 256, 1.40),                       # another spec on c's shape: c dropped
-             row("a", 64, 1.01, protocol="call")]       # another protocol: does not count
+             row("a", 64, 1.01, protocol="call"),       # another protocol: does not count
+             row("e", 1024, 0.99), row("f", 1024, 1.04),  # the best lost again: the next best confirmed one stays
+             row("g", 1024, 1.20)]                      # (g won again, but its first measurement is under 1.05)
     paths = []
     for name, rows in (("first", first), ("again", again)):
         paths.append(tmp_path / f"{name}.jsonl")
@@ -91,7 +95,7 @@ def test_confirmed_by_keeps_only_entries_that_won_again(tmp_path):
                            "--confirmed-by", str(paths[1])], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     table = json.loads(out.read_text())
-    assert [(e["m"], e["spec"].split()[1]) for e in table["entries"]] == [(64, "a")]
+    assert [(e["m"], e["spec"].split()[1]) for e in table["entries"]] == [(64, "a"), (1024, "f")]
     assert table["confirmed_by"] == [str(paths[1])]
     # confirmations from another GPU are refused
     paths[1].write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H100"}] + again[1:]) + "\n")

@@ -112,11 +112,12 @@ def shape_key(row) -> tuple:
     return row["m"], row["n"], row["k"], row.get("batch", 1), row["dtype"], row["layout"]
 
 
-def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape: bool = False, cache=None):
+def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape: bool = False, cache=None,
+              admit=None):
     """The best verified non-torch row per (shape, dtype, layout), chosen by charged speedup, if its speedup is
     at least `min_speedup` and its charged speedup at least 1 (no charges: the two are the same); with
     `every_shape`, each shape's best whatever its speedup. `cache`: spec_text's, to share the .l2/.json files
-    already read."""
+    already read. `admit(row)`, when given, decides which rows are candidates at all (--confirmed-by)."""
     best, charges = {}, charges or {}
     cache = {} if cache is None else cache
     for r in rows:
@@ -127,6 +128,8 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
         r = dict(r, spec=spec_text(r, cache))
         if not r["spec"]:
             continue
+        if admit is not None and not admit(r):
+            continue
         r["charged_speedup"] = charged_speedup(r, charges)
         key = shape_key(r)
         if key not in best or r["charged_speedup"] > best[key]["charged_speedup"]:
@@ -136,9 +139,9 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
     return [r for r in best.values() if r["speedup"] >= min_speedup and r["charged_speedup"] >= 1.0]
 
 
-def confirmed(entries, rows, protocol: str):
-    """The entries whose spec has at least one verified row in `rows` on the same shape, dtype and layout in
-    `protocol`, and only winning ones (speedup >= 1.0)."""
+def won_again(rows, protocol: str):
+    """(shape, dtype, layout, spec) -> True for each spec with at least one row in `rows` on that shape in
+    `protocol`, all of them verified wins (speedup >= 1.0); False where any lost or failed."""
     verdicts, cache = {}, {}
     for r in rows:
         if r.get("type") != "result" or r.get("protocol") != protocol or r.get("kernel") == "torch":
@@ -146,8 +149,7 @@ def confirmed(entries, rows, protocol: str):
         key = (*shape_key(r), spec_text(r, cache))
         won = r.get("status") == "ok" and (r.get("speedup") or 0.0) >= 1.0
         verdicts[key] = verdicts.get(key, True) and won
-    return [e for e in entries
-            if verdicts.get((*shape_key(e), e["spec"]), False)]
+    return verdicts
 
 
 def run(args) -> int:
@@ -173,17 +175,19 @@ def run(args) -> int:
         names = ", ".join(f"{name} in {source or '(no source)'}" for source, name in unresolved[:5])
         raise UsageError(f"{len(unresolved)} measured kernel(s) whose spec text is neither in the row nor in the file "
                          f"it names: {names}{' ...' if len(unresolved) > 5 else ''}; put that file at that path")
-    chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape, cache)
-    entries = [{"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
-                "layout": r["layout"], "target": r["target"], "spec": r["spec"],
-                "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
-               for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
-    if args.confirmed_by:
+    admit = None
+    if args.confirmed_by:   # only specs that won again are candidates: each shape keeps its best confirmed one
         checks = [r for path in args.confirmed_by for r in read_rows(path)]
         gpus.update(r["gpu"] for r in checks if r.get("type") == "env" and r.get("gpu"))
         if len(gpus) > 1:
             raise UsageError(f"results from different GPUs: {sorted(gpus)}")
-        entries = confirmed(entries, checks, args.protocol)
+        verdicts = won_again(checks, args.protocol)
+        admit = lambda r: verdicts.get((*shape_key(r), r["spec"]), False)  # noqa: E731
+    chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape, cache, admit)
+    entries = [{"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
+                "layout": r["layout"], "target": r["target"], "spec": r["spec"],
+                "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
+               for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
              "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
              "sources": [str(p) for p in args.results], "confirmed_by": [str(p) for p in args.confirmed_by],
