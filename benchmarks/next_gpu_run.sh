@@ -319,6 +319,11 @@ elif [ "$1" = BP ]; then
   timeout 60 python3 -m l2c bench $OUT/bf16_candidates_kernel_s6.json --shapes benchmarks/grid_longk_losers_s6.txt \
     --protocol kernel --reps 5 -o $OUT/bf16_candidates_kernel_confirm_s6.jsonl > /tmp/cc.log 2>&1
   stamp confirm_bf16 $?; grep -A1 "tuned table" /tmp/cc.log | cut -c1-200
+elif [ "$1" = PD ]; then
+  # Session 6, final: l2c.matmul through the final graphs table's parallel split-K entries (fp16 and bf16).
+  L2C_TUNED_TABLE=l2c/tuned/sm_90_graphs.json timeout 120 python3 scripts/dispatch_check.py --count 4 \
+    --also mode=parallel --out $OUT/dispatch_check_graphs_s6d.json > $OUT/dispatch_check_graphs_s6d.log 2>&1
+  stamp dispatch_graphs $?; tail -1 $OUT/dispatch_check_graphs_s6d.log
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
