@@ -36,9 +36,10 @@ def add_parser(sub) -> None:
                    help="keep each shape's best candidate even where it loses to torch.matmul: a table for measuring "
                         "the kernels alone (l2c bench TABLE.json), not for dispatch")
     p.add_argument("--confirmed-by", nargs="+", default=[], metavar="RESULTS",
-                   help="keep only entries whose spec won again (speedup >= 1.0, same protocol and shape) in these "
-                        "later measurements, e.g. `l2c bench` of the candidate table: choosing the best of several "
-                        "candidates on one measurement favours lucky draws")
+                   help="candidates are only the specs that won again (speedup >= 1.0 in every row, same protocol "
+                        "and shape) in these later measurements, e.g. `l2c bench` of the candidate table: each shape "
+                        "keeps its best confirmed candidate. Choosing the best of several candidates on one "
+                        "measurement favours lucky draws")
     p.set_defaults(func=run)
 
 
