@@ -141,10 +141,15 @@ def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     return tensors, stages_c, alignment
 
 
+def parallel_split_k(spec: KernelSpec) -> bool:
+    """Whether a CUTLASS spec runs its K slices as a batched GEMM plus a reduction kernel (mode=parallel)."""
+    return spec.split_k_mode == "parallel" and spec.split_k_slices > 1
+
+
 def cutlass_gemm_spec(spec: KernelSpec) -> KernelSpec:
     """The GEMM CUTLASS instantiates for `spec`: with parallel split-K, the one that writes each slice's fp32
     partial sums (row-major, no epilogue inputs); the reduction kernel applies the spec's epilogue."""
-    if spec.split_k_mode == "parallel" and spec.split_k_slices > 1:
+    if parallel_split_k(spec):
         return spec.replace(types_c="f32", layout_c="row", epilogue_alpha=1.0, epilogue_beta=0.0,
                             epilogue_bias="none", epilogue_activation="none")
     return spec
@@ -262,7 +267,7 @@ def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.cluster_m * spec.cluster_n > arch.max_cluster:
         raise _fail(spec, "cluster_n", "cluster-size",
                     f"cluster {spec.cluster_m}x{spec.cluster_n} > {arch.max_cluster}")
-    parallel = spec.split_k_mode == "parallel" and spec.split_k_slices > 1
+    parallel = parallel_split_k(spec)
     if ((spec.split_k_slices > 1 and not parallel) or spec.split_k_mode == "stream_k") and schedule != "cooperative":
         raise _fail(spec, "split_k_slices" if spec.split_k_slices > 1 else "split_k_mode", "split-k-schedule",
                     f"split_k mode={spec.split_k_mode} with the {schedule} schedule")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
-from l2c.validate import validate
+from l2c.validate import parallel_split_k, validate
 
 HEADLINE = KernelSpec(name="headline_coop_128x256x64_c1x2", tile_m=128, tile_n=256, tile_k=64, cluster_m=1,
                       cluster_n=2, launch_schedule="cooperative")
@@ -39,10 +39,6 @@ VERIFY_SHAPES = [(1032, 776, 520), (8, 1928, 4104), (2056, 24, 264), (520, 1000,
 PARALLEL_VERIFY_SHAPES = [(1032, 776, 4096), (8, 1928, 2112), (2056, 24, 1024), (520, 1000, 12288)]
 VERIFY_BATCH = 3   # for kernels with problem batch=any
 TIME_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 8192, 1024), (512, 4096, 4096), (128, 12288, 4096)]
-
-
-def parallel_split(spec) -> bool:
-    return spec.split_k_mode == "parallel" and spec.split_k_slices > 1
 
 
 def sample_specs(count: int, seed: int, only: str = ""):
@@ -232,14 +228,14 @@ def main(argv=None) -> int:
         entry.update(stages=kernel.stages, smem_bytes=kernel.shared_memory_bytes,
                      stages_match=kernel.stages == valid.stages)
         checks = []
-        if parallel_split(spec):   # a K the slices cannot split evenly is refused (ValueError: torch serves it)
+        if parallel_split_k(spec):   # a K the slices cannot split evenly is refused (ValueError: torch serves it)
             try:
                 a, b, c, bias, _ = timing_operands(spec, 64, 64, 8 * spec.split_k_slices + 8, args.seed)
                 kernel(a, b, c=c, bias=bias)
                 entry["rejects_uneven_k"] = False
             except ValueError:
                 entry["rejects_uneven_k"] = True
-        for m, n, k in PARALLEL_VERIFY_SHAPES if parallel_split(spec) else VERIFY_SHAPES:
+        for m, n, k in PARALLEL_VERIFY_SHAPES if parallel_split_k(spec) else VERIFY_SHAPES:
             batch = VERIFY_BATCH if spec.problem_batch == "any" else spec.problem_batch
             result = verify(kernel, m, n, k, batch=batch, device="cuda", seed=args.seed + index)
             checks.append({"m": m, "n": n, "k": k, "batch": batch, "ok": result.ok, "rel_error": result.rel_error,

@@ -60,7 +60,6 @@ def variant(table: dict, where, change) -> dict:
             entry = dict(entry, spec=spec.to_l2())
         entries.append(entry)
     out = {k: v for k, v in table.items() if k != "entries"}
-    out["variant_of"] = where
     out["changed"] = list(change) if change else None
     out["entries"] = entries
     return out
