@@ -324,6 +324,15 @@ elif [ "$1" = PD ]; then
   L2C_TUNED_TABLE=l2c/tuned/sm_90_graphs.json timeout 120 python3 scripts/dispatch_check.py --count 4 \
     --also mode=parallel --out $OUT/dispatch_check_graphs_s6d.json > $OUT/dispatch_check_graphs_s6d.log 2>&1
   stamp dispatch_graphs $?; tail -1 $OUT/dispatch_check_graphs_s6d.log
+elif [ "$1" = CK ]; then
+  # Session 7: which kernels cuBLAS runs (names, grids, shared memory; torch.profiler) on the grid in fp16 and bf16
+  # and on the llm shapes in nn.Linear's layout, to aim the next screens at the shapes l2c loses.
+  timeout 200 python3 scripts/cublas_kernels.py --shapes grid --dtype f16 --out $OUT/cublas_kernels_grid_f16.json > $OUT/ck1.log 2>&1
+  stamp ck_grid_f16 $?; tail -1 $OUT/ck1.log
+  timeout 150 python3 scripts/cublas_kernels.py --shapes grid --dtype bf16 --out $OUT/cublas_kernels_grid_bf16.json > $OUT/ck2.log 2>&1
+  stamp ck_grid_bf16 $?; tail -1 $OUT/ck2.log
+  timeout 60 python3 scripts/cublas_kernels.py --shapes llm --dtype f16 --b-col --out $OUT/cublas_kernels_llm_f16.json > $OUT/ck3.log 2>&1
+  stamp ck_llm $?; tail -1 $OUT/ck3.log
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
