@@ -333,6 +333,17 @@ elif [ "$1" = CK ]; then
   stamp ck_grid_bf16 $?; tail -1 $OUT/ck2.log
   timeout 60 python3 scripts/cublas_kernels.py --shapes llm --dtype f16 --b-col --out $OUT/cublas_kernels_llm_f16.json > $OUT/ck3.log 2>&1
   stamp ck_llm $?; tail -1 $OUT/ck3.log
+elif [ "$1" = NA ] || [ "$1" = NB ]; then
+  # Session 7: tile N of 8..48 and 192 and the basic schedule (prebuilt in the pack). NA: the GPU check of the s7
+  # specs, then both narrow pools on grid_narrow_s7.txt (452 shapes) as far as time allows; NB resumes the screen.
+  if [ "$1" = NA ]; then
+    timeout 150 python3 scripts/cutlass_gpu_check.py --only s7 --out $OUT/cutlass_gpu_check_s7.json > $OUT/cutlass_gpu_check_s7.log 2>&1
+    stamp cutlass_check_s7 $?; grep -E -i "fail|verified|mismatch|wrong" $OUT/cutlass_gpu_check_s7.log | cut -c1-200 | tail -12
+  fi
+  [ -f benchmarks/results/grid_narrow_pool_h200.jsonl ] && cp benchmarks/results/grid_narrow_pool_h200.jsonl $OUT/
+  timeout ${NARROW_S:-400} python3 -m l2c bench ${NARROW_POOLS:-benchmarks/pool_h200_narrow.l2 benchmarks/pool_h200_narrow2.l2} --target cutlass \
+    --shapes benchmarks/grid_narrow_s7.txt --protocol kernel --reps 3 --resume -o $OUT/grid_narrow_pool_h200.jsonl > /tmp/np.log 2>&1
+  stamp narrow_pool $?; grep -A5 "best-of" /tmp/np.log | cut -c1-200; wc -l $OUT/grid_narrow_pool_h200.jsonl
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens

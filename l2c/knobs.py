@@ -50,7 +50,10 @@ class Knob:
         return f"{self.section}.{self.name}" if self.name else self.section
 
 
-_P2_TILE = (16, 32, 64, 128, 256)
+# Tiles also take the multiples of 8 that CUTLASS's warpgroup MMA (N = 8..256 in steps of 8) makes worth having:
+# narrow tiles (8-48) spread a small output over many SMs, 96 and 192 fit wide outputs in fewer waves. Tile M
+# gets them under `launch swap=yes`. Triton needs powers of two (rule triton-tile-pow2).
+_TILE_MN = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 KNOBS: Tuple[Knob, ...] = (
     Knob("target", "", "enum", "any", "Restrict the spec to one target; `any` lets every target lower it.",
@@ -77,8 +80,8 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("layout", "c", "enum", "row", "Storage order of C and D (M x N).", choices=("row", "col"),
          searchable=False),
     # tiling
-    Knob("tile", "m", "int", 128, "Block tile rows.", choices=_P2_TILE),
-    Knob("tile", "n", "int", 128, "Block tile columns.", choices=_P2_TILE),
+    Knob("tile", "m", "int", 128, "Block tile rows.", choices=_TILE_MN),
+    Knob("tile", "n", "int", 128, "Block tile columns.", choices=_TILE_MN),
     Knob("tile", "k", "int", 64, "Block tile depth per main-loop step.", choices=(16, 32, 64, 128, 256)),
     Knob("pipeline", "stages", "auto_int", AUTO,
          "Shared-memory pipeline depth; `auto` lets the target fit it to shared memory.",
@@ -89,9 +92,16 @@ KNOBS: Tuple[Knob, ...] = (
          "Persistent grid (one program per SM looping over tiles) instead of one program per tile (Triton).",
          choices=("no", "yes"), targets=("triton",)),
     Knob("launch", "schedule", "enum", AUTO,
-         "Warp-specialized kernel schedule (CUTLASS): cooperative (2 consumer warpgroups share a tile) or "
-         "pingpong (consumer warpgroups alternate tiles); `auto` picks by tile size.",
-         choices=(AUTO, "cooperative", "pingpong"), targets=("cutlass",)),
+         "Warp-specialized kernel schedule (CUTLASS): cooperative (2 consumer warpgroups share a tile), "
+         "pingpong (consumer warpgroups alternate tiles) or basic (one consumer warpgroup, one block per tile, "
+         "no persistent tile loop: the least fixed cost, for outputs of a few tiles); `auto` picks by tile size.",
+         choices=(AUTO, "cooperative", "pingpong", "basic"), targets=("cutlass",)),
+    Knob("launch", "swap", "enum", "no",
+         "CUTLASS computes the transposed product D^T = B^T A^T (what cuBLAS does for row-major outputs): the "
+         "warpgroup MMA's 64-row granularity then runs along N, so tile M may be any multiple of 8 (8-48 for few "
+         "rows, 192 to fit M in one wave) while tile N takes the 64/128/256 rule. The spec's tile, cluster and "
+         "layout knobs keep their meaning for D = A @ B.",
+         choices=("no", "yes"), targets=("cutlass",), spelled_at_default=False),
     Knob("launch", "loads", "enum", "pointer",
          "How Triton programs read A and B: `pointer` (address arithmetic and masked loads), `tma` (tensor "
          "descriptors built on the host: one bulk copy per tile, out-of-bounds zero-filled; fp16/fp32 A and B "

@@ -11,7 +11,7 @@ import os
 import jinja2
 
 from .knobs import DTYPE_BYTES
-from .validate import ValidSpec
+from .validate import ValidSpec, cutlass_gemm_spec
 
 TEMPLATE_FOR_TARGET = {"triton": "triton/gemm.py.j2", "cutlass": "cutlass/gemm.cu.j2"}
 SUFFIX_FOR_TARGET = {"triton": ".py", "cutlass": ".cu"}
@@ -31,7 +31,10 @@ def environment() -> jinja2.Environment:
 def render(valid: ValidSpec) -> str:
     """Source text of the kernel module (Triton .py or CUTLASS .cu) for one validated spec."""
     template = environment().get_template(TEMPLATE_FOR_TARGET[valid.target])
-    extra = {"splitk_reduce": triton_splitk_reduce()} if valid.target == "triton" else {}
+    if valid.target == "triton":
+        extra = {"splitk_reduce": triton_splitk_reduce()}
+    else:   # the GEMM CUTLASS instantiates (transposed under launch swap=yes)
+        extra = {"gemm": cutlass_gemm_spec(valid.spec)}
     return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES, **extra)
 
 

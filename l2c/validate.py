@@ -54,11 +54,13 @@ RULES = {
                              "(<= 256 values per thread for Triton, <= 128 per consumer thread for CUTLASS)",
     "cutlass-dtypes": "the CUTLASS target takes f16 or bf16 inputs with an f32 accumulator",
     "wgmma-tile-m": "CUTLASS sm90 tile M must be 64, 128 or 256 (a warpgroup MMA is 64 rows)",
-    "wgmma-tile-n": "CUTLASS sm90 tile N must be a multiple of 16 between 16 and 256",
+    "wgmma-tile-n": "CUTLASS sm90 tile N must be a multiple of 8 between 8 and 256 (a warpgroup MMA's N)",
+    "triton-tile-pow2": "Triton tiles are powers of two (tl.arange) of at least 16 (tl.dot)",
     "cutlass-tile-k": "CUTLASS sm90 tile K must be 32, 64 or 128 elements (whole 64/128-byte swizzle atoms)",
     "cooperative-tile-m": "the cooperative schedule splits tile M over two warpgroups: tile M must be a "
                           "multiple of 128",
     "pingpong-tile-m": "the pingpong schedule gives each warpgroup a whole tile: tile M must be 64 or 128",
+    "basic-tile-m": "the basic schedule gives its one consumer warpgroup the whole tile: tile M must be 64 or 128",
     "cluster-size": "cluster M x N may not exceed the portable cluster size of the architecture",
     "split-k-schedule": "split-K (modes workspace and atomic) and stream-K in CUTLASS use the stream-K tile "
                         "scheduler, which needs the cooperative schedule",
@@ -146,13 +148,33 @@ def parallel_split_k(spec: KernelSpec) -> bool:
     return spec.split_k_mode == "parallel" and spec.split_k_slices > 1
 
 
+_FLIP = {"row": "col", "col": "row"}
+# Knob pairs that trade places when CUTLASS computes D^T = B^T A^T (launch swap=yes).
+SWAPPED_FIELDS = {"tile_m": "tile_n", "tile_n": "tile_m", "cluster_m": "cluster_n", "cluster_n": "cluster_m",
+                  "problem_m": "problem_n", "problem_n": "problem_m", "layout_a": "layout_b", "layout_b": "layout_a"}
+
+
+def swapped_operands(spec: KernelSpec) -> KernelSpec:
+    """The transposed problem D^T (N x M) = B^T A^T that `launch swap=yes` hands CUTLASS: rows and columns trade
+    places (tiles, clusters, sizes, raster order, which bias direction), and each operand's storage order flips,
+    because a row-major matrix is its transpose stored column-major."""
+    return spec.replace(tile_m=spec.tile_n, tile_n=spec.tile_m, cluster_m=spec.cluster_n, cluster_n=spec.cluster_m,
+                        problem_m=spec.problem_n, problem_n=spec.problem_m, types_a=spec.types_b,
+                        types_b=spec.types_a, layout_a=_FLIP[spec.layout_b], layout_b=_FLIP[spec.layout_a],
+                        layout_c=_FLIP[spec.layout_c], swizzle_raster={"m": "n", "n": "m"}[spec.swizzle_raster],
+                        epilogue_bias={"row": "col", "col": "row"}.get(spec.epilogue_bias, spec.epilogue_bias),
+                        launch_swap="no")
+
+
 def cutlass_gemm_spec(spec: KernelSpec) -> KernelSpec:
     """The GEMM CUTLASS instantiates for `spec`: with parallel split-K, the one that writes each slice's fp32
-    partial sums (row-major, no epilogue inputs); the reduction kernel applies the spec's epilogue."""
+    partial sums (row-major, no epilogue inputs; the reduction kernel applies the spec's epilogue); with
+    `launch swap=yes`, that GEMM transposed (`swapped_operands`)."""
+    gemm = spec
     if parallel_split_k(spec):
-        return spec.replace(types_c="f32", layout_c="row", epilogue_alpha=1.0, epilogue_beta=0.0,
+        gemm = gemm.replace(types_c="f32", layout_c="row", epilogue_alpha=1.0, epilogue_beta=0.0,
                             epilogue_bias="none", epilogue_activation="none")
-    return spec
+    return swapped_operands(gemm) if spec.launch_swap == "yes" else gemm
 
 
 def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
@@ -196,6 +218,10 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise _fail(spec, "split_k_mode", "parallel-split-k-target", "split_k mode=parallel on Triton")
     if spec.launch_loads in TMA_LOADS:
         _check_triton_tma(spec)
+    for field in ("tile_m", "tile_n", "tile_k"):
+        size = getattr(spec, field)
+        if size < 16 or size & (size - 1):
+            raise _fail(spec, field, "triton-tile-pow2", f"{knob(field).key}={size}")
     acc_tile = spec.tile_m * spec.tile_n
     if spec.launch_warps == AUTO:
         warps = 8 if acc_tile >= 128 * 128 else 4
@@ -245,23 +271,31 @@ def _alignment_checks(spec: KernelSpec) -> List[Tuple[str, str, object, int]]:
 def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.types_a not in ("f16", "bf16") or spec.types_acc != "f32":
         raise _fail(spec, "types_a", "cutlass-dtypes", f"inputs {spec.types_a}, accumulator {spec.types_acc}")
-    if spec.tile_m not in (64, 128, 256):
-        raise _fail(spec, "tile_m", "wgmma-tile-m", f"tile m={spec.tile_m}")
-    if spec.tile_n % 16 or not 16 <= spec.tile_n <= 256:
-        raise _fail(spec, "tile_n", "wgmma-tile-n", f"tile n={spec.tile_n}")
+    # The tile rules are CUTLASS's, so they apply to the GEMM it instantiates: under launch swap=yes, the spec's
+    # tile N is CUTLASS's tile M. Rejections name the knob as the spec spells it.
+    swap = spec.launch_swap == "yes"
+    gemm = swapped_operands(spec) if swap else spec
+    field = (lambda name: SWAPPED_FIELDS[name]) if swap else (lambda name: name)
+    note = " (CUTLASS's tile M and N trade places under launch swap=yes)" if swap else ""
+    tile_m, tile_n = (field(name).replace("_", " ") for name in ("tile_m", "tile_n"))   # as the spec spells them
+    if gemm.tile_m not in (64, 128, 256):
+        raise _fail(spec, field("tile_m"), "wgmma-tile-m", f"{tile_m}={gemm.tile_m}{note}")
+    if gemm.tile_n % 8 or not 8 <= gemm.tile_n <= 256:
+        raise _fail(spec, field("tile_n"), "wgmma-tile-n", f"{tile_n}={gemm.tile_n}{note}")
     if spec.tile_k not in (32, 64, 128):
         raise _fail(spec, "tile_k", "cutlass-tile-k", f"tile k={spec.tile_k}")
     schedule = spec.launch_schedule
     if schedule == AUTO:
-        schedule = "cooperative" if spec.tile_m % 128 == 0 else "pingpong"
-    if schedule == "cooperative" and spec.tile_m % 128:
-        raise _fail(spec, "tile_m", "cooperative-tile-m", f"tile m={spec.tile_m} with the cooperative schedule")
-    if schedule == "pingpong" and spec.tile_m not in (64, 128):
-        raise _fail(spec, "tile_m", "pingpong-tile-m", f"tile m={spec.tile_m} with the pingpong schedule")
+        schedule = "cooperative" if gemm.tile_m % 128 == 0 else "pingpong"
+    if schedule == "cooperative" and gemm.tile_m % 128:
+        raise _fail(spec, field("tile_m"), "cooperative-tile-m",
+                    f"{tile_m}={gemm.tile_m} with the cooperative schedule{note}")
+    if schedule in ("pingpong", "basic") and gemm.tile_m not in (64, 128):
+        raise _fail(spec, field("tile_m"), f"{schedule}-tile-m", f"{tile_m}={gemm.tile_m} with the {schedule} schedule{note}")
     consumer_threads = 256 if schedule == "cooperative" else 128
     per_thread = spec.tile_m * spec.tile_n // consumer_threads
     if per_thread > 128:
-        raise _fail(spec, "tile_n", "accumulator-registers",
+        raise _fail(spec, field("tile_n"), "accumulator-registers",
                     f"{spec.tile_m}x{spec.tile_n} over {consumer_threads} {schedule} consumer threads is "
                     f"{per_thread} accumulators per thread")
     if spec.cluster_m * spec.cluster_n > arch.max_cluster:
@@ -304,8 +338,9 @@ def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise _fail(spec, "pipeline_stages", "shared-memory",
                     f"{stages} stages x {per_stage} bytes beside a {carve}-byte epilogue, with barriers and "
                     f"alignment, is {smem} bytes > {arch.smem_per_block}")
-    # Both schedules run three warpgroups: one TMA producer and two MMA consumers.
-    return ValidSpec(spec, "cutlass", arch, stages=stages, warps=12, schedule=schedule, smem_bytes=smem)
+    # Cooperative and pingpong run three warpgroups (one TMA producer, two MMA consumers); basic runs two.
+    warps = 8 if schedule == "basic" else 12
+    return ValidSpec(spec, "cutlass", arch, stages=stages, warps=warps, schedule=schedule, smem_bytes=smem)
 
 
 def validate(spec: KernelSpec, target: str, arch: str = "sm_90") -> ValidSpec:

@@ -70,13 +70,26 @@ def sample_specs(count: int, seed: int, only: str = ""):
         KernelSpec(name="parallel4_pingpong_colc", types_a="bf16", types_b="bf16", types_c="f32", layout_a="col",
                    layout_c="col", tile_m=64, tile_n=128, launch_schedule="pingpong", split_k_slices=4,
                    split_k_mode="parallel", epilogue_beta=-1.0, epilogue_bias="row", epilogue_activation="silu"),
+        # Session 7: tile N of 8..48 and 192, and the basic (non-persistent) schedule, with every epilogue input
+        KernelSpec(name="s7_narrow_basic_64x8_c1x4_fused", tile_m=64, tile_n=8, tile_k=64, cluster_n=4,
+                   launch_schedule="basic", epilogue_alpha=0.75, epilogue_beta=0.5, epilogue_bias="col",
+                   epilogue_activation="relu"),
+        KernelSpec(name="s7_narrow_pingpong_64x24_c2x4_bf16_nt_colc", types_a="bf16", types_b="bf16", types_c="bf16",
+                   layout_b="col", layout_c="col", tile_m=64, tile_n=24, tile_k=64, cluster_m=2, cluster_n=4,
+                   launch_schedule="pingpong"),
+        KernelSpec(name="s7_narrow_basic_64x48_rowbias_batched", problem_batch="any", layout_a="col", tile_m=64,
+                   tile_n=48, tile_k=64, launch_schedule="basic", epilogue_bias="row", epilogue_activation="silu"),
+        KernelSpec(name="s7_narrow_basic_parallel4_64x16", tile_m=64, tile_n=16, tile_k=64, cluster_n=2,
+                   launch_schedule="basic", split_k_slices=4, split_k_mode="parallel", epilogue_beta=1.0),
+        KernelSpec(name="s7_wide_coop_128x192_c2x1_f32out", types_a="bf16", types_b="bf16", types_c="f32", tile_m=128,
+                   tile_n=192, tile_k=64, cluster_m=2, launch_schedule="cooperative"),
     ]
     rng = random.Random(seed)
     choices = {
         "types_a": ("f16", "bf16"), "types_c": ("f16", "bf16", "f32"),
         "layout_a": ("row", "col"), "layout_b": ("row", "col"), "layout_c": ("row", "col"),
-        "tile_m": (64, 128, 256), "tile_n": (16, 32, 64, 128, 256), "tile_k": (32, 64, 128),
-        "pipeline_stages": ("auto", 2, 3, 4, 5, 6), "launch_schedule": ("auto", "cooperative", "pingpong"),
+        "tile_m": (64, 128, 256), "tile_n": (8, 16, 24, 32, 48, 64, 96, 128, 192, 256), "tile_k": (32, 64, 128),
+        "pipeline_stages": ("auto", 2, 3, 4, 5, 6), "launch_schedule": ("auto", "cooperative", "pingpong", "basic"),
         "cluster_m": (1, 2), "cluster_n": (1, 2), "swizzle_group": (1, 2, 4, 8), "swizzle_raster": ("m", "n"),
         "split_k_slices": (1, 1, 1, 2, 4),
         "split_k_mode": ("workspace", "workspace", "atomic", "stream_k", "parallel"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from l2c.errors import L2ValidationError
-from l2c.ir import KernelSpec
+from l2c.ir import KernelSpec, knob as knob_named
 from l2c.knobs import ANY, AUTO, KNOBS, Knob
 from l2c.validate import validate
 
@@ -59,9 +59,17 @@ def valid_specs(draw, target: str, arch: str = "sm_90", **fixed) -> KernelSpec:
             pins[dim] = draw(st.one_of(st.just(ANY), st.integers(1, 4096 // align).map(lambda x: x * align)))
     pins.setdefault("split_k_slices", draw(st.sampled_from((1, 1, 2, 3, 4))))
     if target == "cutlass":
-        pins.setdefault("tile_m", draw(st.sampled_from((64, 128, 256))))
+        # CUTLASS's tile M (the spec's tile N under launch swap=yes) is 64, 128 or 256
+        if pins["target"] == target:
+            pins.setdefault("launch_swap", draw(st.sampled_from(("no", "yes"))))
+        wgmma_m = "tile_n" if pins.get("launch_swap") == "yes" else "tile_m"
+        pins.setdefault(wgmma_m, draw(st.sampled_from((64, 128, 256))))
         pins.setdefault("tile_k", draw(st.sampled_from((32, 64, 128))))
         pins.setdefault("types_c", draw(st.sampled_from(("f16", "bf16", "f32"))))
+    else:   # Triton tiles are powers of two (rule triton-tile-pow2); the tile choices include CUTLASS's others
+        for dim in ("tile_m", "tile_n"):
+            pins.setdefault(dim, draw(st.sampled_from(tuple(n for n in knob_named(dim).choices
+                                                            if n >= 16 and n & (n - 1) == 0))))
     if pins["target"] == target:  # a spec that names its target may not set the other target's knobs
         for knob in KNOBS:
             if target not in knob.targets:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from l2c.ir import KernelSpec
 from l2c.lower import render
-from l2c.validate import cutlass_epilogue_smem, validate
+from l2c.validate import cutlass_epilogue_smem, cutlass_gemm_spec, validate
 from tests.strategies import valid_specs
 
 
@@ -241,6 +241,25 @@ def test_entry_points_named_after_the_kernel():
     assert "query_device_multiprocessor_count" in text
 
 
+def test_swap_hands_cutlass_the_transposed_problem():
+    # D = A @ B with A, B, D row-major is D^T = B^T A^T with every operand column-major: CUTLASS's A is B.
+    text = squash(src(tile_m=192, tile_n=128, cluster_m=2, launch_swap="yes", launch_schedule="cooperative",
+                      epilogue_bias="row", swizzle_raster="n"))
+    assert "using TileShape = cute::Shape<cute::_128, cute::_192, cute::_64>" in text
+    assert "using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>" in text
+    assert "using LayoutA = cutlass::layout::ColumnMajor; // B^T" in text
+    assert "using LayoutB = cutlass::layout::ColumnMajor; // A^T" in text
+    assert "using LayoutC = cutlass::layout::ColumnMajor; // D^T" in text
+    assert "LinCombPerColBias" in text            # a bias per row of D is one per column of D^T
+    assert "RasterOrderOptions::AlongM" in text    # raster n walks CUTLASS's M, which is the spec's N
+    assert "args.problem_shape = ProblemShape{N, M, K, L};" in text
+    assert "args.mainloop.ptr_A = static_cast<ElementA const*>(B);" in text
+    assert "args.mainloop.dA = StrideA{cute::make_stride(cute::Int<1>{}, ldb, batch_stride_b)}" in text
+    assert "args.mainloop.ptr_B = static_cast<ElementB const*>(A);" in text
+    assert "args.mainloop.dB = StrideB{cute::make_stride(lda, cute::Int<1>{}, batch_stride_a)}" in text
+    assert "args.epilogue.dD = StrideD{cute::make_stride(cute::Int<1>{}, ldd, batch_stride_d)}" in text
+
+
 def test_call_path_never_allocates_or_synchronizes():
     text = src(split_k_slices=2, tile_m=128)
     for forbidden in ("cudaMalloc", "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy("):
@@ -289,6 +308,8 @@ def test_every_valid_spec_renders(spec):
     text = render(valid)
     assert spec.to_l2().splitlines()[0] in text
     assert f"int l2c_{spec.name}_run(" in text
-    assert f"cute::_{spec.tile_m}, cute::_{spec.tile_n}, cute::_{spec.tile_k}>" in text
+    gemm = cutlass_gemm_spec(spec)   # transposed under launch swap=yes
+    assert f"cute::_{gemm.tile_m}, cute::_{gemm.tile_n}, cute::_{gemm.tile_k}>" in text
+    assert ("ProblemShape{N, M, K, L}" in text) == (spec.launch_swap == "yes")
     assert "{{" not in text and "{%" not in text
     assert text.count("{") == text.count("}")

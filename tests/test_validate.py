@@ -1,6 +1,7 @@
 """Validation rules: each rejection names file:line:col, the knob and the rule; accepted specs resolve `auto`."""
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from l2c.errors import L2ValidationError
 from l2c.ir import KernelSpec
@@ -40,7 +41,13 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
     ("kernel a { tile k=16 }", "cutlass", "cutlass-tile-k", "tile.k"),
     ("kernel a { tile m=64 n=128 launch schedule=cooperative }", "cutlass", "cooperative-tile-m", "tile.m"),
     ("kernel a { tile m=256 n=64 launch schedule=pingpong }", "cutlass", "pingpong-tile-m", "tile.m"),
+    ("kernel a { tile m=256 n=64 launch schedule=basic }", "cutlass", "basic-tile-m", "tile.m"),
+    ("kernel a { tile m=64 n=24 }", "triton", "triton-tile-pow2", "tile.n"),
+    ("kernel a { tile m=64 n=192 }", "triton", "triton-tile-pow2", "tile.n"),
     ("kernel a { tile m=256 n=256 }", "cutlass", "accumulator-registers", "tile.n"),
+    ("kernel a { tile m=64 n=8 launch swap=yes }", "cutlass", "wgmma-tile-m", "tile.n"),
+    ("kernel a { tile m=192 n=64 launch schedule=cooperative swap=yes }", "cutlass", "cooperative-tile-m", "tile.n"),
+    ("kernel a { target triton launch swap=yes }", "triton", "target-knob", "launch.swap"),
     ("kernel a { cluster m=4 n=4 }", "cutlass", "cluster-size", "cluster.n"),
     ("kernel a { tile m=64 split_k slices=2 }", "cutlass", "split-k-schedule", "split_k.slices"),
     ("kernel a { split_k slices=4 mode=parallel }", "triton", "parallel-split-k-target", "split_k.mode"),
@@ -93,6 +100,19 @@ def test_any_spec_may_carry_the_other_targets_knobs():
     assert validate(spec, "cutlass").schedule == "pingpong"
 
 
+def test_narrow_and_wide_cutlass_tiles_and_the_basic_schedule():
+    # Tiles whose N is any multiple of 8 (a warpgroup MMA's N): cuBLAS's narrow 64x8..64x48 tiles, and 192.
+    for n in (8, 24, 48, 96, 192):
+        v = validate(KernelSpec(tile_m=64 if n < 192 else 128, tile_n=n, tile_k=64), "cutlass")
+        assert v.stages >= 2 and v.smem_bytes <= v.arch.smem_per_block
+    v = validate(KernelSpec(tile_m=64, tile_n=8, tile_k=64, launch_schedule="basic", cluster_n=4), "cutlass")
+    assert v.schedule == "basic" and v.warps == 8
+    # launch swap=yes: CUTLASS's tile M is the spec's tile N, so narrow and 192-row tiles lie along M
+    for m in (8, 24, 192):
+        v = validate(KernelSpec(tile_m=m, tile_n=128, tile_k=64, launch_swap="yes"), "cutlass")
+        assert v.schedule == "cooperative" and v.stages >= 2
+
+
 def test_auto_knobs_are_resolved():
     v = validate(KernelSpec(tile_m=128, tile_n=256, tile_k=64), "cutlass")
     assert v.schedule == "cooperative" and 2 <= v.stages <= 8
@@ -108,7 +128,8 @@ def test_valid_cutlass_specs_fit_shared_memory_and_registers(spec):
     assert v.smem_bytes <= v.arch.smem_per_block
     assert v.smem_bytes >= cutlass_epilogue_smem(spec, v.schedule)
     assert v.stages >= 2
-    assert v.schedule in ("cooperative", "pingpong")
+    assert v.schedule in ("cooperative", "pingpong", "basic")
+    assert v.warps == (8 if v.schedule == "basic" else 12)
     if spec.pipeline_stages != AUTO:
         assert v.stages == spec.pipeline_stages
 
@@ -119,3 +140,44 @@ def test_valid_triton_specs_fit(spec):
     v = validate(spec, "triton")
     assert v.smem_bytes <= v.arch.smem_per_block
     assert spec.tile_m * spec.tile_n // (32 * v.warps) <= 256
+
+
+def _stored(matrix, layout):
+    """A matrix as it lies in memory (packed) in a storage order: the flat buffer and its leading dimension."""
+    import numpy as np
+    rows, cols = matrix.shape
+    return (np.ascontiguousarray(matrix).ravel(), cols) if layout == "row" else (np.ascontiguousarray(matrix.T).ravel(), rows)
+
+
+def _view(buffer, rows, cols, layout, ld):
+    """The rows x cols matrix a kernel reads from `buffer` in `layout` with leading dimension `ld`."""
+    return buffer.reshape(-1, ld)[:rows, :cols] if layout == "row" else buffer.reshape(-1, ld)[:cols, :rows].T
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 9), n=st.integers(1, 9), k=st.integers(1, 9), la=st.sampled_from(("row", "col")),
+       lb=st.sampled_from(("row", "col")), lc=st.sampled_from(("row", "col")),
+       bias=st.sampled_from(("none", "row", "col")), seed=st.integers(0, 2**16))
+def test_swapped_operands_describe_the_same_product_in_the_same_memory(m, n, k, la, lb, lc, bias, seed):
+    """What `launch swap=yes` hands CUTLASS (l2c.validate.swapped_operands) reads A's and B's buffers as B^T and
+    A^T and writes D^T into D's buffer: the same bytes as D = A @ B (+ bias), in every storage order."""
+    import numpy as np
+    from l2c.validate import swapped_operands
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(-4, 5, (m, k)), rng.integers(-4, 5, (k, n))
+    vec = rng.integers(-4, 5, m if bias == "row" else n)
+    spec = KernelSpec(problem_m=m, problem_n=n, layout_a=la, layout_b=lb, layout_c=lc, epilogue_bias=bias,
+                      launch_swap="yes")
+    d = a @ b + (vec[:, None] if bias == "row" else vec[None, :] if bias == "col" else 0)
+    expected, ldd = _stored(d, lc)
+    (a_buf, lda), (b_buf, ldb) = _stored(a, la), _stored(b, lb)
+
+    g = swapped_operands(spec)
+    assert (g.problem_m, g.problem_n, g.launch_swap) == (n, m, "no")
+    a2 = _view(b_buf, n, k, g.layout_a, ldb)      # CUTLASS's A: N x K, read from B's buffer
+    b2 = _view(a_buf, k, m, g.layout_b, lda)      # CUTLASS's B: K x M, read from A's buffer
+    d2 = a2 @ b2 + (vec[:, None] if g.epilogue_bias == "row" else vec[None, :] if g.epilogue_bias == "col" else 0)
+    out = np.zeros_like(expected)
+    _view(out, n, m, g.layout_c, ldd)[...] = d2   # CUTLASS's D: N x M, written into D's buffer
+    assert np.array_equal(out, expected)
+    assert swapped_operands(g) == spec.replace(launch_swap="no")   # transposing twice changes nothing
