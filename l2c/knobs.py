@@ -52,8 +52,9 @@ class Knob:
 
 # Tiles also take the multiples of 8 that CUTLASS's warpgroup MMA (N = 8..256 in steps of 8) makes worth having:
 # narrow tiles (8-48) spread a small output over many SMs, 96 and 192 fit wide outputs in fewer waves. Tile M
-# gets them under `launch swap=yes`. Triton needs powers of two (rule triton-tile-pow2).
-_TILE_MN = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# gets them under `launch swap=yes`. Not 24 (cuBLAS has 64x24 tiles): CUTLASS 4.2's TMA epilogue cannot vectorize
+# its 12-value fragments and fails to compile. Triton needs powers of two (rule triton-tile-pow2).
+_TILE_MN = (8, 16, 32, 48, 64, 96, 128, 192, 256)
 
 KNOBS: Tuple[Knob, ...] = (
     Knob("target", "", "enum", "any", "Restrict the spec to one target; `any` lets every target lower it.",
