@@ -175,7 +175,7 @@ elif [ "$1" = Z ]; then
   # llm shapes (Triton, TMA knob in the space): the policy trained on the imported 29,832 measurements proposes.
   mkdir -p /tmp/z
   python3 -m l2c import benchmarks/results/grid_pool_h200.jsonl.xz benchmarks/results/grid_tma_pool_h200.jsonl.xz \
-    benchmarks/results/grid_tma2_pool_h200.jsonl benchmarks/results/grid_bf16_top6_h200.jsonl.xz \
+    benchmarks/results/grid_tma2_pool_h200.jsonl.xz benchmarks/results/grid_bf16_top6_h200.jsonl.xz \
     --store /tmp/z/store.sqlite > $OUT/import_z.log 2>&1
   stamp import $?; tail -1 $OUT/import_z.log
   timeout 220 python3 -m l2c tune --shapes benchmarks/tune_shapes_s5_offgrid.txt --target triton --trials 6 \
@@ -209,7 +209,7 @@ elif [ "$1" = H ]; then
   R=benchmarks/results
   python3 -m l2c table $R/grid_h200.jsonl.xz $R/grid_pool_h200.jsonl.xz $R/grid_losers_splitk_h200.jsonl.xz \
     $R/grid_longk_splitk_h200.jsonl $R/grid_longk_inkernel_h200.jsonl $R/grid_longk_cutlass_h200.jsonl \
-    $R/grid_tma_pool_h200.jsonl.xz $R/grid_tma2_pool_h200.jsonl $OUT/grid_parallel_pool_h200.jsonl --every-shape \
+    $R/grid_tma_pool_h200.jsonl.xz $R/grid_tma2_pool_h200.jsonl.xz $OUT/grid_parallel_pool_h200.jsonl --every-shape \
     --protocol kernel -o $R/tables/grid_h200_s6.json > /tmp/tb.log 2>&1
   stamp table $?; tail -1 /tmp/tb.log; cp $R/tables/grid_h200_s6.json $OUT/
   timeout 150 python3 -m l2c bench $R/tables/grid_h200_s6.json --shapes benchmarks/grid_longk_losers_s6.txt \
@@ -225,7 +225,7 @@ elif [ "$1" = I ]; then
   R=benchmarks/results
   python3 -m l2c table $R/grid_h200.jsonl.xz $R/grid_pool_h200.jsonl.xz $R/grid_losers_splitk_h200.jsonl.xz \
     $R/grid_longk_splitk_h200.jsonl $R/grid_longk_inkernel_h200.jsonl $R/grid_longk_cutlass_h200.jsonl \
-    $R/grid_tma_pool_h200.jsonl.xz $R/grid_tma2_pool_h200.jsonl $R/grid_parallel_pool_h200.jsonl.xz \
+    $R/grid_tma_pool_h200.jsonl.xz $R/grid_tma2_pool_h200.jsonl.xz $R/grid_parallel_pool_h200.jsonl.xz \
     $OUT/grid_parallel2_pool_h200.jsonl --every-shape --protocol kernel -o $R/tables/grid_h200_s6b.json > /tmp/tb.log 2>&1
   stamp table $?; tail -1 /tmp/tb.log; cp $R/tables/grid_h200_s6b.json $OUT/
   timeout 150 python3 -m l2c bench $R/tables/grid_h200_s6b.json --shapes benchmarks/grid_longk_losers_s6.txt \
@@ -340,7 +340,7 @@ elif [ "$1" = NA ] || [ "$1" = NB ]; then
     timeout 150 python3 scripts/cutlass_gpu_check.py --only s7 --out $OUT/cutlass_gpu_check_s7.json > $OUT/cutlass_gpu_check_s7.log 2>&1
     stamp cutlass_check_s7 $?; grep -E -i "fail|verified|mismatch|wrong" $OUT/cutlass_gpu_check_s7.log | cut -c1-200 | tail -12
   fi
-  [ -f benchmarks/results/grid_narrow_pool_h200.jsonl ] && cp benchmarks/results/grid_narrow_pool_h200.jsonl $OUT/
+  [ -f benchmarks/results/grid_narrow_pool_h200.jsonl.xz ] && xz -dc benchmarks/results/grid_narrow_pool_h200.jsonl.xz > $OUT/grid_narrow_pool_h200.jsonl
   timeout ${NARROW_S:-400} python3 -m l2c bench ${NARROW_POOLS:-benchmarks/pool_h200_narrow.l2 benchmarks/pool_h200_narrow2.l2} --target cutlass \
     --shapes benchmarks/grid_narrow_s7.txt --protocol kernel --reps 3 --resume -o $OUT/grid_narrow_pool_h200.jsonl > /tmp/np.log 2>&1
   stamp narrow_pool $?; grep -A5 "best-of" /tmp/np.log | cut -c1-200; wc -l $OUT/grid_narrow_pool_h200.jsonl

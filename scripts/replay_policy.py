@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SCREENS = ["benchmarks/results/grid_pool_h200.jsonl.xz", "benchmarks/results/grid_tma_pool_h200.jsonl.xz",
-           "benchmarks/results/grid_tma2_pool_h200.jsonl", "benchmarks/results/grid_bf16_top6_h200.jsonl.xz"]
+           "benchmarks/results/grid_tma2_pool_h200.jsonl.xz", "benchmarks/results/grid_bf16_top6_h200.jsonl.xz"]
 KS = (1, 2, 4, 8)
 
 
