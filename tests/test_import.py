@@ -75,6 +75,17 @@ def test_imported_rows_are_stored_with_their_search_space_point(measured, capsys
     assert Store(store_path).count() == 4
 
 
+def test_import_keeps_only_the_shapes_asked_for(measured, capsys):
+    folder, pool, out = measured
+    only = folder / "only.txt"
+    only.write_text("32 16 48\n")
+    store_path = folder / "filtered.sqlite"
+    assert main(["import", str(out), "--store", str(store_path), "--shapes", str(only)]) == 0
+    stored = list(Store(store_path).results())
+    assert len(stored) == 2
+    assert {Problem.from_key(r.problem).m for r in stored} == {32}
+
+
 def test_the_tuner_takes_an_imported_result_instead_of_measuring_again(measured):
     folder, pool, out = measured
     store = Store(folder / "tuner.sqlite")

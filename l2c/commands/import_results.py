@@ -20,6 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("results", nargs="+", help="JSON-lines files written by l2c bench (.jsonl or .jsonl.xz)")
     p.add_argument("--store", default=None, help="results store (SQLite file; default in the user data dir)")
     p.add_argument("--arch", default="sm_90")
+    p.add_argument("--shapes", default=None,
+                   help="only rows of these shapes (grid | llm | square | FILE): e.g. the shapes a tune will search")
     p.set_defaults(func=run)
 
 
@@ -89,12 +91,25 @@ def run(args) -> int:
     from ..cli import UsageError
     from l2c.search.store import Store, default_store_path
 
+    wanted = None
+    if args.shapes:
+        from l2c.shapes import load_shapes
+        try:
+            wanted = {(s.m, s.n, s.k) for s in load_shapes(args.shapes)}
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--shapes: {err}") from None
+
+    def rows_of(path):
+        for row in read_rows(path):
+            if wanted is None or row.get("type") != "result" or (row.get("m"), row.get("n"), row.get("k")) in wanted:
+                yield row
+
     store = Store(args.store or default_store_path())
     cache: dict = {}
     total = {"imported": 0, "outside_space": 0, "not_a_verdict": 0}
     for path in args.results:
         try:
-            results, counts = results_from_rows(read_rows(path), args.arch, cache)
+            results, counts = results_from_rows(rows_of(path), args.arch, cache)
         except (BenchError, OSError) as err:
             raise UsageError(str(err)) from None
         except (ValueError, KeyError) as err:
