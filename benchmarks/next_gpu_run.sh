@@ -344,6 +344,17 @@ elif [ "$1" = NA ] || [ "$1" = NB ]; then
   timeout ${NARROW_S:-400} python3 -m l2c bench ${NARROW_POOLS:-benchmarks/pool_h200_narrow.l2 benchmarks/pool_h200_narrow2.l2} --target cutlass \
     --shapes benchmarks/grid_narrow_s7.txt --protocol kernel --reps 3 --resume -o $OUT/grid_narrow_pool_h200.jsonl > /tmp/np.log 2>&1
   stamp narrow_pool $?; grep -A5 "best-of" /tmp/np.log | cut -c1-200; wc -l $OUT/grid_narrow_pool_h200.jsonl
+elif [ "$1" = NC ]; then
+  # Session 7: the GPU check of the s7 specs (narrow tiles, basic, launch swap=yes in every layout and epilogue),
+  # the swap pool on the 452 shapes, then the narrow pools' 8 most frequent winners on the other 548 grid shapes.
+  timeout 150 python3 scripts/cutlass_gpu_check.py --only s7 --out $OUT/cutlass_gpu_check_s7.json > $OUT/cutlass_gpu_check_s7.log 2>&1
+  stamp cutlass_check_s7 $?; grep -E -i "fail|verified|mismatch|wrong" $OUT/cutlass_gpu_check_s7.log | cut -c1-200 | tail -14
+  timeout 220 python3 -m l2c bench benchmarks/pool_h200_swap.l2 --target cutlass --shapes benchmarks/grid_narrow_s7.txt \
+    --protocol kernel --reps 3 --resume -o $OUT/grid_swap_pool_h200.jsonl > /tmp/sp.log 2>&1
+  stamp swap_pool $?; grep -A5 "best-of" /tmp/sp.log | cut -c1-200
+  timeout 200 python3 -m l2c bench benchmarks/pool_h200_s7_top.l2 --target cutlass --shapes benchmarks/grid_rest_s7.txt \
+    --protocol kernel --reps 3 --resume -o $OUT/grid_s7top_rest_h200.jsonl > /tmp/tr.log 2>&1
+  stamp s7top_rest $?; grep -A5 "best-of" /tmp/tr.log | cut -c1-200
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
