@@ -77,8 +77,11 @@ def test_pruning_keeps_every_value_of_every_valid_spec(data, target, problem):
 
 def test_cutlass_pruning_drops_single_knob_rejects():
     legal = legal_values(PROBLEMS[0], "cutlass")
-    assert 16 not in legal["tile_m"] and 256 not in legal["tile_k"] and 1 not in legal["pipeline_stages"]
+    assert 256 not in legal["tile_k"] and 1 not in legal["pipeline_stages"]
+    assert 16 in legal["tile_m"]   # witnessed by launch swap=yes (CUTLASS's tile M is then the spec's tile N)
     assert "launch_warps" not in legal   # Triton-only knob
+    triton = legal_values(PROBLEMS[0], "triton")
+    assert 48 not in triton["tile_n"] and 192 not in triton["tile_m"]   # rule triton-tile-pow2
 
 
 def test_history_jsonl_filters_other_problems(tmp_path):
