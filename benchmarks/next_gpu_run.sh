@@ -337,7 +337,7 @@ elif [ "$1" = NA ] || [ "$1" = NB ]; then
   # Session 7: tile N of 8..48 and 192 and the basic schedule (prebuilt in the pack). NA: the GPU check of the s7
   # specs, then both narrow pools on grid_narrow_s7.txt (452 shapes) as far as time allows; NB resumes the screen.
   if [ "$1" = NA ]; then
-    timeout 150 python3 scripts/cutlass_gpu_check.py --only s7 --out $OUT/cutlass_gpu_check_s7.json > $OUT/cutlass_gpu_check_s7.log 2>&1
+    timeout 150 python3 scripts/cutlass_gpu_check.py --only s7 --no-timing --out $OUT/cutlass_gpu_check_s7.json > $OUT/cutlass_gpu_check_s7.log 2>&1
     stamp cutlass_check_s7 $?; grep -E -i "fail|verified|mismatch|wrong" $OUT/cutlass_gpu_check_s7.log | cut -c1-200 | tail -12
   fi
   [ -f benchmarks/results/grid_narrow_pool_h200.jsonl.xz ] && xz -dc benchmarks/results/grid_narrow_pool_h200.jsonl.xz > $OUT/grid_narrow_pool_h200.jsonl
@@ -392,6 +392,9 @@ elif [ "$1" = NT ] || [ "$1" = NF ]; then
   timeout 150 python3 -m l2c bench $OUT/tuned_h200_s7/sm_90.json --shapes benchmarks/tune_shapes_h200.txt \
     --protocol kernel,call --reps 5 --iters 10 -o $OUT/tuned_h200_s7_rebench.jsonl > /tmp/rb.log 2>&1
   stamp rebench $?; grep -A8 "tuned table" /tmp/rb.log | cut -c1-200
+  # The device tool returns at most 8 files from $OUT: everything of the tune goes back as one archive.
+  (cd $OUT && tar cJf tune_s7.tar.xz tuned_h200_s7 h200.sqlite h200_s7.journal tune_s7_*.log tuned_h200_s7_rebench.jsonl \
+     && rm -rf tuned_h200_s7 h200.sqlite h200_s7.journal tune_s7_*.log policy.pt); ls $OUT
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens

@@ -54,8 +54,8 @@ def test_space_is_the_searchable_knob_table_and_conditional_on_target():
 def test_spec_from_params_round_trips_and_generic_keeps_dims_open():
     p = Problem(256, 512, 128, dtype="bf16", layout_b="col")
     params = {"target": "cutlass", "tile_m": 128, "tile_n": 128, "tile_k": 64, "pipeline_stages": "auto",
-              "launch_schedule": "cooperative", "cluster_m": 2, "cluster_n": 1, "swizzle_group": 8,
-              "swizzle_raster": "m", "split_k_slices": 1, "split_k_mode": "workspace"}
+              "launch_schedule": "cooperative", "launch_swap": "no", "cluster_m": 2, "cluster_n": 1,
+              "swizzle_group": 8, "swizzle_raster": "m", "split_k_slices": 1, "split_k_mode": "workspace"}
     spec = spec_from_params(params, p)
     assert (spec.problem_m, spec.types_a, spec.layout_b, spec.target) == (256, "bf16", "col", "cutlass")
     assert params_from_spec(parse_one(spec.to_l2())) == params
@@ -264,8 +264,8 @@ def test_resume_after_kill_keeps_trials_and_finishes_without_duplicates(tmp_path
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     store_path = tmp_path / "r.sqlite"
-    while time.time() < deadline:   # kill mid-study: some results stored, the study far from done
-        if store_path.exists() and Store(store_path).count() >= 12:
+    while time.time() < deadline:   # kill mid-study: some points evaluated, the study far from done
+        if store_path.exists() and sum(1 for r in Store(store_path).results() if r.status != "invalid") >= 12:
             break
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
@@ -388,7 +388,7 @@ def test_trials_killed_before_naming_their_worker_are_reclaimed_once_old(tmp_pat
     study = optuna.create_study(storage=storage, study_name="s", direction="maximize",
                                 sampler=optuna.samplers.RandomSampler(seed=1))
     seed = {"target": "cutlass", "tile_m": 128, "tile_n": 256, "tile_k": 64, "pipeline_stages": "auto",
-            "launch_schedule": "auto", "cluster_m": 1, "cluster_n": 1, "swizzle_group": 8,
+            "launch_schedule": "auto", "launch_swap": "no", "cluster_m": 1, "cluster_n": 1, "swizzle_group": 8,
             "swizzle_raster": "m", "split_k_slices": 1, "split_k_mode": "workspace"}
     study.enqueue_trial(seed, user_attrs={"source": "seed"})
     popped = study.ask()                               # the queued seed, popped; killed before naming it
