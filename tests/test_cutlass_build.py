@@ -1,7 +1,8 @@
 """Real nvcc builds of CUTLASS kernels (CPU only: they compile for sm_90a, nothing runs).
 
-A handful of specs chosen to cover both schedules, a cluster, fused epilogues (bias, activations, C input),
-split-K (scheduler and parallel) and stream-K, bf16 and an f32 output, and all-column-major / mixed layouts. They compile in
+A handful of specs chosen to cover the three schedules, clusters, fused epilogues (bias, activations, C input),
+split-K (scheduler and parallel) and stream-K, bf16 and an f32 output, all-column-major / mixed layouts, a narrow
+tile and the transposed problem (launch swap=yes). They compile in
 parallel through `build_many` into a fresh cache directory, so the test really compiles; each CUTLASS
 compile takes about two minutes of one core. Skipped only when nvcc is absent.
 """
@@ -54,6 +55,12 @@ SPECS = [
                tile_k=64, cluster_n=2, launch_schedule="pingpong", layout_b="col", layout_c="col",
                split_k_slices=4, split_k_mode="parallel", epilogue_alpha=0.5, epilogue_beta=-1.0,
                epilogue_bias="row", epilogue_activation="silu"),
+    # the basic (non-persistent) schedule on a narrow 64x8 tile, cluster 1x4, fused C + per-column bias + ReLU
+    KernelSpec(name="basic_narrow", tile_m=64, tile_n=8, tile_k=64, cluster_n=4, launch_schedule="basic",
+               epilogue_beta=0.5, epilogue_bias="col", epilogue_activation="relu"),
+    # launch swap=yes: the transposed problem with a 192-row tile along M, cluster along N, C + per-row bias + GELU
+    KernelSpec(name="swap_192", tile_m=192, tile_n=128, tile_k=64, cluster_n=2, launch_schedule="cooperative",
+               launch_swap="yes", epilogue_beta=0.5, epilogue_bias="row", epilogue_activation="gelu"),
 ]
 
 
