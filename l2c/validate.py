@@ -184,11 +184,15 @@ def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
 
 
 def cutlass_kernel_smem(spec: KernelSpec, schedule: str, stages: int) -> int:
-    """GemmKernel::SharedStorageSize of the sm90 kernel with `stages` main-loop stages."""
+    """GemmKernel::SharedStorageSize of the sm90 kernel with `stages` main-loop stages. The basic (non-persistent)
+    kernel keeps the main loop's and the epilogue's tensors in one union, since one never runs beside the other;
+    the persistent kernels overlap a tile's epilogue with the next tile's loads, so they need both."""
     tensors, stages_c, alignment = _cutlass_epilogue(spec, schedule)
     barriers = CUTLASS_STAGE_BARRIER_BYTES * (stages + stages_c) + CUTLASS_KERNEL_BARRIER_BYTES
     aligned = max(alignment, 128)
-    return _round_up(_round_up(barriers, aligned) + tensors + stages * _mainloop_stage_bytes(spec), aligned)
+    mainloop = stages * _mainloop_stage_bytes(spec)
+    together = max(tensors, mainloop) if schedule == "basic" else tensors + mainloop
+    return _round_up(_round_up(barriers, aligned) + together, aligned)
 
 
 def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:

@@ -292,6 +292,15 @@ MEASURED = [
     (dict(tile_m=64, tile_n=16, tile_k=32, types_c="f32", epilogue_beta=1.0), 43, 229888),
     (dict(types_a="bf16", types_b="bf16", types_c="bf16", tile_m=64, tile_n=256, tile_k=64,
           launch_schedule="pingpong", layout_c="col", epilogue_bias="col"), 5, 215040),
+    # session 7 (same CUTLASS 4.2 builds, read back from the libraries): the basic schedule keeps the main loop's and
+    # the epilogue's tensors in one union; a narrow pingpong tile; the transposed problem (launch swap=yes)
+    (dict(tile_m=64, tile_n=8, tile_k=64, cluster_n=4, launch_schedule="basic", epilogue_beta=0.5,
+          epilogue_bias="col", epilogue_activation="relu"), 24, 221696),
+    (dict(tile_m=64, tile_n=64, tile_k=128, launch_schedule="basic"), 6, 197120),
+    (dict(tile_m=64, tile_n=16, tile_k=64, cluster_n=4, launch_schedule="pingpong"), 22, 228096),
+    (dict(tile_m=192, tile_n=128, tile_k=64, cluster_n=2, launch_schedule="cooperative", launch_swap="yes",
+          epilogue_alpha=0.75, epilogue_beta=0.5, epilogue_bias="row", epilogue_activation="gelu"), 4, 198656),
+    (dict(tile_m=8, tile_n=64, tile_k=64, cluster_m=4, launch_schedule="pingpong", launch_swap="yes"), 24, 224256),
 ]
 
 
