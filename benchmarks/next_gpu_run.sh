@@ -376,6 +376,9 @@ elif [ "$1" = NT ] || [ "$1" = NF ]; then
         --out $OUT/dispatch_check_s7_${t%%=*}.json > $OUT/dispatch_check_s7_${t%%=*}.log 2>&1
       stamp dispatch_$t $?; tail -1 $OUT/dispatch_check_s7_${t%%=*}.log
     done
+    # at most 8 files come back from $OUT: the grid run, the candidates and the checks go back as one archive
+    (cd $OUT && tar cJf nf_s7.tar.xz grid_table_h200_s7.jsonl candidates_*_s7.json candidates_*_confirm_s7.jsonl \
+       dispatch_check_s7_* && rm -f grid_table_h200_s7.jsonl candidates_*_s7.json candidates_*_confirm_s7.jsonl dispatch_check_s7_*)
   fi
   # Session 7, #5: l2c tune on the 42 tune shapes (cutlass and triton) over the results store that holds every H200
   # screen of those shapes (imported with `l2c import --shapes`), seeded with session 7's prebuilt pools. The tune is
