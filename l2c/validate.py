@@ -151,19 +151,18 @@ def parallel_split_k(spec: KernelSpec) -> bool:
 _FLIP = {"row": "col", "col": "row"}
 # Knob pairs that trade places when CUTLASS computes D^T = B^T A^T (launch swap=yes).
 SWAPPED_FIELDS = {"tile_m": "tile_n", "tile_n": "tile_m", "cluster_m": "cluster_n", "cluster_n": "cluster_m",
-                  "problem_m": "problem_n", "problem_n": "problem_m", "layout_a": "layout_b", "layout_b": "layout_a"}
+                  "problem_m": "problem_n", "problem_n": "problem_m", "types_a": "types_b", "types_b": "types_a",
+                  "layout_a": "layout_b", "layout_b": "layout_a"}
 
 
 def swapped_operands(spec: KernelSpec) -> KernelSpec:
-    """The transposed problem D^T (N x M) = B^T A^T that `launch swap=yes` hands CUTLASS: rows and columns trade
-    places (tiles, clusters, sizes, raster order, which bias direction), and each operand's storage order flips,
+    """The transposed problem D^T (N x M) = B^T A^T that `launch swap=yes` hands CUTLASS: the SWAPPED_FIELDS pairs
+    trade places, the raster order and the bias direction turn with them, and each operand's storage order flips,
     because a row-major matrix is its transpose stored column-major."""
-    return spec.replace(tile_m=spec.tile_n, tile_n=spec.tile_m, cluster_m=spec.cluster_n, cluster_n=spec.cluster_m,
-                        problem_m=spec.problem_n, problem_n=spec.problem_m, types_a=spec.types_b,
-                        types_b=spec.types_a, layout_a=_FLIP[spec.layout_b], layout_b=_FLIP[spec.layout_a],
-                        layout_c=_FLIP[spec.layout_c], swizzle_raster={"m": "n", "n": "m"}[spec.swizzle_raster],
-                        epilogue_bias={"row": "col", "col": "row"}.get(spec.epilogue_bias, spec.epilogue_bias),
-                        launch_swap="no")
+    traded = {field: getattr(spec, other) for field, other in SWAPPED_FIELDS.items()}
+    traded.update(layout_a=_FLIP[spec.layout_b], layout_b=_FLIP[spec.layout_a], layout_c=_FLIP[spec.layout_c])
+    return spec.replace(**traded, swizzle_raster={"m": "n", "n": "m"}[spec.swizzle_raster],
+                        epilogue_bias=_FLIP.get(spec.epilogue_bias, spec.epilogue_bias), launch_swap="no")
 
 
 def cutlass_gemm_spec(spec: KernelSpec) -> KernelSpec:
