@@ -497,29 +497,116 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, sto
             pr.start()
             return pr
 
-        procs = [start(i) for i in range(workers)]
-        restarts = 0
-        try:
-            while True:
-                for i, pr in enumerate(procs):
-                    if pr.exitcode == POISONED_EXIT and restarts < MAX_RESTARTS:
-                        for s in studies:   # its unfinished trials go back in the queue
-                            reclaim_lost_trials(s, orphan_after_s=cfg.orphan_after_s)
-                        restarts += 1
-                        procs[i] = start(i)
-                progress()
-                if not any(pr.is_alive() for pr in procs) and (
-                        restarts >= MAX_RESTARTS or all(pr.exitcode != POISONED_EXIT for pr in procs)):
-                    break
-                time.sleep(1.0)
-        finally:
-            for pr in procs:
-                pr.join()
-        bad = [pr.exitcode for pr in procs if pr.exitcode]
-        if bad:
-            log(f"{len(bad)} worker(s) exited with status {bad}; rerun the same command to resume")
+        def reclaim():   # a poisoned worker's unfinished trials go back in the queue
+            for s in studies:
+                reclaim_lost_trials(s, orphan_after_s=cfg.orphan_after_s)
+
+        _supervise(start, workers, on_restart=reclaim, tick=progress, log=log)
     progress(force=True)
     return studies
+
+
+def _supervise(start: Callable[[int], object], workers: int, on_restart: Callable[[], None] = lambda: None,
+               tick: Callable[[], None] = lambda: None, log: Callable[[str], None] = print) -> None:
+    """Run `workers` processes (`start(i)` starts number i) to the end; one that exits POISONED_EXIT (a kernel
+    broke its CUDA context) is started again, after `on_restart`, up to MAX_RESTARTS times in all."""
+    procs = [start(i) for i in range(workers)]
+    restarts = 0
+    try:
+        while True:
+            for i, pr in enumerate(procs):
+                if pr.exitcode == POISONED_EXIT and restarts < MAX_RESTARTS:
+                    on_restart()
+                    restarts += 1
+                    procs[i] = start(i)
+            tick()
+            if not any(pr.is_alive() for pr in procs) and (
+                    restarts >= MAX_RESTARTS or all(pr.exitcode != POISONED_EXIT for pr in procs)):
+                break
+            time.sleep(1.0)
+    finally:
+        for pr in procs:
+            pr.join()
+    bad = [pr.exitcode for pr in procs if pr.exitcode]
+    if bad:
+        log(f"{len(bad)} worker(s) exited with status {bad}; rerun the same command to resume")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Confirmation: a shape's exported winner is measured in the run that exports it
+# ---------------------------------------------------------------------------------------------------
+
+def confirm_leaders(problems: Sequence[Problem], runner, store: Store, since: float, budget: int,
+                    log: Callable[[str], None] = print) -> Dict[str, Optional[Result]]:
+    """Measure each shape's stored leader again until the leader is a result confirmed at or after `since`, or
+    `budget` measurements of that shape were spent; returns each shape's best confirmed result (or None).
+
+    Why: the store's best of a shape is the maximum over every measurement ever made of it (imports from earlier
+    sessions, earlier builds of the same spec text, other machines of the same model), and the tune reuses a
+    stored result rather than measure it again. The maximum of many noisy or stale figures is biased high, and a
+    table exported from it loses when measured apart (session 8: 16384x2048x16384's stored 0.999x measured 0.890x).
+    A re-measured leader that drops lets the next one lead; a re-measurement that fails to build or verify replaces
+    the stored success, so it cannot win. Resumable: a restarted run skips leaders already confirmed since `since`.
+    """
+    from ..parser import parse_one
+    from .runners import RunnerPoisoned
+    winners: Dict[str, Optional[Result]] = {}
+    for p in problems:
+        stored = store.best(p.key(), runner.gpu, runner.protocol)
+        spent = 0
+        while spent < budget:
+            lead = store.best(p.key(), runner.gpu, runner.protocol)
+            if lead is None or (lead.confirmed is not None and lead.confirmed >= since):
+                break
+            outcome = runner.evaluate(parse_one(lead.spec), p)
+            spent += 1
+            now = time.time()
+            store.record(replace(lead, status=outcome.status, tflops=outcome.tflops,
+                                 baseline_tflops=outcome.baseline_tflops, speedup=outcome.speedup,
+                                 reason=outcome.reason, time=now, confirmed=now))
+            poisoned = getattr(runner, "poisoned", None)
+            if poisoned:   # recorded as failed; the supervisor restarts this worker, which resumes here
+                raise RunnerPoisoned(poisoned)
+        win = winners[p.key()] = store.best(p.key(), runner.gpu, runner.protocol, confirmed_since=since)
+        was = f"{stored.speedup:.3f}x" if stored is not None else "-"
+        is_ = f"{win.speedup:.3f}x ({win.target})" if win is not None else "no verified kernel"
+        log(f"{p.shape}: confirmed {is_} after {spent} re-measurement(s); the store's best was {was}")
+    return winners
+
+
+def _confirm_main(index, problems, protocol, runner_kind, store_path, since, budget):
+    """Entry point of one confirming GPU worker process: sees only its GPU (CUDA_VISIBLE_DEVICES)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    from .runners import RunnerPoisoned, make_runner
+    log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
+    try:
+        confirm_leaders(problems, make_runner(runner_kind, protocol), Store(store_path), since, budget, log)
+    except RunnerPoisoned as err:
+        log(f"worker {index}: a kernel broke the CUDA context ({str(err)[:200]}); restarting")
+        sys.exit(POISONED_EXIT)
+
+
+def confirm(problems: Sequence[Problem], runner, store: Store, protocol: str, budget: int, workers: int = 1,
+            log: Callable[[str], None] = print) -> float:
+    """Confirm every shape's leader (confirm_leaders) in this process, or, for a runner kind ("gpu"), in `workers`
+    processes, one per GPU, each taking every `workers`-th shape. Returns the round's start: export and
+    Store.best take it as `confirmed_since`."""
+    since = time.time()
+    if not isinstance(runner, str):
+        confirm_leaders(problems, runner, store, since, budget, log)
+        return since
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    workers = max(1, min(workers, len(problems)))
+
+    def start(i):
+        pr = ctx.Process(target=_confirm_main, args=(i, list(problems[i::workers]), protocol, runner, store.path,
+                                                     since, budget))
+        pr.start()
+        return pr
+
+    _supervise(start, workers, log=log)
+    return since
 
 
 def _probe_gpu_name(kind: str) -> str:
@@ -534,15 +621,17 @@ def _probe_gpu_name(kind: str) -> str:
 # Export: the tuned table (docs/CONTRACTS.md) and the winning .l2 specs
 # ---------------------------------------------------------------------------------------------------
 
-def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, out_dir: Path) -> Dict[str, Path]:
-    """Write `<arch>.json` (merged with an existing table) and `specs/*.l2`; returns the tables written."""
+def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, out_dir: Path,
+           confirmed_since: Optional[float] = None) -> Dict[str, Path]:
+    """Write `<arch>.json` (merged with an existing table) and `specs/*.l2`; returns the tables written. With
+    `confirmed_since` (a confirm() round), a shape's winner is its best result confirmed in that round."""
     import json
     from ..parser import parse_one
     out_dir = Path(out_dir)
     (out_dir / "specs").mkdir(parents=True, exist_ok=True)
     by_arch: Dict[str, List[dict]] = {}
     for p in problems:
-        best = store.best(p.key(), gpu, protocol)
+        best = store.best(p.key(), gpu, protocol, confirmed_since=confirmed_since)
         if best is None:
             continue
         lay = "".join(x[0] for x in (p.layout_a, p.layout_b, p.layout_c))

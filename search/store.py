@@ -39,6 +39,7 @@ class Result:
     source: str = "tpe"
     params: Dict[str, object] = field(default_factory=dict)   # the search-space point, for the policy
     time: float = 0.0
+    confirmed: Optional[float] = None   # when `l2c tune` measured it again as a shape's leader (driver.confirm)
 
 
 _SCHEMA = """
@@ -46,12 +47,13 @@ CREATE TABLE IF NOT EXISTS results (
     problem TEXT NOT NULL, spec TEXT NOT NULL, target TEXT NOT NULL, gpu TEXT NOT NULL,
     protocol TEXT NOT NULL, status TEXT NOT NULL, tflops REAL, baseline_tflops REAL, speedup REAL,
     reason TEXT NOT NULL DEFAULT '', source TEXT NOT NULL, params TEXT NOT NULL, time REAL NOT NULL,
+    confirmed REAL,
     PRIMARY KEY (problem, spec, target, gpu, protocol)
 );
 CREATE INDEX IF NOT EXISTS results_by_problem ON results (problem, gpu, protocol, status);
 """
 _COLUMNS = ("problem", "spec", "target", "gpu", "protocol", "status", "tflops", "baseline_tflops", "speedup",
-            "reason", "source", "params", "time")
+            "reason", "source", "params", "time", "confirmed")
 
 
 class Store:
@@ -66,6 +68,8 @@ class Store:
         self._pid = -1
         with self._db() as db:
             db.executescript(_SCHEMA)
+            if "confirmed" not in {row[1] for row in db.execute("PRAGMA table_info(results)")}:
+                db.execute("ALTER TABLE results ADD COLUMN confirmed REAL")   # a store written before it existed
 
     def _db(self) -> sqlite3.Connection:
         # A connection must not cross a fork: reopen in a child process.
@@ -96,7 +100,8 @@ class Store:
             if r.status not in STATUSES:
                 raise ValueError(f"unknown status {r.status!r}")
             rows.append((r.problem, r.spec, r.target, r.gpu, r.protocol, r.status, r.tflops, r.baseline_tflops,
-                         r.speedup, r.reason, r.source, json.dumps(r.params, sort_keys=True), r.time or time.time()))
+                         r.speedup, r.reason, r.source, json.dumps(r.params, sort_keys=True), r.time or time.time(),
+                         r.confirmed))
         db = self._db()
         with db:  # one transaction, retried by SQLite's busy handler under contention
             db.executemany(f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES "
@@ -128,11 +133,13 @@ class Store:
         for row in self._db().execute(sql + " ORDER BY time", args).fetchall():
             yield self._result(row)
 
-    def best(self, problem: str, gpu: str, protocol: str) -> Optional[Result]:
-        """The fastest verified result for a problem; failures can never win."""
-        cur = self._db().execute(
-            f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok' "
-            "ORDER BY speedup DESC LIMIT 1", (problem, gpu, protocol))
+    def best(self, problem: str, gpu: str, protocol: str, confirmed_since: Optional[float] = None) -> Optional[Result]:
+        """The fastest verified result for a problem; failures can never win. With `confirmed_since`, only
+        results confirmed (measured again as the leader) at or after that time count."""
+        sql = (f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok'"
+               + (" AND confirmed >= ?" if confirmed_since is not None else "") + " ORDER BY speedup DESC LIMIT 1")
+        args = (problem, gpu, protocol) + ((confirmed_since,) if confirmed_since is not None else ())
+        cur = self._db().execute(sql, args)
         row = cur.fetchone()
         return self._result(row) if row else None
 

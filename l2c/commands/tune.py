@@ -37,6 +37,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seed-specs", nargs="*", default=[], metavar="FILE.l2",
                    help="specs enqueued first in every new study (e.g. a prebuilt pool); their problem knobs are "
                         "ignored, the study's problem is used")
+    p.add_argument("--confirm", type=int, default=3, metavar="N",
+                   help="after the search, measure each shape's stored leader again (up to N times per shape) until "
+                        "the leader is a result of this run; the summary and --export use only such results "
+                        "(default 3; 0: the store's best as it stands, which may be stale or a lucky draw)")
     p.add_argument("--export", default=None, metavar="DIR",
                    help="write the tuned table (<arch>.json) and the winning .l2 specs here")
     p.add_argument("--reclaim", choices=["dead", "all"], default="dead",
@@ -68,7 +72,7 @@ def run(args) -> int:
     import optuna
 
     from ..cli import UsageError
-    from l2c.search.driver import TuneConfig, export, tune
+    from l2c.search.driver import TuneConfig, confirm, export, tune
     from ..parser import parse_file
     from l2c.search.space import check_targets, problems, shapes_from_arg
     from l2c.search.store import Store
@@ -83,6 +87,8 @@ def run(args) -> int:
         raise UsageError("no shapes to tune")
     if args.trials < 1 or args.workers < 1:
         raise UsageError("--trials and --workers must be at least 1")
+    if args.confirm < 0:
+        raise UsageError("--confirm must be 0 or more")
     from ..lower import SPLITK_REDUCE_DEFAULT, triton_splitk_reduce
     try:
         reduce = triton_splitk_reduce()
@@ -150,6 +156,10 @@ def run(args) -> int:
     studies = tune(probs, cfg, runner, store, storage_arg=args.storage, workers=args.workers, policy=policy,
                    policy_path=policy_path, llm=llm, log=log, reclaim_all=args.reclaim == "all")
 
+    since = None
+    if args.confirm:
+        log(f"confirming each shape's leader: up to {args.confirm} re-measurement(s) per shape")
+        since = confirm(probs, runner, store, args.protocol, args.confirm, workers=args.workers, log=log)
     if policy_path is not None:   # learn from this run for the next one
         from l2c.search.policy import Policy
         fresh = Policy(seed=args.seed or 0)
@@ -158,13 +168,13 @@ def run(args) -> int:
             fresh.save(policy_path)
             log(f"policy retrained on {n} results; saved to {policy_path}")
     for p in probs:
-        best = store.best(p.key(), gpu, args.protocol)
+        best = store.best(p.key(), gpu, args.protocol, confirmed_since=since)
         if best is None:
-            print(f"{p.shape}: no verified kernel")
+            print(f"{p.shape}: no verified kernel" + (" confirmed in this run" if since is not None else ""))
         else:
             print(f"{p.shape}: {best.speedup:.3f}x vs torch.matmul ({best.tflops:.4g} vs {best.baseline_tflops:.4g} "
                   f"TFLOP/s, {best.target}, {args.protocol}{_CAVEAT.get(args.runner, '')})")
     if args.export:
-        for arch, path in export(store, probs, gpu, args.protocol, Path(args.export)).items():
+        for arch, path in export(store, probs, gpu, args.protocol, Path(args.export), confirmed_since=since).items():
             print(f"wrote {path} and {Path(args.export) / 'specs'}/*.l2")
     return 0
