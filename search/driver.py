@@ -637,6 +637,8 @@ def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, o
         lay = "".join(x[0] for x in (p.layout_a, p.layout_b, p.layout_c))
         name = f"gemm_{p.shape}_{p.dtype}_{lay}_{best.target}"
         text = parse_one(best.spec).to_l2()   # keeps its knob-derived name: shapes sharing it share one build
+        for stale in (out_dir / "specs").glob(f"gemm_{p.shape}_{p.dtype}_{lay}_*.l2"):
+            stale.unlink()   # an earlier export's winner for this shape, possibly of the other target
         (out_dir / "specs" / f"{name}.l2").write_text(text)
         by_arch.setdefault(p.arch, []).append(
             {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch, "dtype": p.dtype, "layout": p.layout,

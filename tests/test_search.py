@@ -218,10 +218,14 @@ def test_confirmation_measures_leaders_until_one_holds_and_only_confirmed_result
     assert best.params["tile_n"] == 64 and best.speedup == 1.2 and best.source == "import"
     rows = {r.params["tile_n"]: r for r in store.results(problem=p.key())}
     assert rows[192].status == "verify_failed" and rows[192].confirmed >= since
+    earlier = tmp_path / "out" / "specs" / "gemm_512x1024x1024_f16_rrr_triton.l2"   # an earlier export's winner
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("kernel old {}")
     table = json.loads(export(store, [p], runner.gpu, "kernel", tmp_path / "out", confirmed_since=since)["sm_90"]
                        .read_text())
     (entry,) = table["entries"]
     assert parse_one(entry["spec"]).tile_n == 64 and entry["speedup"] == 1.2
+    assert [f.name for f in earlier.parent.iterdir()] == ["gemm_512x1024x1024_f16_rrr_cutlass.l2"]
     # resumable: a restarted round finds its leader confirmed and measures nothing
     assert confirm_leaders([p], runner, store, since, budget=10, log=lambda s: None)[p.key()].speedup == 1.2
     assert measured == [128, 192, 256, 64]

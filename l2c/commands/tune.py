@@ -3,7 +3,8 @@
 Measures on the GPU (`--runner gpu`, the default). `--runner interpreter` runs real Triton kernels
 under the CPU interpreter (a test of the machinery; its figures mean nothing) and `--runner model` uses
 the analytic cost model of search/costmodel.py (a CPU demo; figures are a model, not measurements).
-Rerunning the same command resumes: finished trials are kept, lost ones are retried.
+Rerunning the same command resumes: finished trials are kept, lost ones are retried. After the search,
+each shape's stored leader is measured again (`--confirm`), so the exported winner is a figure of this run.
 """
 from __future__ import annotations
 
