@@ -398,39 +398,30 @@ elif [ "$1" = NT ] || [ "$1" = NF ]; then
   # The device tool returns at most 8 files from $OUT: everything of the tune goes back as one archive.
   (cd $OUT && tar cJf tune_s7.tar.xz tuned_h200_s7 h200.sqlite h200_s7.journal tune_s7_*.log tuned_h200_s7_rebench.jsonl \
      && rm -rf tuned_h200_s7 h200.sqlite h200_s7.journal tune_s7_*.log policy.pt); ls $OUT
-elif [ "$1" = T8 ]; then
-  # Session 8, #5: session 8's NT tune resumed from the committed store and journal with 8 more trials per shape
-  # (32), killed by its limit if it runs long; then the same command with --confirm 4 (the exported winner of a
-  # shape is measured again in this run until the leader holds) exports the table, which is measured apart.
+elif [ "$1" = T8 ] || [ "$1" = T8B ]; then
+  # Session 8, #5. T8: session 8's NT tune resumed from the committed store and journal with 8 more trials per
+  # shape (32), killed by its limit if it runs long; then the same command with --confirm 4 (a shape's exported
+  # winner is measured again in this run until the leader holds) exports the table, which is measured apart.
+  # T8B: the 16 shapes the confirmed T8 table lost measured apart (tune_losers_s8.txt) searched further (64
+  # trials), confirmed and exported into a copy of the T8 table (export merges: the other 26 keep their T8
+  # winners); the merged table measured apart.
+  if [ "$1" = T8 ]; then tag=s8; shapes=tune_shapes_h200.txt; seed=1; trials=${TRIALS:-32}
+  else tag=s8b; shapes=tune_losers_s8.txt; seed=2; trials=${TRIALS:-64}
+    mkdir -p $OUT/tuned_h200_s8b && cp -r benchmarks/results/tune_s8/confirmed/sm_90.json benchmarks/results/tune_s8/confirmed/specs $OUT/tuned_h200_s8b/
+  fi
   cp benchmarks/store/h200.sqlite $OUT/h200.sqlite && xz -dc benchmarks/store/h200_s8.journal.xz > $OUT/h200_s8.journal
-  T="--shapes benchmarks/tune_shapes_h200.txt --target cutlass,triton --store $OUT/h200.sqlite --storage journal:$OUT/h200_s8.journal --protocol kernel --seed 1 --no-llm --warm-start 2 --seed-specs benchmarks/pool_h200_s7_top.l2 benchmarks/pool_h200_swap.l2"
-  timeout ${TUNE1_S:-270} python3 -m l2c tune $T --trials ${TRIALS:-32} --confirm 0 > $OUT/tune_s8_search.log 2>&1
-  stamp tune_search $?; tail -2 $OUT/tune_s8_search.log | tr '\r' '\n' | tail -2 | cut -c1-250
-  timeout ${TUNE2_S:-170} python3 -m l2c tune $T --trials 1 --policy off --confirm ${CONFIRM:-4} --export $OUT/tuned_h200_s8 \
-    > $OUT/tune_s8_confirm.log 2>&1
-  stamp tune_confirm $?; grep -c "re-measurement" $OUT/tune_s8_confirm.log; tail -44 $OUT/tune_s8_confirm.log | cut -c1-160
-  timeout 80 python3 -m l2c bench $OUT/tuned_h200_s8/sm_90.json --shapes benchmarks/tune_shapes_h200.txt \
-    --protocol kernel,call --reps 5 --iters 10 -o $OUT/tuned_h200_s8_rebench.jsonl > /tmp/rb.log 2>&1
+  T="--shapes benchmarks/$shapes --target cutlass,triton --store $OUT/h200.sqlite --storage journal:$OUT/h200_s8.journal --protocol kernel --seed $seed --no-llm --warm-start 2 --seed-specs benchmarks/pool_h200_s7_top.l2 benchmarks/pool_h200_swap.l2"
+  timeout ${TUNE1_S:-270} python3 -m l2c tune $T --trials $trials --confirm 0 > $OUT/tune_${tag}_search.log 2>&1
+  stamp tune_search $?; tail -2 $OUT/tune_${tag}_search.log | tr '\r' '\n' | tail -2 | cut -c1-250
+  timeout ${TUNE2_S:-170} python3 -m l2c tune $T --trials 1 --policy off --confirm ${CONFIRM:-4} --export $OUT/tuned_h200_$tag \
+    > $OUT/tune_${tag}_confirm.log 2>&1
+  stamp tune_confirm $?; grep "confirmed" $OUT/tune_${tag}_confirm.log | cut -c1-160
+  timeout 80 python3 -m l2c bench $OUT/tuned_h200_$tag/sm_90.json --shapes benchmarks/tune_shapes_h200.txt \
+    --protocol kernel,call --reps 5 --iters 10 -o $OUT/tuned_h200_${tag}_rebench.jsonl > /tmp/rb.log 2>&1
   stamp rebench $?; grep -A8 "tuned table" /tmp/rb.log | cut -c1-200
-  (cd $OUT && tar cJf tune_s8.tar.xz tuned_h200_s8 h200.sqlite h200_s8.journal tune_s8_*.log tuned_h200_s8_rebench.jsonl \
-     && rm -rf tuned_h200_s8 h200.sqlite h200_s8.journal tune_s8_*.log policy.pt); ls $OUT
-elif [ "$1" = T8B ]; then
-  # Session 8, #5: the 16 shapes the confirmed T8 table lost measured apart (tune_losers_s8.txt) searched further
-  # (trials 32 -> 64, resumed from the committed journal, killed at its limit), confirmed, and exported into a copy
-  # of the T8 table (export merges: the other 26 shapes keep their T8 winners); the merged table measured apart.
-  cp benchmarks/store/h200.sqlite $OUT/h200.sqlite && xz -dc benchmarks/store/h200_s8.journal.xz > $OUT/h200_s8.journal
-  mkdir -p $OUT/tuned_h200_s8b && cp -r benchmarks/results/tune_s8/confirmed/sm_90.json benchmarks/results/tune_s8/confirmed/specs $OUT/tuned_h200_s8b/
-  L="--shapes benchmarks/tune_losers_s8.txt --target cutlass,triton --store $OUT/h200.sqlite --storage journal:$OUT/h200_s8.journal --protocol kernel --seed 2 --no-llm --warm-start 2 --seed-specs benchmarks/pool_h200_s7_top.l2 benchmarks/pool_h200_swap.l2"
-  timeout ${TUNE1_S:-270} python3 -m l2c tune $L --trials ${TRIALS:-64} --confirm 0 > $OUT/tune_s8b_search.log 2>&1
-  stamp tune_search $?; tail -2 $OUT/tune_s8b_search.log | tr '\r' '\n' | tail -2 | cut -c1-250
-  timeout ${TUNE2_S:-150} python3 -m l2c tune $L --trials 1 --policy off --confirm ${CONFIRM:-4} --export $OUT/tuned_h200_s8b \
-    > $OUT/tune_s8b_confirm.log 2>&1
-  stamp tune_confirm $?; grep "confirmed" $OUT/tune_s8b_confirm.log | cut -c1-160
-  timeout 80 python3 -m l2c bench $OUT/tuned_h200_s8b/sm_90.json --shapes benchmarks/tune_shapes_h200.txt \
-    --protocol kernel,call --reps 5 --iters 10 -o $OUT/tuned_h200_s8b_rebench.jsonl > /tmp/rb.log 2>&1
-  stamp rebench $?; grep -A8 "tuned table" /tmp/rb.log | cut -c1-200
-  (cd $OUT && tar cJf tune_s8b.tar.xz tuned_h200_s8b h200.sqlite h200_s8.journal tune_s8b_*.log tuned_h200_s8b_rebench.jsonl \
-     && rm -rf tuned_h200_s8b h200.sqlite h200_s8.journal tune_s8b_*.log policy.pt); ls $OUT
+  # the device tool returns at most 8 files from $OUT: everything of the tune goes back as one archive
+  (cd $OUT && tar cJf tune_$tag.tar.xz tuned_h200_$tag h200.sqlite h200_s8.journal tune_${tag}_*.log tuned_h200_${tag}_rebench.jsonl \
+     && rm -rf tuned_h200_$tag h200.sqlite h200_s8.journal tune_${tag}_*.log policy.pt); ls $OUT
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens
