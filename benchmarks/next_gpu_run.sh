@@ -422,6 +422,25 @@ elif [ "$1" = T8 ] || [ "$1" = T8B ]; then
   # the device tool returns at most 8 files from $OUT: everything of the tune goes back as one archive
   (cd $OUT && tar cJf tune_$tag.tar.xz tuned_h200_$tag h200.sqlite h200_s8.journal tune_${tag}_*.log tuned_h200_${tag}_rebench.jsonl \
      && rm -rf tuned_h200_$tag h200.sqlite h200_s8.journal tune_${tag}_*.log policy.pt); ls $OUT
+elif [ "$1" = T8C ]; then
+  # Session 8, #5, after the swizzle fix (persistent CUTLASS kernels no longer run the tiles CUTLASS's scheduler
+  # pads to a multiple of swizzle x cluster): session 7's two pools screened on the 18 shapes of
+  # tune_swizzle_s8.txt with the rebuilt kernels, imported into the store (replacing the padded kernels' figures),
+  # confirmed and exported into a copy of the T8 table; the merged table measured apart.
+  cp benchmarks/store/h200.sqlite $OUT/h200.sqlite && xz -dc benchmarks/store/h200_s8.journal.xz > $OUT/h200_s8.journal
+  mkdir -p $OUT/tuned_h200_s8c && cp -r benchmarks/results/tune_s8/confirmed/sm_90.json benchmarks/results/tune_s8/confirmed/specs $OUT/tuned_h200_s8c/
+  timeout 200 python3 -m l2c bench benchmarks/pool_h200_swap.l2 benchmarks/pool_h200_s7_top.l2 --target cutlass \
+    --shapes benchmarks/tune_swizzle_s8.txt --protocol kernel --reps 3 -o $OUT/swizzle_screen_s8.jsonl > /tmp/sw.log 2>&1
+  stamp swizzle_screen $?; grep -A6 "best-of" /tmp/sw.log | cut -c1-200
+  python3 -m l2c import $OUT/swizzle_screen_s8.jsonl --store $OUT/h200.sqlite 2>&1 | tail -1
+  T="--shapes benchmarks/tune_swizzle_s8.txt --target cutlass,triton --store $OUT/h200.sqlite --storage journal:$OUT/h200_s8.journal --protocol kernel --seed 3 --no-llm --policy off"
+  timeout 150 python3 -m l2c tune $T --trials 1 --confirm ${CONFIRM:-4} --export $OUT/tuned_h200_s8c > $OUT/tune_s8c_confirm.log 2>&1
+  stamp tune_confirm $?; grep "confirmed" $OUT/tune_s8c_confirm.log | cut -c1-160
+  timeout 80 python3 -m l2c bench $OUT/tuned_h200_s8c/sm_90.json --shapes benchmarks/tune_shapes_h200.txt \
+    --protocol kernel,call --reps 5 --iters 10 -o $OUT/tuned_h200_s8c_rebench.jsonl > /tmp/rb.log 2>&1
+  stamp rebench $?; grep -A8 "tuned table" /tmp/rb.log | cut -c1-200
+  (cd $OUT && tar cJf tune_s8c.tar.xz tuned_h200_s8c h200.sqlite h200_s8.journal tune_s8c_*.log swizzle_screen_s8.jsonl \
+     tuned_h200_s8c_rebench.jsonl && rm -rf tuned_h200_s8c h200.sqlite h200_s8.journal tune_s8c_*.log policy.pt); ls $OUT
 elif [ "$1" = K ]; then
   # Prepared in session 5 for session 6: TMA loads for column-major operands verified (gpu_check), then the six TMA
   # configurations in nn.Linear's layout on the llm shapes, and each llm shape's best of both linear screens

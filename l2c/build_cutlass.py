@@ -206,6 +206,13 @@ class CutlassKernel(Kernel):
         """Shared memory per block of the instantiated kernel (l2c's estimate is `valid.smem_bytes`)."""
         return int(self.library[f"l2c_{self.valid.name}_shared_memory_bytes"]())
 
+    def swizzle(self, m: int, n: int) -> int:
+        """The tile-launch swizzle a call of this M x N uses: the spec's group (at most 8), lowered for a persistent
+        schedule until CUTLASS's scheduler runs no padded tile (templates/cutlass/gemm.cu.j2)."""
+        if self.valid.schedule == "basic":   # one block per tile: nothing is padded
+            return min(8, self.valid.spec.swizzle_group)
+        return int(self.library[f"l2c_{self.valid.name}_swizzle"](int(m), int(n)))
+
     def _error(self, status: int) -> str:
         detail = (self._last_error() or b"").decode(errors="replace")
         return f"CUTLASS kernel {self.valid.name}: {_STATUS.get(status, 'status %d' % status)}: {detail}"
