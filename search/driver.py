@@ -586,11 +586,33 @@ def _confirm_main(index, problems, protocol, runner_kind, store_path, since, bud
         sys.exit(POISONED_EXIT)
 
 
+def prebuild_leaders(problems: Sequence[Problem], store: Store, gpu: str, protocol: str, budget: int,
+                     compile_workers: int, log: Callable[[str], None] = print) -> int:
+    """Build every spec confirm_leaders may measure, `compile_workers` at a time, before it measures any.
+
+    The leaders it measures are always a prefix of the stored order (a re-measured leader either holds or falls
+    below the next one), so the top `budget` results per shape are all it can need. After a template change every
+    stored CUTLASS leader needs nvcc again, which one measuring process would otherwise do one at a time."""
+    from .runners import precompile
+    wanted = sorted({(r.spec, r.target, p.arch) for p in problems for r in store.top(p.key(), gpu, protocol, budget)})
+    if not wanted or compile_workers < 1:
+        return 0
+    import multiprocessing as mp
+    with ProcessPoolExecutor(compile_workers, mp_context=mp.get_context("spawn")) as pool:
+        failures = [f for f in pool.map(precompile, *zip(*wanted)) if f is not None]
+    log(f"confirmation: built {len(wanted)} stored leader(s) ahead, {compile_workers} at a time "
+        f"({len(failures)} failed to build: they will be recorded as failed)")
+    return len(wanted)
+
+
 def confirm(problems: Sequence[Problem], runner, store: Store, protocol: str, budget: int, workers: int = 1,
-            log: Callable[[str], None] = print) -> float:
+            log: Callable[[str], None] = print, compile_workers: int = 0) -> float:
     """Confirm every shape's leader (confirm_leaders) in this process, or, for a runner kind ("gpu"), in `workers`
-    processes, one per GPU, each taking every `workers`-th shape. Returns the round's start: export and
-    Store.best take it as `confirmed_since`."""
+    processes, one per GPU, each taking every `workers`-th shape; with `compile_workers`, the candidates are built
+    first in a CPU pool (prebuild_leaders). Returns the round's start: export and Store.best take it as
+    `confirmed_since`."""
+    gpu = _probe_gpu_name(runner) if isinstance(runner, str) else runner.gpu
+    prebuild_leaders(problems, store, gpu, protocol, budget, compile_workers, log)
     since = time.time()
     if not isinstance(runner, str):
         confirm_leaders(problems, runner, store, since, budget, log)

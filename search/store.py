@@ -143,6 +143,13 @@ class Store:
         row = cur.fetchone()
         return self._result(row) if row else None
 
+    def top(self, problem: str, gpu: str, protocol: str, n: int) -> List[Result]:
+        """The `n` fastest verified results for a problem, fastest first."""
+        cur = self._db().execute(
+            f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok' "
+            "ORDER BY speedup DESC LIMIT ?", (problem, gpu, protocol, n))
+        return [self._result(row) for row in cur.fetchall()]
+
     def problems(self, gpu: Optional[str] = None, protocol: Optional[str] = None) -> List[str]:
         sql, args = "SELECT DISTINCT problem FROM results", []
         if gpu is not None or protocol is not None:

@@ -264,12 +264,15 @@ def test_tune_command_confirms_leaders_with_interpreter_kernels_and_exports_them
     out = subprocess.run(
         [sys.executable, "-m", "l2c", "tune", "--runner", "interpreter", "--shapes", "32x32x32", "--target", "triton",
          "--trials", "3", "--store", str(tmp_path / "r.sqlite"), "--storage", f"journal:{tmp_path / 'j.log'}",
-         "--policy", "off", "--seed", "0", "--no-llm", "--confirm", "2", "--export", str(tmp_path / "out")],
+         "--policy", "off", "--seed", "0", "--no-llm", "--confirm", "2", "--compile-workers", "2",
+         "--export", str(tmp_path / "out")],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     import re
     # interpreter timings are noise: the first leader may drop below the second, which is then measured too
     spent = int(re.search(r"32x32x32: confirmed .* after (\d) re-measurement", out.stderr).group(1))
+    # the two leaders it may measure were built first, in the compile pool
+    assert "confirmation: built 2 stored leader(s) ahead, 2 at a time (0 failed to build" in out.stderr
     (entry,) = json.loads((tmp_path / "out" / "sm_90.json").read_text())["entries"]
     store = Store(tmp_path / "r.sqlite")
     confirmed = sorted((r for r in store.results(status="ok") if r.confirmed is not None), key=lambda r: -r.speedup)

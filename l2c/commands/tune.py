@@ -160,7 +160,8 @@ def run(args) -> int:
     since = None
     if args.confirm:
         log(f"confirming each shape's leader: up to {args.confirm} re-measurement(s) per shape")
-        since = confirm(probs, runner, store, args.protocol, args.confirm, workers=args.workers, log=log)
+        since = confirm(probs, runner, store, args.protocol, args.confirm, workers=args.workers, log=log,
+                        compile_workers=compile_workers)
     if policy_path is not None:   # learn from this run for the next one
         from l2c.search.policy import Policy
         fresh = Policy(seed=args.seed or 0)
