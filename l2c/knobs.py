@@ -114,7 +114,8 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("cluster", "n", "int", 1, "Thread-block cluster size along N (CUTLASS, TMA multicast of A).",
          choices=(1, 2, 4), targets=("cutlass",)),
     # rasterization
-    Knob("swizzle", "group", "int", 8, "Tiles per group of the grouped (L2-friendly) launch order; 1 = plain.",
+    Knob("swizzle", "group", "int", 8, "Tiles per group of the grouped (L2-friendly) launch order; 1 = plain. "
+         "A persistent CUTLASS kernel lowers it per call until CUTLASS's scheduler pads no tile.",
          choices=(1, 2, 4, 8, 16)),
     Knob("swizzle", "raster", "enum", "m",
          "Raster order: `m` walks down M inside a group of N-tiles, `n` walks along N inside a group of "
