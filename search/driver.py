@@ -593,9 +593,11 @@ def prebuild_leaders(problems: Sequence[Problem], store: Store, gpu: str, protoc
     The leaders it measures are always a prefix of the stored order (a re-measured leader either holds or falls
     below the next one), so the top `budget` results per shape are all it can need. After a template change every
     stored CUTLASS leader needs nvcc again, which one measuring process would otherwise do one at a time."""
+    if compile_workers < 1:
+        return 0
     from .runners import precompile
     wanted = sorted({(r.spec, r.target, p.arch) for p in problems for r in store.top(p.key(), gpu, protocol, budget)})
-    if not wanted or compile_workers < 1:
+    if not wanted:
         return 0
     import multiprocessing as mp
     with ProcessPoolExecutor(compile_workers, mp_context=mp.get_context("spawn")) as pool:
