@@ -136,19 +136,16 @@ class Store:
     def best(self, problem: str, gpu: str, protocol: str, confirmed_since: Optional[float] = None) -> Optional[Result]:
         """The fastest verified result for a problem; failures can never win. With `confirmed_since`, only
         results confirmed (measured again as the leader) at or after that time count."""
-        sql = (f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok'"
-               + (" AND confirmed >= ?" if confirmed_since is not None else "") + " ORDER BY speedup DESC LIMIT 1")
-        args = (problem, gpu, protocol) + ((confirmed_since,) if confirmed_since is not None else ())
-        cur = self._db().execute(sql, args)
-        row = cur.fetchone()
-        return self._result(row) if row else None
+        fastest = self.top(problem, gpu, protocol, 1, confirmed_since)
+        return fastest[0] if fastest else None
 
-    def top(self, problem: str, gpu: str, protocol: str, n: int) -> List[Result]:
-        """The `n` fastest verified results for a problem, fastest first."""
-        cur = self._db().execute(
-            f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok' "
-            "ORDER BY speedup DESC LIMIT ?", (problem, gpu, protocol, n))
-        return [self._result(row) for row in cur.fetchall()]
+    def top(self, problem: str, gpu: str, protocol: str, n: int,
+            confirmed_since: Optional[float] = None) -> List[Result]:
+        """The `n` fastest verified results for a problem, fastest first (`confirmed_since`: as for `best`)."""
+        sql = (f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok'"
+               + (" AND confirmed >= ?" if confirmed_since is not None else "") + " ORDER BY speedup DESC LIMIT ?")
+        args = (problem, gpu, protocol) + ((confirmed_since,) if confirmed_since is not None else ()) + (n,)
+        return [self._result(row) for row in self._db().execute(sql, args).fetchall()]
 
     def problems(self, gpu: Optional[str] = None, protocol: Optional[str] = None) -> List[str]:
         sql, args = "SELECT DISTINCT problem FROM results", []
