@@ -1,28 +1,27 @@
-"""Drop-in use of tuned kernels from PyTorch: `l2c.matmul` looks up the tuned table and runs the winner.
+"""Drop-in use of tuned kernels from PyTorch: `l2c.matmul` serves a tuned kernel where a measurement says it
+beats torch for the call's shape, and torch everywhere else.
 
-The dispatcher sees only the tuned table (docs/CONTRACTS.md). For a call it:
-1. decides whether l2c can serve it at all (CUDA tensors, f16/bf16, 2-D, layouts a kernel can read);
-2. finds the table entry for the exact (M, N, K) or, for a varying token count M, the entry with the same
-   (N, K) and the nearest tuned M at or above it (a shape-generic kernel: M is a run-time argument);
-3. specialises the entry's spec for the requested epilogue (bias per column, activation), validates it,
-   builds it once and caches the resulting callable per call signature;
-4. falls back to torch for everything else. Any build or validation failure is remembered and falls
-   back too: the result is always correct, and l2c never chooses a path it knows to be slower.
+For a call the dispatcher:
+1. goes straight to torch unless l2c could serve it at all: CUDA tensors, f16/bf16, 2-D, layouts a kernel
+   reads, no autograd graph to record, and an (N, K) the table has entries for;
+2. asks the table (`l2c.tuned_table`: the dispatch rule) for the entry that serves exactly this call;
+3. specialises the entry's spec for the requested epilogue (bias per column, activation) and hands it to the
+   `Preparer`, which builds and verifies it in a background process; torch serves the call meanwhile;
+4. once the kernel is ready, builds it in this process (a cache hit) and serves it. Inside a CUDA-graph
+   capture only kernels that already ran eagerly for this signature serve; everything else runs torch.
 
-The resolution for a call signature is cached, so the steady-state call path is one dict lookup plus the
-kernel launch.
+A table that cannot be read is warned about once and the dispatcher runs torch. The resolution of a call
+signature is cached, so the steady-state call path is one dict lookup plus the kernel launch, and a call
+l2c does not serve costs one set lookup on top of torch.
 """
 from __future__ import annotations
 
-import bisect
-import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -31,70 +30,17 @@ from .build import call_signature
 from .errors import BuildError, L2Error
 from .knobs import ANY
 from .parser import parse_one
+from .prepare import FAILED, READY, Job, Preparer
+from .tuned_table import TableError, TunedEntry, TunedTable, first_bad_entry, load_table
 
 log = logging.getLogger("l2c.dispatch")
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 _TORCH_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+PREPARE_MODES = ("background", "inline")
 
-
-@dataclass(frozen=True)
-class TunedEntry:
-    m: int
-    n: int
-    k: int
-    batch: int
-    dtype: str
-    layout: str            # "row,col,row": layouts of A, B, C
-    target: str
-    spec_text: str
-    tflops: float
-    baseline_tflops: float
-
-    @property
-    def speedup(self) -> float:
-        return self.tflops / self.baseline_tflops if self.baseline_tflops else 0.0
-
-
-class TunedTable:
-    """The tuned table of one architecture, indexed for exact and nearest-M lookups."""
-
-    def __init__(self, entries: List[TunedEntry], arch: str = "sm_90", source: str = "<memory>"):
-        self.arch = arch
-        self.source = source
-        self.exact: Dict[Tuple, TunedEntry] = {}
-        by_nk: Dict[Tuple, List[Tuple[int, TunedEntry]]] = {}
-        for e in entries:
-            if e.speedup <= 1.0:   # never choose by default a kernel measured slower than cuBLAS
-                continue
-            key = (e.dtype, e.layout, e.n, e.k, e.batch)
-            self.exact[key + (e.m,)] = e
-            by_nk.setdefault(key, []).append((e.m, e))
-        self.by_nk = {k: sorted(v, key=lambda t: t[0]) for k, v in by_nk.items()}
-
-    @classmethod
-    def load(cls, path) -> "TunedTable":
-        data = json.loads(Path(path).read_text())
-        fields = TunedEntry.__dataclass_fields__
-        entries = [TunedEntry(**{("spec_text" if k == "spec" else k): v for k, v in row.items()
-                                 if (k if k != "spec" else "spec_text") in fields})
-                   for row in data.get("entries", [])]
-        return cls(entries, arch=data.get("arch", "sm_90"), source=str(path))
-
-    def lookup(self, dtype: str, layout: str, m: int, n: int, k: int, batch: int = 1) -> Optional[TunedEntry]:
-        key = (dtype, layout, n, k, batch)
-        hit = self.exact.get(key + (m,))
-        if hit is not None:
-            return hit
-        candidates = self.by_nk.get(key)
-        if not candidates:
-            return None
-        ms = [c[0] for c in candidates]
-        i = bisect.bisect_left(ms, m)
-        return candidates[min(i, len(candidates) - 1)][1]
-
-    def __len__(self) -> int:
-        return len(self.exact)
+__all__ = ["Dispatcher", "TunedEntry", "TunedTable", "default_dispatcher", "set_tuned_table", "matmul",
+           "precompile"]
 
 
 def default_table_path(arch: str) -> Optional[Path]:
@@ -106,6 +52,15 @@ def default_table_path(arch: str) -> Optional[Path]:
     return shipped if shipped.exists() else None
 
 
+def prepare_mode() -> str:
+    """`L2C_PREPARE`: `background` (default; no call waits for a compiler) or `inline` (build and verify on the
+    calling thread, in this process: the first call of a signature waits, for scripts that want no fallback)."""
+    mode = os.environ.get("L2C_PREPARE", "background")
+    if mode not in PREPARE_MODES:
+        raise ValueError(f"L2C_PREPARE={mode!r}: expected one of {', '.join(PREPARE_MODES)}")
+    return mode
+
+
 def _layout_of(t: torch.Tensor) -> Optional[str]:
     if t.stride(-1) == 1 and t.stride(-2) >= max(1, t.shape[-1]):
         return "row"
@@ -114,7 +69,28 @@ def _layout_of(t: torch.Tensor) -> Optional[str]:
     return None
 
 
+def _needs_grad(a, b, bias) -> bool:
+    return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+
+
+def _activate(y, activation):
+    if activation == "relu":
+        return F.relu(y)
+    if activation == "gelu":
+        return F.gelu(y)
+    if activation == "silu":
+        return F.silu(y)
+    return y
+
+
 def _fallback(a, b, bias, activation, out):
+    """What torch runs for the call: one cuBLAS call (bias fused by addmm for 2-D inputs), then the activation."""
+    if activation == "none":
+        if bias is None:
+            return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+        if a.dim() == 2 and b.dim() == 2:
+            return torch.addmm(bias, a, b) if out is None else torch.addmm(bias, a, b, out=out)
     y = torch.matmul(a, b)
     y = _activate(y if bias is None else y + bias, activation)
     if out is not None:
@@ -126,18 +102,24 @@ def _fallback(a, b, bias, activation, out):
 class Dispatcher:
     """Resolves calls to tuned kernels; one per process (see `default_dispatcher`)."""
 
-    def __init__(self, table: Optional[TunedTable], allow_cpu: bool = False):
+    def __init__(self, table: Optional[TunedTable], allow_cpu: bool = False, prepare: Optional[str] = None):
         # allow_cpu: serve CPU tensors too (Triton interpreter, TRITON_INTERPRET=1) — for tests only.
         self.table = table
+        self.nk = table.nk if table is not None else frozenset()
         self.allow_cpu = allow_cpu
-        self._resolved: Dict[Tuple, Optional[Callable]] = {}
+        self.prepare = prepare or prepare_mode()
+        self.preparer = Preparer()
         self._by_call: Dict[Tuple, Optional[Callable]] = {}
-        self._kernels: Dict[str, Optional[Callable]] = {}
+        self._kernels: Dict[Tuple, Optional[Callable]] = {}
+        self._ran: set = set()          # (call signature, kernel) pairs that ran eagerly: may serve in a capture
+        self._inline: Dict[Tuple, bool] = {}   # prepare="inline": job key -> built and verified
         self._lock = threading.Lock()
         self.stats = {"tuned": 0, "fallback": 0}
 
+    # ---- resolution
+
     def _signature(self, a, b, bias, activation) -> Optional[Tuple]:
-        if self.table is None or a.dim() != 2 or b.dim() != 2:
+        if a.dim() != 2 or b.dim() != 2:
             return None
         if not (a.is_cuda and b.is_cuda) and not self.allow_cpu:
             return None
@@ -151,132 +133,229 @@ class Dispatcher:
             return None
         m, k = a.shape
         n = b.shape[1]
-        return (dtype, f"{la},{lb},row", m, n, k, bias is not None, activation, a.device.index)
+        return (dtype, f"{la},{lb},row", m, n, k, bias is not None, activation, a.device.type)
 
-    def _build(self, entry: TunedEntry, m: int, bias: bool, activation: str) -> Optional[Callable]:
-        from .build import build
-        from .validate import validate
+    def _job(self, entry: TunedEntry, sig: Tuple) -> Optional[Job]:
+        """The kernel to prepare for `sig`: the entry's spec with the call's epilogue, generic in M unless exact."""
+        _, _, m, n, k, has_bias, activation, device = sig
         try:
             spec = parse_one(entry.spec_text, file="<tuned table>")
-            if spec.problem_m != m:
-                spec = spec.replace(problem_m=ANY)
-            spec = spec.replace(epilogue_bias="col" if bias else "none", epilogue_activation=activation)
-            text = spec.to_l2()
-            if text not in self._kernels:
-                try:
-                    self._kernels[text] = build(validate(spec, entry.target, self.table.arch))
-                except (L2Error, BuildError) as err:
-                    log.warning("tuned kernel for %s unusable, falling back to torch: %s", entry, err)
-                    self._kernels[text] = None
-            return self._kernels[text]
         except L2Error as err:
             log.warning("bad tuned-table entry %s: %s", entry, err)
             return None
+        if spec.problem_m != m:
+            spec = spec.replace(problem_m=ANY)
+        spec = spec.replace(epilogue_bias="col" if has_bias else "none", epilogue_activation=activation)
+        return Job(spec.to_l2(), entry.target, self.table.arch, m, n, k, device)
+
+    def _kernel(self, job: Job) -> Optional[Callable]:
+        """The built kernel of a prepared job (a build-cache hit), or None when it cannot be built here."""
+        key = (job.spec_text, job.target, job.arch)
+        if key not in self._kernels:
+            from .build import build
+            from .validate import validate
+            try:
+                self._kernels[key] = build(validate(parse_one(job.spec_text), job.target, job.arch))
+            except (L2Error, BuildError) as err:
+                log.warning("tuned kernel unusable, falling back to torch: %s", err)
+                self._kernels[key] = None
+        return self._kernels[key]
+
+    def _resolve_signature(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
+        """(kernel or None, final): final False means "not yet" (being prepared): ask again on a later call."""
+        dtype, layout, m, n, k = sig[:5]
+        entry = self.table.lookup(dtype, layout, m, n, k)
+        if entry is None:
+            return None, True
+        job = self._job(entry, sig)
+        if job is None:
+            return None, True
+        if self.prepare == "inline":
+            from .prepare import prepare_one
+            key = job.key
+            if key not in self._inline:
+                ok, reason = prepare_one(job)
+                self._inline[key] = ok
+                if not ok:
+                    log.warning("tuned kernel not served (torch runs this call): %s", reason)
+            return (self._kernel(job) if self._inline[key] else None), True
+        state = self.preparer.request(job)
+        if state == READY:
+            return self._kernel(job), True
+        return None, state == FAILED
 
     def resolve(self, a, b, bias, activation, tensors=None) -> Optional[Callable]:
-        # Steady state: one dict lookup keyed by what a call's resolution depends on (shapes, strides,
-        # dtypes and devices: `tensors`, call_signature(a, b, bias)), before any of the checks in _signature.
+        """The tuned kernel that serves this call, or None (torch serves it)."""
         if tensors is None:
             tensors = call_signature(a, b, bias)
         call_key = None if tensors is None else (tensors, activation)
         kernel = self._by_call.get(call_key, False)
         if kernel is not False:
             return kernel
-        sig = self._signature(a, b, bias, activation)
-        if sig is None:
-            kernel = None
-        else:
-            kernel = self._resolved.get(sig, False)
-            if kernel is False:
-                with self._lock:
-                    dtype, layout, m, n, k, has_bias, act, _ = sig
-                    entry = self.table.lookup(dtype, layout, m, n, k)
-                    kernel = self._build(entry, m, has_bias, act) if entry is not None else None
-                    self._resolved[sig] = kernel
-        if call_key is not None:
+        sig = None if self.table is None else self._signature(a, b, bias, activation)
+        final = True
+        kernel = None
+        if sig is not None:
+            with self._lock:
+                kernel, final = self._resolve_signature(sig)
+        if final and call_key is not None:
             self._by_call[call_key] = kernel
         return kernel
 
-    def _run_tuned(self, kernel, a, b, bias, out=None, tensors=None):
+    # ---- calls
+
+    def _run_tuned(self, kernel, a, b, bias, out, tensors, grad=False):
         """The tuned kernel's result, or None when there is none or it declines this call (a ValueError, e.g. a
         misaligned pointer: this call only) and the caller falls back; counts which path served the call.
-        `tensors` (call_signature(a, b, bias), computed once for the lookup) goes on to the kernel's plans."""
+        With `grad` the call records an autograd node whose backward runs the dispatcher's GEMMs."""
         if kernel is not None:
-            try:
-                if out is None and tensors is not None:
-                    result = kernel.call_planned(tensors, a, b, bias)
-                else:
-                    result = kernel(a, b, bias=bias, out=out)
-                self.stats["tuned"] += 1
-                return result
-            except ValueError as err:
-                log.debug("tuned kernel declined the call (%s); falling back", err)
+            if torch.cuda.is_available() and a.is_cuda and torch.cuda.is_current_stream_capturing() \
+                    and (tensors, id(kernel)) not in self._ran:
+                kernel = None    # its first launch may allocate or set attributes: not inside a capture
+            else:
+                try:
+                    if grad:
+                        result = _TunedMatmul.apply(a, b, bias, kernel, tensors, self)
+                    elif out is None and tensors is not None:
+                        result = kernel.call_planned(tensors, a, b, bias)
+                    else:
+                        result = kernel(a, b, bias=bias, out=out)
+                    self._ran.add((tensors, id(kernel)))
+                    self.stats["tuned"] += 1
+                    return result
+                except ValueError as err:
+                    log.debug("tuned kernel declined the call (%s); falling back", err)
         self.stats["fallback"] += 1
         return None
 
+    def _unserved(self, a, b, bias, activation, out) -> bool:
+        """Whether torch serves the call without a lookup: a shape or autograd need the table cannot meet."""
+        if a.dim() != 2 or b.dim() != 2 or (b.shape[1], a.shape[1]) not in self.nk:
+            return True
+        # a fused activation has no backward here; torch records the graph for those calls
+        return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
+
     def matmul(self, a, b, bias=None, activation=None, out=None):
         activation = check_activation(activation)
+        if self._unserved(a, b, bias, activation, out):
+            self.stats["fallback"] += 1
+            return _fallback(a, b, bias, activation, out)
         tensors = call_signature(a, b, bias)
-        result = self._run_tuned(self.resolve(a, b, bias, activation, tensors), a, b, bias, out, tensors)
+        result = self._run_tuned(self.resolve(a, b, bias, activation, tensors), a, b, bias, out, tensors,
+                                 _needs_grad(a, b, bias))
         return result if result is not None else _fallback(a, b, bias, activation, out)
 
     def linear(self, x, weight, bias=None, activation=None):
         """`activation(x @ weight^T + bias)` for `l2c.nn.Linear` in eager mode, any leading dimensions.
 
         Where no tuned kernel serves the call, this is exactly what `torch.nn.Linear` runs (`F.linear`,
-        one cuBLAS call with the bias fused) plus the activation, so an unserved layer costs only the
-        lookup, not a reshaped `torch.matmul` and a separate bias add.
+        one cuBLAS call with the bias fused) plus the activation.
         """
         activation = check_activation(activation)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-        w_t = weight.t()
+        w_t = weight.t() if weight.dim() == 2 else weight
+        if self._unserved(x2, w_t, bias, activation, None):
+            self.stats["fallback"] += 1
+            return _activate(F.linear(x, weight, bias), activation)
         tensors = call_signature(x2, w_t, bias)
-        y = self._run_tuned(self.resolve(x2, w_t, bias, activation, tensors), x2, w_t, bias, None, tensors)
+        y = self._run_tuned(self.resolve(x2, w_t, bias, activation, tensors), x2, w_t, bias, None, tensors,
+                            _needs_grad(x2, w_t, bias))
         if y is None:
             return _activate(F.linear(x, weight, bias), activation)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
 
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until every kernel asked for so far is prepared (or failed); False on timeout."""
+        return self.preparer.wait(timeout)
+
+
+class _TunedMatmul(torch.autograd.Function):
+    """`a @ b + bias` by a tuned kernel, differentiable: the gradients are GEMMs too, run by the dispatcher (a
+    tuned kernel where the table serves their shapes, torch elsewhere)."""
+
+    @staticmethod
+    def forward(ctx, a, b, bias, kernel, tensors, dispatcher):
+        ctx.save_for_backward(a, b)
+        ctx.has_bias = bias is not None
+        ctx.dispatcher = dispatcher
+        return kernel.call_planned(tensors, a, b, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a, b = ctx.saved_tensors
+        mm = ctx.dispatcher.matmul
+        grad_a = mm(grad_out, b.mT) if ctx.needs_input_grad[0] else None
+        grad_b = mm(a.mT, grad_out) if ctx.needs_input_grad[1] else None
+        grad_bias = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_a, grad_b, grad_bias, None, None, None
+
 
 def check_activation(activation: Optional[str]) -> str:
     """`activation` as the dispatcher names it ("none" for None); ValueError for one it does not know."""
-    activation = activation or "none"
+    if activation is None:
+        return "none"
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     return activation
 
 
-def _activate(y, activation):
-    if activation == "relu":
-        return F.relu(y)
-    if activation == "gelu":
-        return F.gelu(y)
-    if activation == "silu":
-        return F.silu(y)
-    return y
-
-
 _default: Optional[Dispatcher] = None
+_default_lock = threading.Lock()
+
+
+def table_for_arch(arch: str) -> Optional[TunedTable]:
+    """The table for `arch` (see default_table_path), or None with one warning when it cannot be used: l2c then
+    runs torch rather than fail the caller."""
+    path = default_table_path(arch)
+    if path is None:
+        return None
+    try:
+        table = load_table(path)
+    except TableError as err:
+        log.warning("l2c: %s; l2c.matmul runs torch", err)
+        return None
+    if table.skipped:
+        log.warning("l2c: %s: %d malformed entr%s skipped (first: %s)", path, table.skipped,
+                    "y" if table.skipped == 1 else "ies", first_bad_entry(path))
+    return table
 
 
 def default_dispatcher() -> Dispatcher:
     """The process-wide dispatcher, loading the tuned table of the current GPU on first use."""
     global _default
     if _default is None:
-        table = None
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            path = default_table_path(f"sm_{major}{minor}")
-            if path is not None:
-                table = TunedTable.load(path)
-        _default = Dispatcher(table)
+        with _default_lock:
+            if _default is None:
+                try:
+                    mode = prepare_mode()
+                except ValueError as err:
+                    log.warning("l2c: %s; using background", err)
+                    mode = "background"
+                table = None
+                if torch.cuda.is_available():
+                    major, minor = torch.cuda.get_device_capability()
+                    table = table_for_arch(f"sm_{major}{minor}")
+                _default = Dispatcher(table, prepare=mode)
     return _default
 
 
-def set_tuned_table(table: Optional[TunedTable], allow_cpu: bool = False) -> Dispatcher:
+def set_tuned_table(table: Optional[TunedTable], allow_cpu: bool = False, prepare: Optional[str] = None) -> Dispatcher:
     """Use `table` (or none: always torch) from now on in this process."""
     global _default
-    _default = Dispatcher(table, allow_cpu=allow_cpu)
+    _default = Dispatcher(table, allow_cpu=allow_cpu, prepare=prepare)
     return _default
+
+
+def precompile(fn, *args, timeout: Optional[float] = None, **kwargs):
+    """Run `fn(*args, **kwargs)` (a model or any callable using l2c) once, wait until every tuned kernel it asked
+    for is built and verified, and run it again so each is built in this process: later calls are served tuned
+    from the first one. Returns the second call's result."""
+    dispatcher = default_dispatcher()
+    with torch.no_grad():
+        fn(*args, **kwargs)
+        if not dispatcher.wait(timeout):
+            log.warning("l2c.precompile: kernels still being prepared after %s s", timeout)
+        return fn(*args, **kwargs)
 
 
 # ---- torch custom op: lets torch.compile and CUDA graphs see l2c.matmul as one opaque op ----
@@ -298,8 +377,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     a: (M, K), b: (K, N), bias: (N,) or None; activation: None | "relu" | "gelu" | "silu".
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
-    if out is not None or a.dim() != 2 or b.dim() != 2 or not torch.compiler.is_compiling():
+    if out is not None or not torch.compiler.is_compiling() or a.dim() != 2 or b.dim() != 2:
         # Eager calls skip the custom-op dispatch layer: it costs microseconds per call and only
         # torch.compile (tracing) needs to see l2c.matmul as one opaque op.
-        return default_dispatcher().matmul(a, b, bias=bias, activation=activation, out=out)
+        return (_default or default_dispatcher()).matmul(a, b, bias=bias, activation=activation, out=out)
     return _matmul_op(a, b, bias, activation or "none")

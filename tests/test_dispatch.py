@@ -3,6 +3,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch.nn.functional as F
 
 import l2c
@@ -10,22 +12,44 @@ from l2c.dispatch import Dispatcher, TunedEntry, TunedTable, set_tuned_table
 from l2c.ir import KernelSpec
 
 
-def entry(m, n, k, tflops=2.0, baseline=1.0, spec=None, layout="row,col,row", target="triton"):
-    spec = spec or KernelSpec(name=f"t{m}x{n}x{k}", problem_m=m, problem_n=n, problem_k=k, tile_m=16,
-                              tile_n=16, tile_k=16, layout_b="col", swizzle_group=1, launch_warps=4)
+def entry(m, n, k, tflops=2.0, baseline=1.0, spec=None, layout="row,col,row", target="triton", m_range=None):
+    spec = spec or KernelSpec(name=f"t{m}x{n}x{k}", problem_m=m if m_range is None else "any", problem_n=n,
+                              problem_k=k, tile_m=16, tile_n=16, tile_k=16, layout_b="col", swizzle_group=1,
+                              launch_warps=4)
+    lo, hi = m_range or (None, None)
     return TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout=layout, target=target,
-                      spec_text=spec.to_l2(), tflops=tflops, baseline_tflops=baseline)
+                      spec_text=spec.to_l2(), tflops=tflops, baseline_tflops=baseline, m_lo=lo, m_hi=hi)
 
 
-def test_lookup_exact_then_nearest_m_at_or_above():
+def test_lookup_serves_exact_shapes_and_measured_ranges_only():
     table = TunedTable([entry(16, 64, 32), entry(128, 64, 32), entry(1024, 64, 32)])
     assert table.lookup("f16", "row,col,row", 128, 64, 32).m == 128
-    assert table.lookup("f16", "row,col,row", 100, 64, 32).m == 128
-    assert table.lookup("f16", "row,col,row", 1, 64, 32).m == 16
-    assert table.lookup("f16", "row,col,row", 5000, 64, 32).m == 1024
+    for m in (1, 100, 129, 5000):     # no entry measured at this M: torch serves it
+        assert table.lookup("f16", "row,col,row", m, 64, 32) is None
     assert table.lookup("f16", "row,col,row", 128, 64, 64) is None
     assert table.lookup("bf16", "row,col,row", 128, 64, 32) is None
     assert table.lookup("f16", "row,row,row", 128, 64, 32) is None
+    ranged = TunedTable([entry(32, 64, 32, m_range=(8, 64)), entry(48, 64, 32, tflops=3.0, m_range=(40, 56))])
+    assert ranged.lookup("f16", "row,col,row", 8, 64, 32).m == 32
+    assert ranged.lookup("f16", "row,col,row", 50, 64, 32).m == 48     # the narrowest range that holds M
+    assert ranged.lookup("f16", "row,col,row", 64, 64, 32).m == 32
+    assert ranged.lookup("f16", "row,col,row", 7, 64, 32) is None
+    assert ranged.lookup("f16", "row,col,row", 65, 64, 32) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 600), st.integers(0, 40), st.booleans(),
+                          st.floats(0.5, 2.0, allow_nan=False)), min_size=1, max_size=12),
+       st.integers(1, 700))
+def test_a_kernel_never_serves_an_m_outside_what_was_measured_for_it(rows, m):
+    """Whatever the table holds, a lookup returns an entry only for an M it was measured faster at: its own M,
+    or inside the range its producer measured."""
+    entries = [entry(lo + width // 2 if ranged else lo, 64, 32, tflops=speed,
+                     m_range=(lo, lo + width) if ranged else None) for lo, width, ranged, speed in rows]
+    hit = TunedTable(entries).lookup("f16", "row,col,row", m, 64, 32)
+    if hit is not None:
+        assert hit.speedup > 1.0
+        assert hit.m == m or (hit.serves_range and hit.m_lo <= m <= hit.m_hi)
 
 
 def test_entries_slower_than_cublas_are_never_chosen():
@@ -83,8 +107,9 @@ def test_matmul_under_torch_compile():
 
 def test_tuned_path_runs_the_tuned_kernel_on_the_interpreter():
     """The real dispatcher path: lookup, epilogue specialisation (bias + gelu), build, call."""
-    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True)
-    a = torch.randn(30, 40, dtype=torch.float16)                     # M=30: served by the M=32 entry
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40, m_range=(24, 40))]), allow_cpu=True,
+                                 prepare="inline")
+    a = torch.randn(30, 40, dtype=torch.float16)                     # M=30: inside the measured range
     w = torch.randn(48, 40, dtype=torch.float16)
     bias = torch.randn(48, dtype=torch.float16)
     y = l2c.matmul(a, w.t(), bias=bias, activation="gelu")
@@ -100,7 +125,7 @@ def test_tuned_path_runs_the_tuned_kernel_on_the_interpreter():
 def test_steady_state_resolution_still_tells_signatures_apart():
     """The per-call cache keys on shapes, strides, dtypes and devices: a call that differs in any of them from
     an earlier one (same M, N, K) is resolved afresh, not served by the earlier call's kernel."""
-    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True)
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
     a = torch.randn(32, 40, dtype=torch.float16)
     w = torch.randn(48, 40, dtype=torch.float16)
     for _ in range(2):   # the second call takes the cached resolution
@@ -123,18 +148,115 @@ def test_steady_state_resolution_still_tells_signatures_apart():
 def test_linear_serves_3d_inputs_from_the_table_and_is_torch_elsewhere():
     """Eager l2c.nn.Linear: a (batch, tokens, in) input is flattened to M = batch*tokens for the table lookup and
     the tuned kernel's output reshaped back; an unserved shape runs torch.nn.Linear's own F.linear."""
-    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True)
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40, m_range=(3, 32))]), allow_cpu=True,
+                                 prepare="inline")
     ref = torch.nn.Linear(40, 48).half()
     lin = l2c.nn.Linear.from_linear(ref, activation="gelu")
     x = torch.randn(2, 16, 40, dtype=torch.float16)
-    y = lin(x)
+    with torch.no_grad():     # inference: a fused activation serves (it has no backward of its own)
+        y = lin(x)
     assert y.shape == (2, 16, 48) and dispatcher.stats == {"tuned": 1, "fallback": 0}
     expect = F.gelu(x.double() @ ref.weight.double().t() + ref.bias.double())
     assert ((y.double() - expect).norm() / expect.norm()).item() < 5e-3
-    lin(torch.randn(3, 40, dtype=torch.float16))          # M=3: the nearest tuned M at or above (32) serves it
+    with torch.no_grad():
+        lin(torch.randn(3, 40, dtype=torch.float16))      # M=3: the low end of the measured range
     assert dispatcher.stats == {"tuned": 2, "fallback": 0}
+    lin(x).float().sum().backward()                        # with autograd, gelu runs through torch
+    assert dispatcher.stats["fallback"] == 1 and lin.weight.grad is not None
     plain = l2c.nn.Linear.from_linear(torch.nn.Linear(40, 7).half())   # N=7: no entry, torch's F.linear
     x7 = torch.randn(5, 40, dtype=torch.float16)
     assert torch.equal(plain(x7), F.linear(x7, plain.weight, plain.bias))
-    assert dispatcher.stats["fallback"] == 1
+    assert dispatcher.stats["fallback"] == 2
     set_tuned_table(None)
+
+
+def test_the_tuned_path_keeps_autograd_and_its_gradients_match_torch():
+    """Training through a served kernel: the output records a graph, and dX, dW, db equal torch's."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    ref = torch.nn.Linear(40, 48).half()
+    lin = l2c.nn.Linear.from_linear(ref)
+    x = torch.randn(32, 40, dtype=torch.float16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y = lin(x)
+    assert y.grad_fn is not None and dispatcher.stats["tuned"] == 1
+    grad = torch.randn(32, 48, dtype=torch.float16)
+    y.float().mul(grad.float()).sum().backward()
+    ref(x_ref).float().mul(grad.float()).sum().backward()
+    for got, want in ((x.grad, x_ref.grad), (lin.weight.grad, ref.weight.grad), (lin.bias.grad, ref.bias.grad)):
+        assert got is not None and got.shape == want.shape
+        assert ((got.double() - want.double()).norm() / want.double().norm()).item() < 5e-3
+    a = torch.randn(32, 40, dtype=torch.float16).requires_grad_()
+    w = torch.randn(48, 40, dtype=torch.float16)
+    out = l2c.matmul(a, w.t())
+    out.float().sum().backward()
+    assert dispatcher.stats["tuned"] == 2 and a.grad is not None
+    torch.testing.assert_close(a.grad.float(), torch.ones(32, 48).mm(w.float()), atol=0.2, rtol=2e-2)
+    set_tuned_table(None)
+
+
+def test_kernels_are_prepared_in_a_background_process_and_torch_serves_meanwhile():
+    """The default mode: the first call of a signature runs torch and queues the kernel for the worker process
+    (a real subprocess, here on the Triton interpreter); once it is built and verified, calls are tuned."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="background")
+    a = torch.randn(32, 40, dtype=torch.float16)
+    w = torch.randn(48, 40, dtype=torch.float16)
+    expect = a.float() @ w.float().t()
+    y = l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 0, "fallback": 1}
+    torch.testing.assert_close(y.float(), expect, atol=2e-2, rtol=2e-2)
+    assert dispatcher.wait(timeout=300)
+    y = l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 1, "fallback": 1}
+    torch.testing.assert_close(y.float(), expect, atol=2e-2, rtol=2e-2)
+    set_tuned_table(None)
+
+
+def test_a_kernel_that_fails_preparation_is_remembered_and_never_served():
+    from l2c.prepare import FAILED, READY, Job, Preparer
+    preparer = Preparer(idle_exit_s=5)
+    good = Job(entry(32, 48, 40).spec_text, "triton", "sm_90", 32, 48, 40, "cpu")
+    bad = Job("kernel broken { tile m=", "triton", "sm_90", 32, 48, 40, "cpu")
+    preparer.request(bad)
+    preparer.request(good)
+    assert preparer.wait(timeout=300)
+    assert preparer.state(good) == READY
+    assert preparer.state(bad) == FAILED and "build failed" in preparer.reason(bad)
+    assert preparer.request(bad) == FAILED          # remembered: not queued again
+
+
+BAD_TABLES = {
+    "torn.json": b"{", "empty.json": b"", "list.json": b"[]", "entries5.json": b'{"entries": 5}',
+    "binary.json": bytes(range(256)), "utf16.json": '{"entries": []}'.encode("utf-16"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TABLES) + ["missing.json", "a_directory"])
+def test_a_table_that_cannot_be_read_warns_once_and_l2c_runs_torch(tmp_path, monkeypatch, caplog, name):
+    from l2c.dispatch import table_for_arch
+    path = tmp_path / name
+    if name in BAD_TABLES:
+        path.write_bytes(BAD_TABLES[name])
+    elif name == "a_directory":
+        path.mkdir()
+    monkeypatch.setenv("L2C_TUNED_TABLE", str(path))
+    with caplog.at_level("WARNING", logger="l2c.dispatch"):
+        assert table_for_arch("sm_90") is None
+    assert len(caplog.records) == 1 and str(path) in caplog.text and "runs torch" in caplog.text
+    dispatcher = Dispatcher(None)
+    a, b = torch.randn(4, 3), torch.randn(3, 2)
+    torch.testing.assert_close(dispatcher.matmul(a, b), a @ b)
+
+
+def test_malformed_entries_are_skipped_and_the_rest_served(tmp_path, monkeypatch, caplog):
+    from l2c.dispatch import table_for_arch
+    good = entry(64, 64, 64).to_row()
+    rows = [good, {**good, "spec": None}, {**good, "spec": 5}, {**good, "m": "64"}, {**good, "tflops": "fast"},
+            {k: v for k, v in good.items() if k != "target"}, 5, None, {**good, "m_range": [128, 256]}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": rows}))
+    monkeypatch.setenv("L2C_TUNED_TABLE", str(path))
+    with caplog.at_level("WARNING", logger="l2c.dispatch"):
+        table = table_for_arch("sm_90")
+    assert table is not None and table.skipped == len(rows) - 1 and len(table) == 1
+    assert "8 malformed entries skipped" in caplog.text and "entries[1]" in caplog.text
+    assert table.lookup("f16", "row,col,row", 64, 64, 64) is not None

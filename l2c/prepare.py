@@ -1,0 +1,192 @@
+"""Kernel preparation off the caller's thread: build and verify in a background worker process.
+
+A tuned kernel that is not built yet costs nvcc tens of seconds, and a Triton kernel's first launch compiles
+for about a second; neither may happen inside a user's forward pass. The dispatcher hands each (kernel, call
+shape) it would like to serve to a `Preparer`, keeps running torch for that call, and serves the kernel only
+once the worker reports it built and verified (fresh random inputs against the reference, on the same GPU).
+
+The worker is a separate process (`python -m l2c.prepare`): its CUDA context cannot disturb the caller's
+streams or a CUDA-graph capture in progress, a kernel that crashes takes down only the worker, and what it
+builds lands in the shared build caches (l2c's content-hashed cache for CUTLASS libraries and Triton modules,
+Triton's own cache for compiled binaries), so the caller's own build of the same kernel is a cache hit.
+The worker starts on the first request and exits after `IDLE_EXIT_S` without work.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+log = logging.getLogger("l2c.prepare")
+
+IDLE_EXIT_S = 30.0
+QUEUED, READY, FAILED = "queued", "ready", "failed"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel to build and verify at one call shape."""
+    spec_text: str
+    target: str
+    arch: str
+    m: int
+    n: int
+    k: int
+    device: str          # "cuda" or "cpu" (the Triton interpreter, in tests)
+
+    @property
+    def key(self) -> Tuple:
+        return (self.spec_text, self.target, self.arch, self.m, self.n, self.k, self.device)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+
+class Preparer:
+    """Queues jobs for one worker process and records each job's outcome: queued, ready or failed."""
+
+    def __init__(self, idle_exit_s: float = IDLE_EXIT_S):
+        self.idle_exit_s = idle_exit_s
+        self._state: Dict[Tuple, str] = {}
+        self._reasons: Dict[Tuple, str] = {}
+        self._queue: "queue.Queue[Job]" = queue.Queue()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._pending = 0
+        self._thread: Optional[threading.Thread] = None
+        self.seconds: Dict[Tuple, float] = {}   # wall time the worker spent on each job
+
+    def state(self, job: Job) -> Optional[str]:
+        return self._state.get(job.key)
+
+    def reason(self, job: Job) -> str:
+        return self._reasons.get(job.key, "")
+
+    def request(self, job: Job) -> str:
+        """The job's state, queueing it the first time it is asked for."""
+        state = self._state.get(job.key)
+        if state is not None:
+            return state
+        with self._lock:
+            if job.key in self._state:
+                return self._state[job.key]
+            self._state[job.key] = QUEUED
+            self._pending += 1
+            self._queue.put(job)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="l2c-prepare", daemon=True)
+                self._thread.start()
+        return QUEUED
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until every queued job has an outcome; False if `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _finish(self, job: Job, ok: bool, reason: str, seconds: float) -> None:
+        with self._idle:
+            self._state[job.key] = READY if ok else FAILED
+            if not ok:
+                self._reasons[job.key] = reason
+            self.seconds[job.key] = seconds
+            self._pending -= 1
+            self._idle.notify_all()
+        if not ok:
+            log.warning("tuned kernel not served (torch runs this call): %s at %dx%dx%d: %s",
+                        job.spec_text.split("{", 1)[0].strip(), job.m, job.n, job.k, reason)
+
+    def _serve(self) -> None:
+        worker: Optional[subprocess.Popen] = None
+        try:
+            while True:
+                try:
+                    job = self._queue.get(timeout=self.idle_exit_s)
+                except queue.Empty:
+                    return
+                start = time.monotonic()
+                try:
+                    if worker is None or worker.poll() is not None:
+                        worker = _start_worker()
+                    worker.stdin.write(job.to_json() + "\n")
+                    worker.stdin.flush()
+                    line = worker.stdout.readline()
+                    reply = json.loads(line) if line else {"ok": False, "reason": _died(worker)}
+                except (OSError, ValueError) as err:
+                    reply = {"ok": False, "reason": f"the preparation worker failed: {err}"}
+                    worker = _stop(worker)
+                self._finish(job, bool(reply.get("ok")), str(reply.get("reason", "")), time.monotonic() - start)
+        finally:
+            _stop(worker)
+            with self._lock:   # a request racing with the idle exit starts a new thread
+                if not self._queue.empty():
+                    self._thread = threading.Thread(target=self._serve, name="l2c-prepare", daemon=True)
+                    self._thread.start()
+
+
+def _start_worker() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "l2c.prepare"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=dict(os.environ), bufsize=1)
+
+
+def _died(worker: subprocess.Popen) -> str:
+    code = worker.wait()
+    return f"the preparation worker exited with status {code} while building or verifying this kernel"
+
+
+def _stop(worker: Optional[subprocess.Popen]) -> None:
+    if worker is not None and worker.poll() is None:
+        try:
+            worker.stdin.close()
+            worker.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            worker.kill()
+    return None
+
+
+def prepare_one(job: Job) -> Tuple[bool, str]:
+    """Build `job`'s kernel and verify it at its shape (what the worker does for each request)."""
+    from .build import build
+    from .errors import BuildError, L2Error
+    from .parser import parse_one
+    from .validate import validate
+    from .verify import verify
+    try:
+        kernel = build(validate(parse_one(job.spec_text, file="<tuned table>"), job.target, job.arch))
+    except (L2Error, BuildError) as err:
+        return False, f"build failed: {err}"
+    result = verify(kernel, job.m, job.n, job.k, device=job.device)
+    return result.ok, "" if result.ok else f"verification failed: {result.reason}"
+
+
+def main() -> int:
+    """The worker: one JSON job a line on stdin, one JSON reply a line on stdout, until stdin closes."""
+    out = sys.stdout
+    sys.stdout = sys.stderr   # anything a compiler or library prints must not corrupt the replies
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            job = Job(**json.loads(line))
+            ok, reason = prepare_one(job)
+        except Exception as err:  # noqa: BLE001 - every failure is a reply, never a dead worker
+            ok, reason = False, f"{type(err).__name__}: {err}"
+        out.write(json.dumps({"ok": ok, "reason": reason}) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

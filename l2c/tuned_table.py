@@ -1,0 +1,188 @@
+"""The tuned-table format (docs/CONTRACTS.md) and the rule that decides which call a table entry may serve.
+
+A table is measurements, and the dispatcher serves a kernel only where a measurement says it beats torch:
+
+- an exact entry: the kernel was measured faster than torch.matmul on exactly this (M, N, K, batch, dtype,
+  layouts);
+- a token-count range: an entry with ``"m_range": [lo, hi]`` says its shape-generic kernel was measured
+  faster than torch at both ends of the range and at every M the producer measured inside it (at least one),
+  for the same N, K, batch, dtype and layouts; it serves any M in [lo, hi].
+
+Nothing else: no nearest M, no interpolation. An entry measured at or below torch's speed never serves.
+
+Reading a table never raises past `load_table`: a file that cannot be read or is not a table raises
+`TableError` (the dispatcher warns once and runs torch), and a malformed entry is skipped and counted.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+MAX_TABLE_BYTES = 64 * 2**20
+DTYPES = ("f16", "bf16")
+LAYOUT_WORDS = ("row", "col")
+TARGETS = ("triton", "cutlass")
+
+
+class TableError(Exception):
+    """A tuned table that cannot be used at all; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class TunedEntry:
+    m: int
+    n: int
+    k: int
+    batch: int
+    dtype: str
+    layout: str            # "row,col,row": layouts of A, B, C
+    target: str
+    spec_text: str
+    tflops: float
+    baseline_tflops: float
+    m_lo: Optional[int] = None   # with m_hi: the measured token-count range this entry serves
+    m_hi: Optional[int] = None
+
+    @property
+    def speedup(self) -> float:
+        return self.tflops / self.baseline_tflops if self.baseline_tflops else 0.0
+
+    @property
+    def serves_range(self) -> bool:
+        return self.m_lo is not None and self.m_hi is not None
+
+    def to_row(self) -> Dict[str, object]:
+        row = {"m": self.m, "n": self.n, "k": self.k, "batch": self.batch, "dtype": self.dtype,
+               "layout": self.layout, "target": self.target, "spec": self.spec_text, "tflops": self.tflops,
+               "baseline_tflops": self.baseline_tflops, "speedup": round(self.speedup, 4)}
+        if self.serves_range:
+            row["m_range"] = [self.m_lo, self.m_hi]
+        return row
+
+
+def _whole(value, what: str, lo: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < 2**31:
+        raise ValueError(f"{what} must be a whole number in [{lo}, 2^31), got {value!r}")
+    return value
+
+
+def _rate(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a finite non-negative number, got {value!r}")
+    return float(value)
+
+
+def entry_from_row(row) -> TunedEntry:
+    """One table row as a TunedEntry; ValueError saying which field is wrong."""
+    if not isinstance(row, dict):
+        raise ValueError(f"an entry must be an object, got {type(row).__name__}")
+    missing = [f for f in ("m", "n", "k", "dtype", "layout", "target", "spec", "tflops", "baseline_tflops")
+               if f not in row]
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(missing)}")
+    dtype, layout, target, spec = row["dtype"], row["layout"], row["target"], row["spec"]
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if not isinstance(layout, str) or len(layout.split(",")) != 3 or \
+            any(w not in LAYOUT_WORDS for w in layout.split(",")):
+        raise ValueError(f"layout must be three of row/col joined by commas, got {layout!r}")
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("spec must be the kernel's .l2 text")
+    m_lo = m_hi = None
+    m = _whole(row["m"], "m")
+    if row.get("m_range") is not None:
+        rng = row["m_range"]
+        if not isinstance(rng, list) or len(rng) != 2:
+            raise ValueError(f"m_range must be [lo, hi], got {rng!r}")
+        m_lo, m_hi = _whole(rng[0], "m_range[0]"), _whole(rng[1], "m_range[1]")
+        if not m_lo <= m <= m_hi:
+            raise ValueError(f"m_range {rng} does not contain the entry's m={m}")
+    return TunedEntry(m=m, n=_whole(row["n"], "n"), k=_whole(row["k"], "k"),
+                      batch=_whole(row.get("batch", 1), "batch"), dtype=dtype, layout=layout, target=target,
+                      spec_text=spec, tflops=_rate(row["tflops"], "tflops"),
+                      baseline_tflops=_rate(row["baseline_tflops"], "baseline_tflops"), m_lo=m_lo, m_hi=m_hi)
+
+
+class TunedTable:
+    """The served entries of one architecture's table, indexed by the dispatch rule (module docstring)."""
+
+    def __init__(self, entries: List[TunedEntry], arch: str = "sm_90", source: str = "<memory>", skipped: int = 0):
+        self.arch = arch
+        self.source = source
+        self.skipped = skipped          # malformed rows left out when the table was read
+        self.exact: Dict[Tuple, TunedEntry] = {}
+        self.ranges: Dict[Tuple, List[TunedEntry]] = {}
+        for e in entries:
+            if e.speedup <= 1.0:        # measured no faster than torch: never served
+                continue
+            key = (e.dtype, e.layout, e.n, e.k, e.batch)
+            if e.serves_range:
+                self.ranges.setdefault(key, []).append(e)
+            best = self.exact.get(key + (e.m,))
+            if best is None or e.speedup > best.speedup:
+                self.exact[key + (e.m,)] = e
+        for group in self.ranges.values():
+            group.sort(key=lambda e: (e.m_hi - e.m_lo, -e.speedup))   # the narrowest range first
+        # (N, K) pairs with any served entry: a call whose (N, K) is not here goes straight to torch
+        self.nk = frozenset((key[2], key[3]) for key in self.exact) | frozenset((k[2], k[3]) for k in self.ranges)
+
+    @classmethod
+    def load(cls, path) -> "TunedTable":
+        return load_table(path)
+
+    def lookup(self, dtype: str, layout: str, m: int, n: int, k: int, batch: int = 1) -> Optional[TunedEntry]:
+        """The entry that serves this call under the dispatch rule, or None (torch serves it)."""
+        key = (dtype, layout, n, k, batch)
+        hit = self.exact.get(key + (m,))
+        if hit is not None:
+            return hit
+        for e in self.ranges.get(key, ()):
+            if e.m_lo <= m <= e.m_hi:
+                return e
+        return None
+
+    def __len__(self) -> int:
+        return len(self.exact)
+
+
+def load_table(path) -> TunedTable:
+    """Read a tuned table; TableError for a file that is not one. Malformed entries are skipped and counted."""
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise TableError(f"{path}: not a file")
+        if path.stat().st_size > MAX_TABLE_BYTES:
+            raise TableError(f"{path}: larger than {MAX_TABLE_BYTES >> 20} MiB; not a tuned table")
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except TableError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise TableError(f"{path}: cannot read tuned table: {type(err).__name__}: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        raise TableError(f"{path}: not a tuned table (an object with an 'entries' list; see docs/CONTRACTS.md)")
+    arch = data.get("arch", "sm_90")
+    if not isinstance(arch, str):
+        raise TableError(f"{path}: 'arch' must be a string, got {arch!r}")
+    entries, skipped = [], 0
+    for row in data["entries"]:
+        try:
+            entries.append(entry_from_row(row))
+        except (ValueError, TypeError):
+            skipped += 1
+    return TunedTable(entries, arch=arch, source=str(path), skipped=skipped)
+
+
+def first_bad_entry(path) -> Optional[str]:
+    """The first malformed entry's index and reason, for a warning that says what to fix."""
+    data = json.loads(Path(path).read_text())
+    for i, row in enumerate(data.get("entries", [])):
+        try:
+            entry_from_row(row)
+        except (ValueError, TypeError) as err:
+            return f"entries[{i}]: {err}"
+    return None
