@@ -1,8 +1,11 @@
 """`l2c bench`: measure kernels against torch.matmul on a shape set and write one JSON line per result.
 
 Candidates come from `.l2` spec files (every kernel in the file, for each target it validates for), from
-tuned tables (docs/CONTRACTS.md; each entry measured on its own shape), or `torch` (torch.matmul against
-itself: the noise floor of the protocol). A shape-generic spec (`problem m=any ...`) is built once and
+tuned tables (docs/CONTRACTS.md; each entry measured on its own shape), `torch` (torch.matmul against
+itself: the noise floor of the protocol), or what users call: `dispatch[:TABLE]` (`l2c.matmul` through a
+dispatcher with that table, the shipped one by default) and `linear[:TABLE]` (`l2c.nn.Linear`'s path, the
+weight being B transposed). Those two are measured after the dispatcher has prepared the call's kernel, as a
+warmed-up process meets it, and each row says what served the call (`served_by`). A shape-generic spec (`problem m=any ...`) is built once and
 measured on every shape of the set; a spec with fixed dims only on its own shape.
 
 Each (kernel, shape) is verified before it is timed; a failure is recorded, never timed. The results
@@ -134,12 +137,79 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
     return out
 
 
-def load_candidates(paths: Iterable[str], target: str = "all", arch: str = "sm_90") -> List[Candidate]:
-    """Candidates from `.l2` files, tuned-table `.json` files and the word `torch`."""
+class DispatchKernel:
+    """`l2c.matmul` (or `l2c.nn.Linear`'s path) with one dispatcher, behind the Kernel call convention so that it
+    is verified and timed like any candidate. It allocates its output as users' calls do (`writes_out` False:
+    the protocols then let both sides allocate)."""
+    writes_out = False
+
+    def __init__(self, spec, table_path: Optional[str], via: str, arch: str):
+        from types import SimpleNamespace
+        from .dispatch import Dispatcher, default_table_path
+        from .tuned_table import TableError, load_table
+        path = table_path or default_table_path(arch)
+        try:
+            table = load_table(path) if path is not None else None
+        except TableError as err:
+            raise BenchError(str(err)) from None
+        self.table_path = str(path) if path is not None else None
+        self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background")
+        self.valid = SimpleNamespace(spec=spec, name=f"{via}[{self.table_path}]")
+        self.via = via
+        self.activation = spec.epilogue_activation
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        if self.via == "linear":
+            y = self.dispatcher.linear(a, b.t(), bias, self.activation)
+        else:
+            y = self.dispatcher.matmul(a, b, bias=bias, activation=self.activation)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+
+    def prime(self, shape: Shape, device, timeout: float = 900.0) -> str:
+        """Call once on this shape, let the dispatcher prepare the kernel it serves, call again; return what
+        serves the call from now on (the kernel's name, or `torch`)."""
+        import torch
+        from .verify import make_inputs
+        gen = torch.Generator(device=device.torch_device).manual_seed(0)
+        a, b, _, bias, _ = make_inputs(self.valid.spec, shape.m, shape.n, shape.k, 1, device.torch_device, gen)
+        self(a, b, bias=bias)
+        self.dispatcher.wait(timeout)
+        self(a, b, bias=bias)
+        kernel = self.dispatcher.resolve(a, b, bias, self.activation)
+        return "torch" if kernel is None else kernel.valid.name
+
+
+def _user_spec(dtype: str, layout: str):
+    """The types and layouts a torch or dispatch candidate is measured with (no kernel knobs)."""
+    from .ir import KernelSpec
+    la, lb, lc = layout.split(",")
+    return KernelSpec(name="user_call", types_a=dtype, types_b=dtype, types_c=dtype, layout_a=la, layout_b=lb,
+                      layout_c=lc)
+
+
+def load_candidates(paths: Iterable[str], target: str = "all", arch: str = "sm_90", dtype: str = "f16",
+                    layout: str = "row,row,row") -> List[Candidate]:
+    """Candidates from `.l2` files, tuned-table `.json` files, `torch`, `dispatch[:TABLE]` and `linear[:TABLE]`
+    (those three measured in `dtype` and `layout`)."""
     out: List[Candidate] = []
     for p in paths:
+        via = p.split(":", 1)[0]
         if p == "torch":
-            out.append(Candidate(id="torch", source="torch", target="torch"))
+            spec = None if (dtype, layout) == ("f16", "row,row,row") else _user_spec(dtype, layout)
+            out.append(Candidate(id="torch", source="torch", target="torch", spec=spec))
+        elif via in ("dispatch", "linear"):
+            table = p.split(":", 1)[1] if ":" in p else None
+            spec = _user_spec(dtype, layout)
+            if via == "linear" and spec.layout_c != "row":
+                raise BenchError("linear: nn.Linear writes a row-major output (layout c=row)")
+            kernel = DispatchKernel(spec, table, via, arch)
+            cand = Candidate(id=f"{via}:{kernel.table_path}", source=kernel.table_path or "no table",
+                             target="dispatch", spec=spec, valid=kernel.valid)
+            cand._kernel = kernel
+            out.append(cand)
         elif p.endswith(".json"):
             out.extend(_table_candidates(p, arch))
         else:
@@ -339,6 +409,7 @@ class Settings:
     graphs: bool = True
     rotate: bool = True
     warmup_s: float = 0.0
+    roofline: bool = False    # cold operands (each call reads them from HBM) and each row's fraction of roofline
 
     def as_dict(self) -> Dict[str, object]:
         return dict(self.__dict__)
@@ -369,13 +440,17 @@ def _verify(cand: Candidate, shape: Shape, device, seed: int) -> Tuple[Optional[
     kernel = cand.kernel()
     if cand.failure is not None:
         return cand.failure[0], {"reason": cand.failure[1]}
+    served = {}
+    if hasattr(kernel, "prime"):
+        served = {"served_by": kernel.prime(shape, device)}
     from .verify import verify
     try:
         res = verify(kernel, shape.m, shape.n, shape.k, batch=shape.batch, device=device.torch_device.type,
                      seed=seed)
     except Exception as err:  # noqa: BLE001 - e.g. a CUTLASS kernel refusing an unaligned shape
         return "verify_failed", {"reason": f"{type(err).__name__}: {err}"}
-    fields = {"rel_error": _num(getattr(res, "rel_error", None)), "tolerance": _num(getattr(res, "tolerance", None))}
+    fields = {"rel_error": _num(getattr(res, "rel_error", None)), "tolerance": _num(getattr(res, "tolerance", None)),
+              **served}
     if not res.ok:
         fields["reason"] = getattr(res, "reason", "") or "verification failed"
         return "verify_failed", fields
@@ -389,9 +464,11 @@ def _num(x):
 
 
 def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, device, settings: Settings,
-              writer: ResultsWriter, progress: Optional[Progress] = None, log: TextIO = sys.stderr) -> int:
-    """Measure every planned (shape, candidate, protocol) not yet in the file; return rows written."""
-    from .measure import TorchMatmul, measure
+              writer: ResultsWriter, progress: Optional[Progress] = None, log: TextIO = sys.stderr,
+              ceilings=None) -> int:
+    """Measure every planned (shape, candidate, protocol) not yet in the file; return rows written. With
+    `ceilings` (measure.Ceilings of this run), `kernel` rows carry their fraction of roofline."""
+    from .measure import TorchMatmul, measure, roofline_fields
 
     written = 0
     for shape in shapes:
@@ -415,8 +492,11 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
                     try:
                         timing = measure(protocol, fn, baseline, problem, device, reps=settings.reps,
                                          iters=settings.iters, warmup=settings.warmup, rate=settings.rate,
-                                         seed=settings.seed, graphs=settings.graphs, rotate=settings.rotate)
+                                         seed=settings.seed, graphs=settings.graphs, rotate=settings.rotate,
+                                         cold=settings.roofline)
                         row.update(status="ok", **timing.as_row())
+                        if ceilings is not None and protocol == "kernel":
+                            row.update(roofline_fields(problem, timing, ceilings))
                     except Exception as err:  # noqa: BLE001 - recorded; a long run goes on
                         if type(err).__name__ == "OutOfMemoryError":
                             _empty_cache(device)

@@ -350,28 +350,44 @@ SIDES = ("candidate", "baseline")
 
 # --------------------------------------------------------------------------------------------- protocols
 
+def rotation_sets(problem: Problem, l2_bytes: int, cold: bool, max_sets: int = 4096) -> int:
+    """How many operand sets a `kernel` measurement rotates over. Warm: enough to exceed twice the L2, for
+    shapes that would otherwise fit in it. Cold (memory-bound shapes): at least two sets, and enough that
+    between two uses of a set three L2s' worth of other operands are read, so every call reads its weight
+    from HBM."""
+    if l2_bytes <= 0:
+        return 1
+    footprint = max(1, problem.footprint_bytes())
+    if cold:
+        return max(2, min(max_sets, 1 + math.ceil(3 * l2_bytes / footprint)))
+    return max(1, min(max_sets, math.ceil(2 * l2_bytes / footprint)))
+
+
 def measure_kernel(candidate: KernelFn, baseline: KernelFn, problem: Problem, device, *, reps: int = 10,
                    warmup: int = 3, target_rep_s: float = 1e-3, max_launches: int = 4096, rotate: bool = True,
-                   graphs: bool = True, seed: int = 0, rng: Optional[random.Random] = None) -> Timing:
-    """Median device time per launch over `reps` interleaved repetitions of back-to-back launches."""
+                   graphs: bool = True, seed: int = 0, rng: Optional[random.Random] = None,
+                   cold: bool = False) -> Timing:
+    """Median device time per launch over `reps` interleaved repetitions of back-to-back launches.
+
+    A candidate whose `writes_out` is False (what users call: it allocates its result) is timed allocating, and
+    so is the baseline."""
     rng = rng or random.Random(seed)
-    sets_n = 1
-    if rotate and device.l2_bytes > 0:
-        sets_n = max(1, min(max_launches, math.ceil(2 * device.l2_bytes / max(1, problem.footprint_bytes()))))
+    sets_n = rotation_sets(problem, device.l2_bytes, cold, max_launches) if rotate else 1
     sets = make_operands(problem, device, sets_n, seed)
     fns = {"candidate": candidate, "baseline": baseline}
+    with_out = getattr(candidate, "writes_out", True)
     with _matmul_precision(problem):
         for _ in range(warmup):
             for name in SIDES:
-                sets[0].call(fns[name])
+                sets[0].call(fns[name], with_out)
         device.synchronize()
-        one = max(device.time_runner(lambda f=fns[name]: sets[0].call(f)) for name in SIDES)
+        one = max(device.time_runner(lambda f=fns[name]: sets[0].call(f, with_out)) for name in SIDES)
         launches = max(sets_n, min(max_launches, math.ceil(target_rep_s / max(one, 1e-7))))
 
         def runner(fn):
             def run():
                 for i in range(launches):
-                    sets[i % sets_n].call(fn)
+                    sets[i % sets_n].call(fn, with_out)
             return run
 
         batches, method = device.prepare({name: runner(fns[name]) for name in SIDES}, graphs=graphs)
@@ -440,11 +456,11 @@ def measure_call(candidate: KernelFn, baseline: KernelFn, problem: Problem, devi
 
 def measure(protocol: str, candidate: KernelFn, baseline: KernelFn, problem: Problem, device, *,
             reps: int = 10, iters: int = 20, warmup: int = 3, rate: float = 100.0, seed: int = 0,
-            graphs: bool = True, rotate: bool = True) -> Timing:
+            graphs: bool = True, rotate: bool = True, cold: bool = False) -> Timing:
     """Run one protocol by name (kernel, call, server)."""
     if protocol == "kernel":
         return measure_kernel(candidate, baseline, problem, device, reps=reps, warmup=warmup, seed=seed,
-                              graphs=graphs, rotate=rotate)
+                              graphs=graphs, rotate=rotate, cold=cold)
     if protocol == "call":
         return measure_call(candidate, baseline, problem, device, iters=iters, warmup=warmup, seed=seed)
     if protocol == "server":
@@ -461,3 +477,60 @@ def parse_protocols(text: str) -> List[str]:
                          f"subset of {', '.join(PROTOCOLS)}")
     return list(dict.fromkeys(names))
 
+
+
+# --------------------------------------------------------------------------------------------- roofline
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The GPU's two rates, measured in the run that uses them: HBM read bandwidth (bytes/s, a large GEMV
+    through cuBLAS) and the dense matrix rate per input dtype (FLOP/s, an 8192^3 product through cuBLAS)."""
+    read_bytes_per_s: float
+    dense_flops_per_s: Dict[str, float]
+
+    def roofline_s(self, problem: Problem) -> float:
+        """The floor on one call: max(bytes it must move / bandwidth, FLOPs / dense rate)."""
+        return max(problem.footprint_bytes() / self.read_bytes_per_s,
+                   problem.flops / self.dense_flops_per_s[problem.dtype])
+
+    def as_row(self) -> Dict[str, object]:
+        return {"read_bytes_per_s": self.read_bytes_per_s, "dense_flops_per_s": dict(self.dense_flops_per_s)}
+
+
+def measure_ceilings(device, dtypes=("f16", "bf16"), reps: int = 10) -> Optional[Ceilings]:
+    """Both ceilings on a CUDA device (None elsewhere): medians of `reps` timed batches after a warm-up."""
+    if device.kind != "cuda":
+        return None
+    dev = device.torch_device
+    weight = torch.randn(16384, 16384, device=dev, dtype=torch.float16)   # 512 MiB: far beyond the L2
+    x = torch.randn(1, 16384, device=dev, dtype=torch.float16)
+
+    def median_time(fn, per_batch: int) -> float:
+        for _ in range(3):
+            fn()
+        device.synchronize()
+        times = []
+        for _ in range(reps):
+            def batch():
+                for _ in range(per_batch):
+                    fn()
+            times.append(device.time_runner(batch) / per_batch)
+        return statistics.median(times)
+
+    bandwidth = weight.numel() * weight.element_size() / median_time(
+        lambda: torch.nn.functional.linear(x, weight), 5)
+    del weight, x
+    rates = {}
+    for dtype in dtypes:
+        a = torch.randn(8192, 8192, device=dev, dtype=TORCH_DTYPES[dtype])
+        rates[dtype] = 2 * 8192 ** 3 / median_time(lambda: torch.matmul(a, a), 3)
+        del a
+    return Ceilings(bandwidth, rates)
+
+
+def roofline_fields(problem: Problem, timing: "Timing", ceilings: Ceilings) -> Dict[str, object]:
+    """Fraction of the roofline each side reached in a `kernel` measurement (1.0: at the floor)."""
+    floor = ceilings.roofline_s(problem)
+    return {"roofline_s": floor, "bytes": problem.footprint_bytes(),
+            "roofline_fraction": floor / timing.candidate_s if timing.candidate_s > 0 else None,
+            "baseline_roofline_fraction": floor / timing.baseline_s if timing.baseline_s > 0 else None}

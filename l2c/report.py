@@ -103,7 +103,7 @@ class Results:
 
 def table_or_kernel(row: dict) -> str:
     source = str(row.get("source", ""))
-    return f"tuned table {source}" if source.endswith(".json") else row["kernel"]
+    return f"tuned table {source}" if source.endswith(".json") and row.get("target") != "dispatch" else row["kernel"]
 
 
 def load_results(*paths) -> Results:

@@ -25,6 +25,12 @@ Sets (see ../shared/BENCHMARKING.md):
   gate+up (N = 2 x intermediate, K = hidden; what vLLM runs) and MLP down (N = hidden, K = intermediate).
 - ``square``: M = N = K over the grid sizes plus 1000, 3000, 5000 (off the power-of-two tiles, still
   16-byte aligned for f16).
+- ``offgrid``: shapes no table was tuned on, the check that the dispatcher never makes a call slower:
+  240 drawn from a fixed seed (M log-uniform in 1-16384, N and K multiples of 8 log-uniform in 64-16384)
+  and 60 ``llm`` weights at token counts drawn from 3-6000 outside ``LLM_TOKENS`` and ``SERVE_TOKENS``.
+- ``serve``: LLM decoding and batched decoding, memory-bound for small M: the weights of Llama-3.1-8B,
+  Llama-3.1-70B, Qwen2.5-7B, Qwen2.5-32B and Mistral-7B (q, kv, o, fused qkv, gate/up, fused gate_up,
+  down, lm_head) at ``SERVE_TOKENS`` tokens.
 - a file: one ``M N K`` (optionally ``M N K BATCH``) per line, separated by spaces or commas; ``#``
   starts a comment. A bad line is reported as ``file:line: ...``.
 """
@@ -47,6 +53,17 @@ LLM_MODELS: Dict[str, Tuple[int, int, int, int, int]] = {
     "Qwen2.5-14B": (5120, 13824, 40, 8, 128),
     "Llama-3.1-70B": (8192, 28672, 64, 8, 128),
 }
+
+# name -> (hidden, intermediate, attention heads, kv heads, head dim, vocabulary): the decoding set's models
+SERVE_MODELS: Dict[str, Tuple[int, int, int, int, int, int]] = {
+    "Llama-3.1-8B": (4096, 14336, 32, 8, 128, 128256),
+    "Llama-3.1-70B": (8192, 28672, 64, 8, 128, 128256),
+    "Qwen2.5-7B": (3584, 18944, 28, 4, 128, 152064),
+    "Qwen2.5-32B": (5120, 27648, 40, 8, 128, 152064),
+    "Mistral-7B": (4096, 14336, 32, 8, 128, 32768),
+}
+SERVE_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+OFFGRID_SEED = 20261201
 
 # FLOP bucket edges (decimal units): label, lower bound inclusive.
 BUCKETS: Tuple[Tuple[str, float], ...] = (
@@ -116,6 +133,56 @@ def llm_shapes() -> List[Shape]:
     return [Shape(m, n, k, label="; ".join(labels)) for (m, n, k), labels in by_key.items()]
 
 
+def serve_layers() -> List[Tuple[str, int, int]]:
+    """(model/layer label, N, K) of every weight of SERVE_MODELS as nn.Linear holds it (out, in)."""
+    layers = []
+    for model, (hidden, inter, heads, kv_heads, head_dim, vocab) in SERVE_MODELS.items():
+        layers += [
+            (f"{model} q", heads * head_dim, hidden),
+            (f"{model} k/v", kv_heads * head_dim, hidden),
+            (f"{model} o", hidden, heads * head_dim),
+            (f"{model} qkv", (heads + 2 * kv_heads) * head_dim, hidden),
+            (f"{model} gate/up", inter, hidden),
+            (f"{model} gate_up", 2 * inter, hidden),
+            (f"{model} down", hidden, inter),
+            (f"{model} lm_head", vocab, hidden),
+        ]
+    return layers
+
+
+def serve_shapes() -> List[Shape]:
+    """Every (tokens, weight) of the decoding set; a shape shared by several weights is listed once."""
+    by_key: Dict[Tuple[int, int, int], List[str]] = {}
+    for tokens in SERVE_TOKENS:
+        for label, n, k in serve_layers():
+            by_key.setdefault((tokens, n, k), []).append(f"{label} T={tokens}")
+    return [Shape(m, n, k, label="; ".join(labels)) for (m, n, k), labels in by_key.items()]
+
+
+def offgrid_shapes() -> List[Shape]:
+    """300 shapes from a fixed seed that no table was tuned on (module docstring)."""
+    import math
+    import random
+    rng = random.Random(OFFGRID_SEED)
+
+    def log_uniform(lo: int, hi: int) -> float:
+        return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+
+    shapes = []
+    for _ in range(240):
+        m = max(1, min(16384, round(log_uniform(1, 16384))))
+        n, k = (max(64, min(16384, 8 * round(log_uniform(64, 16384) / 8))) for _ in range(2))
+        shapes.append(Shape(m, n, k, label="offgrid"))
+    layers = llm_layers() + [(label, n, k) for label, n, k in serve_layers()]
+    taken = set(LLM_TOKENS) | set(SERVE_TOKENS)
+    while len(shapes) < 300:
+        label, n, k = layers[rng.randrange(len(layers))]
+        m = round(log_uniform(3, 6000))
+        if m not in taken:
+            shapes.append(Shape(m, n, k, label=f"{label} T={m}"))
+    return shapes
+
+
 def square_shapes() -> List[Shape]:
     return [Shape(d, d, d, label="square") for d in sorted(GRID_DIMS + SQUARE_EXTRA)]
 
@@ -151,11 +218,12 @@ def read_shape_file(path: str | Path) -> List[Shape]:
     return shapes
 
 
-SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes}
+SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes, "offgrid": offgrid_shapes,
+        "serve": serve_shapes}
 
 
 def load_shapes(name: str) -> List[Shape]:
-    """A named set (grid, llm, square) or, for anything else, a file of shapes. Duplicates are dropped."""
+    """A named set (grid, llm, square, offgrid, serve) or, for anything else, a file of shapes. Duplicates are dropped."""
     shapes = SETS[name]() if name in SETS else read_shape_file(name)
     seen, unique = set(), []
     for s in shapes:

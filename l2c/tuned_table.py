@@ -45,6 +45,7 @@ class TunedEntry:
     baseline_tflops: float
     m_lo: Optional[int] = None   # with m_hi: the measured token-count range this entry serves
     m_hi: Optional[int] = None
+    range_min_speedup: Optional[float] = None   # the worst measured speedup inside that range
 
     @property
     def speedup(self) -> float:
@@ -60,6 +61,8 @@ class TunedEntry:
                "baseline_tflops": self.baseline_tflops, "speedup": round(self.speedup, 4)}
         if self.serves_range:
             row["m_range"] = [self.m_lo, self.m_hi]
+            if self.range_min_speedup is not None:
+                row["range_min_speedup"] = self.range_min_speedup
         return row
 
 
@@ -93,7 +96,7 @@ def entry_from_row(row) -> TunedEntry:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("spec must be the kernel's .l2 text")
-    m_lo = m_hi = None
+    m_lo = m_hi = worst = None
     m = _whole(row["m"], "m")
     if row.get("m_range") is not None:
         rng = row["m_range"]
@@ -102,10 +105,15 @@ def entry_from_row(row) -> TunedEntry:
         m_lo, m_hi = _whole(rng[0], "m_range[0]"), _whole(rng[1], "m_range[1]")
         if not m_lo <= m <= m_hi:
             raise ValueError(f"m_range {rng} does not contain the entry's m={m}")
+        if row.get("range_min_speedup") is not None:
+            worst = _rate(row["range_min_speedup"], "range_min_speedup")
+            if worst <= 1.0:
+                raise ValueError(f"range_min_speedup {worst} is no win: a range serves only where it won")
     return TunedEntry(m=m, n=_whole(row["n"], "n"), k=_whole(row["k"], "k"),
                       batch=_whole(row.get("batch", 1), "batch"), dtype=dtype, layout=layout, target=target,
                       spec_text=spec, tflops=_rate(row["tflops"], "tflops"),
-                      baseline_tflops=_rate(row["baseline_tflops"], "baseline_tflops"), m_lo=m_lo, m_hi=m_hi)
+                      baseline_tflops=_rate(row["baseline_tflops"], "baseline_tflops"), m_lo=m_lo, m_hi=m_hi,
+                      range_min_speedup=worst)
 
 
 class TunedTable:
@@ -123,11 +131,12 @@ class TunedTable:
             key = (e.dtype, e.layout, e.n, e.k, e.batch)
             if e.serves_range:
                 self.ranges.setdefault(key, []).append(e)
+                continue
             best = self.exact.get(key + (e.m,))
             if best is None or e.speedup > best.speedup:
                 self.exact[key + (e.m,)] = e
-        for group in self.ranges.values():
-            group.sort(key=lambda e: (e.m_hi - e.m_lo, -e.speedup))   # the narrowest range first
+        for group in self.ranges.values():   # the range with the best worst-case first, then the narrowest
+            group.sort(key=lambda e: (-(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
         # (N, K) pairs with any served entry: a call whose (N, K) is not here goes straight to torch
         self.nk = frozenset((key[2], key[3]) for key in self.exact) | frozenset((k[2], k[3]) for k in self.ranges)
 

@@ -215,3 +215,44 @@ def test_tuned_table_entries_run_on_their_own_shapes(tmp_path, capsys):
     assert main(["bench", str(path), "--shapes", str(shapes), "--protocol", "call", *FAST, "-o", str(out2)]) == 0
     assert [(r["m"], r["n"], r["k"]) for r in results(out2)] == [(8, 24, 16)]
     assert "1 fixed-shape kernel(s)/table entries skipped" in capsys.readouterr().err
+
+
+def test_bench_measures_what_users_call_through_the_dispatcher(tmp_path):
+    """`dispatch:TABLE` and `linear:TABLE` time l2c.matmul / l2c.nn.Linear's path itself: after the background
+    worker prepared the kernel, the table's shape is served tuned (the row names the kernel) and a shape the table
+    does not hold is served by torch, both verified against the reference."""
+    spec = ("kernel t32 {\n  target triton\n  problem m=any n=48 k=40\n  layout a=row b=col c=row\n"
+            "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
+        {"m": 32, "n": 48, "k": 40, "batch": 1, "dtype": "f16", "layout": "row,col,row", "target": "triton",
+         "spec": spec, "tflops": 2.0, "baseline_tflops": 1.0}]}))
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("32 48 40\n31 48 40\n")
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", f"dispatch:{table}", f"linear:{table}", "--shapes", str(shapes), "--layout",
+                 "row,col,row", "-o", str(out), "--protocol", "kernel", *FAST]) == 0
+    rows = [r for r in read_rows(out) if r.get("type") == "result"]
+    assert len(rows) == 4 and all(r["status"] == "ok" and r["verified"] is True for r in rows)
+    served = {(r["kernel"].split(":")[0], r["m"]): r["served_by"] for r in rows}
+    assert served[("dispatch", 32)] == served[("linear", 32)] == "t32"
+    assert served[("dispatch", 31)] == served[("linear", 31)] == "torch"
+
+
+def test_cold_rotation_reads_every_operand_from_memory():
+    """--roofline rotates at least two operand sets, with three L2s of other operands between two uses of one."""
+    from l2c.measure import Ceilings, Problem, rotation_sets, roofline_fields
+    l2 = 60 * 2**20
+    for n, k in ((4096, 4096), (14336, 4096), (28672, 8192), (1024, 1024)):
+        p = Problem(1, n, k, layout_b="col")
+        sets = rotation_sets(p, l2, cold=True)
+        assert sets >= 2 and (sets - 1) * p.footprint_bytes() >= 3 * l2
+    assert rotation_sets(Problem(1, 64, 64), l2, cold=True) == 4096     # capped: tiny operands stay warm
+    assert rotation_sets(Problem(4096, 4096, 4096), l2, cold=False) == 1
+    ceilings = Ceilings(4.0e12, {"f16": 800e12})
+    p = Problem(1, 4096, 4096)
+    floor = p.footprint_bytes() / 4.0e12                  # one token: memory-bound
+    fields = roofline_fields(p, type("T", (), {"candidate_s": 2 * floor, "baseline_s": 4 * floor})(), ceilings)
+    assert fields["roofline_fraction"] == pytest.approx(0.5) and fields["baseline_roofline_fraction"] == pytest.approx(0.25)
+    big = Problem(8192, 8192, 8192)                       # compute-bound: the dense rate sets the floor
+    assert ceilings.roofline_s(big) == pytest.approx(2 * 8192 ** 3 / 800e12)

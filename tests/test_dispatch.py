@@ -31,7 +31,7 @@ def test_lookup_serves_exact_shapes_and_measured_ranges_only():
     assert table.lookup("f16", "row,row,row", 128, 64, 32) is None
     ranged = TunedTable([entry(32, 64, 32, m_range=(8, 64)), entry(48, 64, 32, tflops=3.0, m_range=(40, 56))])
     assert ranged.lookup("f16", "row,col,row", 8, 64, 32).m == 32
-    assert ranged.lookup("f16", "row,col,row", 50, 64, 32).m == 48     # the narrowest range that holds M
+    assert ranged.lookup("f16", "row,col,row", 50, 64, 32).m == 48     # the best worst-case range that holds M
     assert ranged.lookup("f16", "row,col,row", 64, 64, 32).m == 32
     assert ranged.lookup("f16", "row,col,row", 7, 64, 32) is None
     assert ranged.lookup("f16", "row,col,row", 65, 64, 32) is None

@@ -124,3 +124,27 @@ def test_rows_whose_spec_cannot_be_found_are_refused_not_skipped(tmp_path):
     assert done.returncode == 0, done.stderr
     entries = json.loads(out.read_text())["entries"]
     assert [e["spec"] for e in entries] == [spec.to_l2()]
+
+
+def test_ranges_cover_runs_of_consecutive_measured_wins_and_never_cross_a_loss(tmp_path):
+    """--ranges: a shape-generic spec that won at 3+ consecutive measured M serves the M between its first and
+    last win; a loss (of that spec) at a measured M in between splits the run, and a run of two serves nothing
+    beyond its own shapes. The dispatcher then serves an unmeasured M inside a range and nothing outside."""
+    generic = KernelSpec(name="g", tile_m=16, problem_m="any").to_l2()
+    other = KernelSpec(name="h", tile_m=32, problem_m="any").to_l2()
+    speeds = {1: 1.3, 2: 1.2, 4: 1.25, 8: 1.01, 16: 1.3, 24: 1.2, 32: 1.1, 48: 1.2}
+    rows = [{"type": "env", "gpu": "NVIDIA H200"}]
+    rows += [row("g", m, s, spec=generic) for m, s in speeds.items()]
+    rows += [row("torch", m, 1.0) for m in (64, 96)]                       # measured there, nothing won
+    rows += [row("h", 64, 1.4, spec=other), row("h", 96, 1.4, spec=other)]   # a run of two: exact only
+    results = tmp_path / "r.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "t.json"
+    done = subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(out), "--ranges"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ranges = sorted(tuple(e["m_range"]) for e in json.loads(out.read_text())["entries"] if "m_range" in e)
+    assert ranges == [(1, 4), (16, 48)]
+    table = TunedTable.load(out)
+    served = {m for m in range(1, 129) if table.lookup("f16", "row,row,row", m, 64, 64) is not None}
+    assert served == {1, 2, 3, 4} | set(range(16, 49)) | {64, 96}

@@ -14,9 +14,19 @@ def add_parser(sub) -> None:
         description="Measure .l2 spec files, tuned tables (.json) or `torch` (torch.matmul against itself: "
                     "the protocol's noise floor) against torch.matmul. One JSON row per shape x kernel x "
                     "protocol, flushed as it completes; --resume continues an interrupted run.")
-    p.add_argument("kernels", nargs="*", help=".l2 spec files, tuned-table .json files, or `torch`")
-    p.add_argument("--shapes", help="grid | llm | square | FILE (one 'M N K' per line); required for "
-                                    "shape-generic specs, a filter for fixed-shape specs and tables")
+    p.add_argument("kernels", nargs="*", help=".l2 spec files, tuned-table .json files, `torch`, "
+                                              "`dispatch[:TABLE]` (l2c.matmul with that table; the shipped one "
+                                              "by default) or `linear[:TABLE]` (l2c.nn.Linear's path)")
+    p.add_argument("--shapes", help="grid | llm | square | offgrid | serve | FILE (one 'M N K' per line); "
+                                    "required for shape-generic specs, a filter for fixed-shape specs and tables")
+    p.add_argument("--dtype", choices=["f16", "bf16"], default="f16",
+                   help="element type for torch, dispatch and linear (default: f16)")
+    p.add_argument("--layout", default=None,
+                   help="layouts of A,B,C for torch, dispatch and linear, e.g. row,col,row (default: row,row,row; "
+                        "row,col,row for linear: nn.Linear's weight is B transposed)")
+    p.add_argument("--roofline", action="store_true",
+                   help="kernel protocol: operands rotated so every call reads them from HBM, the GPU's read "
+                        "bandwidth and dense rate measured in this run, each row's fraction of roofline")
     p.add_argument("--protocol", default="kernel", help="comma-separated subset of kernel,call,server "
                                                         "(default: kernel)")
     p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, help=f"results file (default: {DEFAULT_OUTPUT})")
@@ -77,7 +87,12 @@ def run(args) -> int:
     device = _device(args.device)
     try:
         shape_set = load_shapes(args.shapes) if args.shapes else None
-        candidates = load_candidates(args.kernels, target=args.target, arch=args.arch)
+        layout = args.layout or ("row,col,row" if any(k.split(":")[0] == "linear" for k in args.kernels)
+                                 else "row,row,row")
+        if len(layout.split(",")) != 3 or any(w not in ("row", "col") for w in layout.split(",")):
+            raise UsageError(f"--layout must be three of row/col joined by commas, got {layout!r}")
+        candidates = load_candidates(args.kernels, target=args.target, arch=args.arch, dtype=args.dtype,
+                                     layout=layout)
         shapes, jobs, skipped = plan(candidates, shape_set)
         if args.limit is not None:
             shapes = shapes[: args.limit]
@@ -87,7 +102,8 @@ def run(args) -> int:
 
     warmup_s = args.warmup_seconds if args.warmup_seconds is not None else (3.0 if device.kind == "cuda" else 0.0)
     settings = Settings(protocols, reps=args.reps, iters=args.iters, warmup=args.warmup, rate=args.rate,
-                        seed=args.seed, graphs=not args.no_graphs, rotate=not args.no_rotate, warmup_s=warmup_s)
+                        seed=args.seed, graphs=not args.no_graphs, rotate=not args.no_rotate, warmup_s=warmup_s,
+                        roofline=args.roofline)
     if device.kind == "cpu":
         print(f"l2c bench: {CPU_NOTE}", file=sys.stderr)
     if skipped:
@@ -97,10 +113,19 @@ def run(args) -> int:
     print(f"l2c bench: {len(candidates)} kernel(s), {len(shapes)} shape(s), protocol(s) {','.join(protocols)}: "
           f"{n_rows} rows ({len(writer.done)} already in {args.output}) on {device.name}", file=sys.stderr)
     try:
-        writer.write(environment(device, protocols, command_line(), settings.as_dict()))
         device.warm_up(warmup_s)
+        env = environment(device, protocols, command_line(), settings.as_dict())
+        ceilings = None
+        if args.roofline:
+            from ..measure import measure_ceilings
+            ceilings = measure_ceilings(device)
+            env["ceilings"] = ceilings.as_row() if ceilings is not None else None
+            if ceilings is None:
+                print("l2c bench: --roofline: no GPU, so no ceilings to measure; rows carry no fraction",
+                      file=sys.stderr)
+        writer.write(env)
         progress = Progress(remaining_shapes(shapes, jobs, protocols, writer.done))
-        written = run_bench(candidates, shapes, jobs, device, settings, writer, progress)
+        written = run_bench(candidates, shapes, jobs, device, settings, writer, progress, ceilings=ceilings)
     except KeyboardInterrupt:
         print(f"l2c bench: interrupted; finished rows are in {args.output}: rerun with --resume to continue",
               file=sys.stderr)

@@ -6,6 +6,11 @@ same measurements favours lucky draws (a winner's curse), so the default margin,
 spread of identical kernels on the H200: an entry that clears it is a win, not noise. The table has the
 format of docs/CONTRACTS.md, which `l2c.matmul`, `l2c bench` and `l2c tune --export` share.
 
+`--ranges` adds token-count ranges (docs/CONTRACTS.md, the dispatch rule): where one shape-generic kernel won by
+the margin at three or more consecutive measured token counts M of the same (N, K, dtype, layouts) — consecutive
+among every M measured there, so a loss in between breaks the run — an entry with `m_range` [first, last] serves
+every M in between, measured or not.
+
 `--host-overhead triton=30e-6,cutlass=10e-6` makes a `kernel`-protocol table safe for eager callers: each
 candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
 (measured by scripts/call_overhead.py), times its launches (a Triton atomic split-K kernel also clears its
@@ -32,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--host-overhead", default="", metavar="TARGET=SECONDS,...",
                    help="charge each candidate this extra host time per launch (kernel protocol), e.g. "
                         "triton=30e-6,cutlass=10e-6; default: no charge")
+    p.add_argument("--ranges", action="store_true",
+                   help="also write token-count ranges: a shape-generic kernel that won at 3+ consecutive measured "
+                        "M of one (N, K) serves every M between the first and the last")
     p.add_argument("--every-shape", action="store_true",
                    help="keep each shape's best candidate even where it loses to torch.matmul: a table for measuring "
                         "the kernels alone (l2c bench TABLE.json), not for dispatch")
@@ -140,6 +148,45 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
     return [r for r in best.values() if r["speedup"] >= min_speedup and r["charged_speedup"] >= 1.0]
 
 
+MIN_RANGE_POINTS = 3
+
+
+def range_rows(rows, protocol: str, min_speedup: float, cache=None):
+    """Token-count ranges (module docstring): (row of the run's best point, first M, last M, worst speedup) for
+    each maximal run of >= MIN_RANGE_POINTS consecutive measured M at which one M-generic spec won by
+    `min_speedup`. Consecutive means among every M the results measured for that (N, K, batch, dtype, layout)."""
+    from ..parser import parse_one
+    cache = {} if cache is None else cache
+    measured, by_spec = {}, {}
+    for r in rows:
+        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
+            continue
+        group = shape_key(r)[1:]
+        measured.setdefault(group, set()).add(r["m"])
+        if r.get("kernel") == "torch" or r.get("speedup") is None:
+            continue
+        text = spec_text(r, cache)
+        if not text or parse_one(text).problem_m != "any":
+            continue
+        r = dict(r, spec=text)
+        slot = by_spec.setdefault((group, text), {})
+        if r["m"] not in slot or r["speedup"] < slot[r["m"]]["speedup"]:   # a repeated point counts its worst
+            slot[r["m"]] = r
+    out = []
+    for (group, _), points in by_spec.items():
+        run = []
+        for m in sorted(measured[group]) + [None]:
+            row = points.get(m)
+            if row is not None and row["speedup"] >= min_speedup:
+                run.append(row)
+                continue
+            if len(run) >= MIN_RANGE_POINTS:
+                best = max(run, key=lambda x: x["speedup"])
+                out.append((best, run[0]["m"], run[-1]["m"], min(x["speedup"] for x in run)))
+            run = []
+    return out
+
+
 def won_again(rows, protocol: str):
     """(shape, dtype, layout, spec) -> True for each spec with at least one row in `rows` on that shape in
     `protocol`, all of them verified wins (speedup >= 1.0); False where any lost or failed."""
@@ -185,10 +232,18 @@ def run(args) -> int:
         verdicts = won_again(checks, args.protocol)
         admit = lambda r: verdicts.get((*shape_key(r), r["spec"]), False)  # noqa: E731
     chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape, cache, admit)
-    entries = [{"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
+    def entry(r):
+        return {"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
                 "layout": r["layout"], "target": r["target"], "spec": r["spec"],
                 "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
-               for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
+
+    entries = [entry(r) for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
+    if args.ranges:
+        ranges = range_rows(rows if admit is None else [r for r in rows if r.get("kernel") == "torch"
+                                                         or admit(dict(r, spec=spec_text(r, cache)))],
+                            args.protocol, args.min_speedup, cache)
+        entries += [dict(entry(r), m_range=[lo, hi], range_min_speedup=worst)
+                    for r, lo, hi, worst in sorted(ranges, key=lambda t: (t[0]["n"], t[0]["k"], t[1]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
              "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
              "sources": [str(p) for p in args.results], "confirmed_by": [str(p) for p in args.confirmed_by],
@@ -198,5 +253,7 @@ def run(args) -> int:
     out.write_text(json.dumps(table, indent=1) + "\n")
     kept = "every shape's best" if args.every_shape else f">= {args.min_speedup}x"
     kept += ", won again in " + ", ".join(args.confirmed_by) if args.confirmed_by else ""
-    print(f"wrote {out}: {len(entries)} shape(s), {kept} in the {args.protocol} protocol")
+    ranged = sum(1 for e in entries if "m_range" in e)
+    print(f"wrote {out}: {len(entries) - ranged} shape(s){f' and {ranged} token-count range(s)' if ranged else ''}, "
+          f"{kept} in the {args.protocol} protocol")
     return 0
