@@ -248,7 +248,7 @@ def test_cold_rotation_reads_every_operand_from_memory():
         sets = rotation_sets(p, l2, cold=True)
         assert sets >= 2 and (sets - 1) * p.footprint_bytes() >= 3 * l2
     assert rotation_sets(Problem(1, 64, 64), l2, cold=True) == 4096     # capped: tiny operands stay warm
-    assert rotation_sets(Problem(4096, 4096, 4096), l2, cold=False) == 1
+    assert rotation_sets(Problem(8192, 8192, 8192), l2, cold=False) == 1   # warm: past 2 x L2 already
     ceilings = Ceilings(4.0e12, {"f16": 800e12})
     p = Problem(1, 4096, 4096)
     floor = p.footprint_bytes() / 4.0e12                  # one token: memory-bound
