@@ -8,10 +8,13 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # Imported lazily so that `l2c check`/`l2c compile` never pay for importing torch.
-    if name == "matmul":
-        from .dispatch import matmul
-        return matmul
-    if name == "nn":
-        import importlib
-        return importlib.import_module("l2c.nn")
-    raise AttributeError(name)
+    # Each is bound on first use, so later accesses are plain attribute reads.
+    import importlib
+    if name in ("matmul", "precompile"):
+        value = getattr(importlib.import_module("l2c.dispatch"), name)
+    elif name == "nn":
+        value = importlib.import_module("l2c.nn")
+    else:
+        raise AttributeError(name)
+    globals()[name] = value
+    return value

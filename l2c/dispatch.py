@@ -377,8 +377,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     a: (M, K), b: (K, N), bias: (N,) or None; activation: None | "relu" | "gelu" | "silu".
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
-    if out is not None or not torch.compiler.is_compiling() or a.dim() != 2 or b.dim() != 2:
-        # Eager calls skip the custom-op dispatch layer: it costs microseconds per call and only
-        # torch.compile (tracing) needs to see l2c.matmul as one opaque op.
-        return (_default or default_dispatcher()).matmul(a, b, bias=bias, activation=activation, out=out)
-    return _matmul_op(a, b, bias, activation or "none")
+    dispatcher = _default or default_dispatcher()
+    if torch.compiler.is_compiling():
+        if out is None and a.dim() == 2 and b.dim() == 2:
+            return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
+    elif bias is None and activation is None and a.ndim == 2 and b.ndim == 2 \
+            and (b.shape[1], a.shape[1]) not in dispatcher.nk:
+        # nothing in the table for this (N, K): torch, with no more work than this test
+        dispatcher.stats["fallback"] += 1
+        return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+    # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it
+    return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out)

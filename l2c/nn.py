@@ -5,6 +5,9 @@ from typing import Optional
 
 import torch
 
+import torch.nn.functional as F
+
+from . import dispatch
 from .dispatch import check_activation, default_dispatcher, matmul
 
 
@@ -30,7 +33,11 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():   # eager: straight to the dispatcher (F.linear when unserved)
-            return default_dispatcher().linear(x, self.weight, self.bias, self.activation)
+            dispatcher = dispatch._default or default_dispatcher()
+            if self.activation is None and self.weight.shape not in dispatcher.nk:
+                dispatcher.stats["fallback"] += 1
+                return F.linear(x, self.weight, self.bias)
+            return dispatcher.linear(x, self.weight, self.bias, self.activation)
         lead = x.shape[:-1]
         y = matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, activation=self.activation)
         return y.reshape(*lead, self.out_features)
