@@ -33,7 +33,7 @@ ARCHS = {
 
 # A gemv step's products per thread (tile m x n x k / threads): above this the products and the loaded slab spill out
 # of registers (measured with Triton's compiler for sm_90, tests/test_triton_gemv.py).
-GEMV_PRODUCTS_PER_THREAD = 256
+GEMV_PRODUCTS_PER_THREAD = 128
 
 # Each rule: name -> one-line statement shown with the rejection and listed by `l2c check --rules`.
 RULES = {
