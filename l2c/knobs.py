@@ -55,6 +55,9 @@ class Knob:
 # gets them under `launch swap=yes`. Not 24 (cuBLAS has 64x24 tiles): CUTLASS 4.2's TMA epilogue cannot vectorize
 # its 12-value fragments and fails to compile. Triton needs powers of two (rule triton-tile-pow2).
 _TILE_MN = (8, 16, 32, 48, 64, 96, 128, 192, 256)
+# Tile M also takes 1, 2 and 4 rows: the gemv family's (rule gemv-tile-m), a few tokens against a weight. The other
+# kernels refuse them (triton-tile-pow2, and CUTLASS's warpgroup MMA rules).
+_TILE_M = (1, 2, 4) + _TILE_MN
 
 KNOBS: Tuple[Knob, ...] = (
     Knob("target", "", "enum", "any", "Restrict the spec to one target; `any` lets every target lower it.",
@@ -81,9 +84,9 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("layout", "c", "enum", "row", "Storage order of C and D (M x N).", choices=("row", "col"),
          searchable=False),
     # tiling
-    Knob("tile", "m", "int", 128, "Block tile rows.", choices=_TILE_MN),
+    Knob("tile", "m", "int", 128, "Block tile rows.", choices=_TILE_M),
     Knob("tile", "n", "int", 128, "Block tile columns.", choices=_TILE_MN),
-    Knob("tile", "k", "int", 64, "Block tile depth per main-loop step.", choices=(16, 32, 64, 128, 256)),
+    Knob("tile", "k", "int", 64, "Block tile depth per main-loop step.", choices=(16, 32, 64, 128, 256, 512)),
     Knob("pipeline", "stages", "auto_int", AUTO,
          "Shared-memory pipeline depth; `auto` lets the target fit it to shared memory.",
          choices=(1, 2, 3, 4, 5, 6, 7, 8)),
@@ -109,6 +112,16 @@ KNOBS: Tuple[Knob, ...] = (
          "without a batch) or `tma_device` (the same loads from descriptors each program builds itself: no "
          "descriptor encoding on the host per launch). CUTLASS kernels always load through TMA.",
          choices=("pointer", "tma", "tma_device"), targets=("triton",), spelled_at_default=False),
+    Knob("launch", "family", "enum", "gemm",
+         "Triton kernel family: `gemm` (tensor-core tiles through tl.dot) or `gemv` (CUDA-core multiply-adds for "
+         "a few rows against a large weight, as in LLM decoding: tile m of 1-16 rows, each program streams a "
+         "BLOCK_N x BLOCK_K slab of B per step and reduces over K in registers; pointer loads, no batch, not "
+         "persistent).",
+         choices=("gemm", "gemv"), targets=("triton",), spelled_at_default=False),
+    Knob("launch", "evict", "enum", "normal",
+         "L2 eviction hints of the Triton kernels' pointer loads: `first` reads B (the weight, streamed once) "
+         "evict-first and A (reused by every column tile) evict-last; `normal` gives no hint.",
+         choices=("normal", "first"), targets=("triton",), spelled_at_default=False),
     Knob("cluster", "m", "int", 1, "Thread-block cluster size along M (CUTLASS, TMA multicast of B).",
          choices=(1, 2, 4), targets=("cutlass",)),
     Knob("cluster", "n", "int", 1, "Thread-block cluster size along N (CUTLASS, TMA multicast of A).",

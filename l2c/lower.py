@@ -13,7 +13,9 @@ import jinja2
 from .knobs import DTYPE_BYTES
 from .validate import ValidSpec, cutlass_gemm_spec
 
-TEMPLATE_FOR_TARGET = {"triton": "triton/gemm.py.j2", "cutlass": "cutlass/gemm.cu.j2"}
+# One template per (target, kernel family); the family is the Triton knob `launch family` (CUTLASS has one).
+TEMPLATES = {("triton", "gemm"): "triton/gemm.py.j2", ("triton", "gemv"): "triton/gemv.py.j2",
+             ("cutlass", "gemm"): "cutlass/gemm.cu.j2"}
 SUFFIX_FOR_TARGET = {"triton": ".py", "cutlass": ".cu"}
 
 
@@ -30,7 +32,7 @@ def environment() -> jinja2.Environment:
 
 def render(valid: ValidSpec) -> str:
     """Source text of the kernel module (Triton .py or CUTLASS .cu) for one validated spec."""
-    template = environment().get_template(TEMPLATE_FOR_TARGET[valid.target])
+    template = environment().get_template(TEMPLATES[valid.target, valid.spec.launch_family])
     if valid.target == "triton":
         extra = {"splitk_reduce": triton_splitk_reduce()}
     else:   # the GEMM CUTLASS instantiates (transposed under launch swap=yes)

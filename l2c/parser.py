@@ -39,6 +39,24 @@ def _expected(names) -> str:
     return "one of " + ", ".join(described)
 
 
+def _split_number(tok: Token, text: str) -> int:
+    """Where a number the lexer split starts (0 if it did not): a knob whose values include 1 reads `m=100` as the
+    value `1` and a stray `00`; the error belongs to the whole number, against the values expected there."""
+    pos = getattr(tok, "start_pos", None)
+    if not pos or not str(tok)[:1].isdigit() or not text[pos - 1].isdigit():
+        return 0
+    while pos > 0 and text[pos - 1].isdigit():
+        pos -= 1
+    return pos
+
+
+def _accepted_after(prefix: str):
+    """The terminals the grammar accepts after `prefix`."""
+    interactive = lark_parser().parse_interactive(prefix)
+    interactive.exhaust_lexer()
+    return interactive.accepts()
+
+
 def _syntax_error(err: UnexpectedInput, text: str, file: str) -> L2SyntaxError:
     line, col = getattr(err, "line", None), getattr(err, "column", None)
     if isinstance(err, UnexpectedCharacters):
@@ -48,6 +66,13 @@ def _syntax_error(err: UnexpectedInput, text: str, file: str) -> L2SyntaxError:
         lines = text.splitlines() or [""]
         line, col = len(lines), len(lines[-1]) + 1
         msg = f"unexpected end of file; expected {_expected(err.expected)}"
+    elif isinstance(err, UnexpectedToken) and _split_number(err.token, text):
+        start = _split_number(err.token, text)
+        end = start
+        while end < len(text) and text[end].isdigit():
+            end += 1
+        line, col = text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
+        msg = f"unexpected {text[start:end]!r}; expected {_expected(_accepted_after(text[:start]))}"
     elif isinstance(err, UnexpectedToken):
         tok = err.token
         shown = "end of file" if tok.type == "$END" else repr(str(tok))

@@ -31,6 +31,10 @@ ARCHS = {
     "sm_90": Arch("sm_90", smem_per_block=227 * 1024, sm_count=132, max_cluster=8),
 }
 
+# A gemv step's products per thread (tile m x n x k / threads): above this the products and the loaded slab spill out
+# of registers (measured with Triton's compiler for sm_90, tests/test_triton_gemv.py).
+GEMV_PRODUCTS_PER_THREAD = 128
+
 # Each rule: name -> one-line statement shown with the rejection and listed by `l2c check --rules`.
 RULES = {
     "target": "a spec that names a target is lowered only for that target",
@@ -66,6 +70,17 @@ RULES = {
                         "scheduler, which needs the cooperative schedule",
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
+    "evict-loads": "`launch evict=first` hints Triton's pointer loads; TMA descriptor loads take no eviction hint",
+    "gemv-target": "`launch family=gemv` is a Triton kernel family (CUDA-core multiply-adds, no tl.dot)",
+    "gemv-tile-m": "a gemv kernel's tile m is 1, 2, 4, 8 or 16 rows (more rows belong on tensor cores)",
+    "gemv-tile-pow2": "a gemv kernel's tile n and tile k are powers of two (tl.arange)",
+    "gemv-registers": f"a gemv step multiplies tile m x tile n x tile k products spread over the program's threads: "
+                      f"at most {GEMV_PRODUCTS_PER_THREAD} per thread, or the products and the loaded slab no longer "
+                      f"fit in registers",
+    "gemv-loads": "a gemv kernel reads A and B through pointers (`launch loads=pointer`)",
+    "gemv-batch": "a gemv kernel serves a plain (unbatched) GEMM: problem batch=1",
+    "gemv-persistent": "a gemv kernel launches one program per tile and K slice (`launch persistent=no`)",
+    "gemv-acc": "a gemv kernel accumulates in f32 (its CUDA-core multiply-adds cost the same in f32)",
 }
 
 
@@ -219,6 +234,10 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise _fail(spec, "split_k_mode", "stream-k-target", "split_k mode=stream_k on Triton")
     if spec.split_k_mode == "parallel":
         raise _fail(spec, "split_k_mode", "parallel-split-k-target", "split_k mode=parallel on Triton")
+    if spec.launch_evict != "normal" and spec.launch_loads in TMA_LOADS:
+        raise _fail(spec, "launch_evict", "evict-loads", f"evict={spec.launch_evict} with loads={spec.launch_loads}")
+    if spec.launch_family == "gemv":
+        return _validate_triton_gemv(spec, arch)
     if spec.launch_loads in TMA_LOADS:
         _check_triton_tma(spec)
     for field in ("tile_m", "tile_n", "tile_k"):
@@ -234,6 +253,12 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if per_thread > 256:
         raise _fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "accumulator-registers",
                     f"{spec.tile_m}x{spec.tile_n} accumulator over {warps} warps is {per_thread} values per thread")
+    stages, smem = _triton_stages(spec, arch)
+    return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
+
+
+def _triton_stages(spec: KernelSpec, arch: Arch) -> Tuple[int, int]:
+    """(stages, shared memory bytes) of a Triton kernel: `auto` is the deepest of 4..1 stages that fits."""
     per_stage = _mainloop_stage_bytes(spec)
     if spec.pipeline_stages == AUTO:
         fitting = [s for s in (4, 3, 2, 1) if s * per_stage <= arch.smem_per_block]
@@ -244,6 +269,31 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if smem > arch.smem_per_block:
         raise _fail(spec, "pipeline_stages" if spec.pipeline_stages != AUTO else "tile_k", "shared-memory",
                     f"{stages} stages x {per_stage} bytes = {smem} bytes > {arch.smem_per_block}")
+    return stages, smem
+
+
+def _validate_triton_gemv(spec: KernelSpec, arch: Arch) -> ValidSpec:
+    """The gemv family (templates/triton/gemv.py.j2): what its kernel assumes."""
+    if spec.launch_loads != "pointer":
+        raise _fail(spec, "launch_loads", "gemv-loads", f"loads={spec.launch_loads} with family=gemv")
+    if spec.problem_batch != 1:
+        raise _fail(spec, "problem_batch", "gemv-batch", f"problem.batch={spec.problem_batch} with family=gemv")
+    if spec.launch_persistent != "no":
+        raise _fail(spec, "launch_persistent", "gemv-persistent", "persistent=yes with family=gemv")
+    if spec.types_acc != "f32":
+        raise _fail(spec, "types_acc", "gemv-acc", f"accumulator {spec.types_acc} with family=gemv")
+    if spec.tile_m not in (1, 2, 4, 8, 16):
+        raise _fail(spec, "tile_m", "gemv-tile-m", f"tile m={spec.tile_m}")
+    for field in ("tile_n", "tile_k"):
+        size = getattr(spec, field)
+        if size & (size - 1):
+            raise _fail(spec, field, "gemv-tile-pow2", f"{knob(field).key}={size}")
+    warps = 4 if spec.launch_warps == AUTO else int(spec.launch_warps)
+    products = spec.tile_m * spec.tile_n * spec.tile_k // (warps * 32)
+    if products > GEMV_PRODUCTS_PER_THREAD:
+        raise _fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_k", "gemv-registers",
+                    f"{spec.tile_m}x{spec.tile_n}x{spec.tile_k} products over {warps} warps is {products} per thread")
+    stages, smem = _triton_stages(spec, arch)
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
 
 
@@ -272,6 +322,8 @@ def _alignment_checks(spec: KernelSpec) -> List[Tuple[str, str, object, int]]:
 
 
 def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
+    if spec.launch_family != "gemm":
+        raise _fail(spec, "launch_family", "gemv-target", f"family={spec.launch_family} on CUTLASS")
     if spec.types_a not in ("f16", "bf16") or spec.types_acc != "f32":
         raise _fail(spec, "types_a", "cutlass-dtypes", f"inputs {spec.types_a}, accumulator {spec.types_acc}")
     # The tile rules are CUTLASS's, so they apply to the GEMM it instantiates: under launch swap=yes, the spec's

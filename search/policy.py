@@ -21,7 +21,7 @@ import torch
 from optuna.samplers import BaseSampler, TPESampler
 from torch import nn
 
-from ..knobs import DTYPE_BYTES
+from ..knobs import DTYPE_BYTES, KNOBS_BY_FIELD
 from ..validate import ARCHS
 from ..knobs import TARGETS
 from .space import KNOB_PARAMS, PARAMS, TARGET_PARAM, Problem, check_point, check_targets, params_for
@@ -235,15 +235,53 @@ class Policy:
 
     @classmethod
     def load(cls, path) -> "Policy":
+        """A saved policy. One trained before the space grew (a knob added, a knob's choices extended) loads as
+        itself extended (`_extend_heads`); a space that lost a knob or a choice needs retraining."""
         blob = torch.load(path, map_location="cpu", weights_only=True)
-        space = [(p.name, list(map(str, p.choices))) for p in PARAMS]
-        if [tuple(x) for x in blob["space"]] != [tuple(x) for x in space] or blob["n_features"] != N_FEATURES:
+        saved = {name: list(choices) for name, choices in blob["space"]}
+        if saved.get(TARGET_PARAM) != list(TARGETS) or blob["n_features"] != N_FEATURES:
             raise ValueError(f"{path}: the policy was trained on a different search space; retrain it")
         policy = cls(hidden=blob["hidden"])
-        policy.net.load_state_dict(blob["state"])
+        try:
+            state = _extend_heads(blob["state"], saved, policy.net)
+        except ValueError as err:
+            raise ValueError(f"{path}: the policy was trained on a different search space ({err}); retrain it")
+        policy.net.load_state_dict(state)
         policy.net.eval()
         policy.trained_on = blob["trained_on"]
         return policy
+
+
+UNSEEN_LOGIT = -30.0   # a choice the saved policy never saw: probability ~1e-13 until it is retrained
+
+
+def _extend_heads(state: Dict[str, torch.Tensor], saved: Dict[str, List[str]], net: PolicyNet) -> Dict[str, torch.Tensor]:
+    """`state` of a policy trained on the space `saved` (parameter -> choices as text), fitted to `net`'s heads: a
+    choice it saw keeps its row; a choice added to a knob gets logit UNSEEN_LOGIT; a knob added puts its mass on its
+    default (what every spec the policy learned from had). So it proposes what it proposed before."""
+    state = dict(state)
+    current = {p.name: [str(c) for c in p.choices] for p in KNOB_PARAMS}
+    gone = [name for name in saved if name != TARGET_PARAM and name not in current]
+    if gone:
+        raise ValueError(f"knobs {', '.join(gone)} are no longer searched")
+    for name, choices in current.items():
+        have = saved.get(name)
+        if have == choices:
+            continue
+        if have is not None and set(have) - set(choices):
+            raise ValueError(f"{name} lost the choices {sorted(set(have) - set(choices))}")
+        head = net.heads[name]
+        weight = torch.zeros_like(head.weight)
+        bias = torch.full_like(head.bias, UNSEEN_LOGIT)
+        if have is None:
+            bias[choices.index(str(KNOBS_BY_FIELD[name].default))] = 0.0
+        else:
+            for i, choice in enumerate(choices):
+                if choice in have:
+                    weight[i] = state[f"heads.{name}.weight"][have.index(choice)]
+                    bias[i] = state[f"heads.{name}.bias"][have.index(choice)]
+        state[f"heads.{name}.weight"], state[f"heads.{name}.bias"] = weight, bias
+    return state
 
 
 def default_policy_path(store_path) -> Path:

@@ -1,0 +1,108 @@
+"""Hashes of the source every committed spec renders to: the guard that a template change meant for new specs
+leaves every existing kernel's code (and so its build-cache key and its measurements) as it was.
+
+The corpus is every spec in examples/*.l2, benchmarks/*.l2 and the entries of l2c/tuned/*.json, plus a feature
+matrix that reaches every branch of the GEMM templates (`feature_matrix`), rendered for each target it validates for (Triton split-K kernels under both L2C_TRITON_SPLITK reductions).
+`python scripts/render_manifest.py --write` records the hashes in tests/data/rendered_sources.json;
+tests/test_rendered_corpus.py checks that rendering still gives them.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Dict
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "tests" / "data" / "rendered_sources.json"
+
+
+def corpus_texts():
+    """(where, spec text) of every committed spec."""
+    for pattern in ("examples/*.l2", "benchmarks/*.l2"):
+        for path in sorted(ROOT.glob(pattern)):
+            yield str(path.relative_to(ROOT)), path.read_text()
+    for path in sorted((ROOT / "l2c" / "tuned").glob("*.json")):
+        for i, entry in enumerate(json.loads(path.read_text())["entries"]):
+            yield f"{path.relative_to(ROOT)}#{i}", entry["spec"]
+
+
+def feature_matrix():
+    """Specs crossing the knobs the GEMM templates branch on, so that a branch no committed spec takes is guarded too."""
+    from itertools import product
+    from l2c.ir import KernelSpec
+    specs = []
+    for i, (types, layouts, dims, split, launch, epilogue) in enumerate(product(
+            (("f16", "f32", "f16"), ("f16", "f16", "f16"), ("bf16", "f32", "bf16"), ("f32", "f32", "f32")),
+            (("row", "row", "row"), ("col", "col", "col"), ("row", "col", "row")),
+            ((64, 128, 256, 1), ("any", "any", "any", "any"), (100, 70, 300, 3)),
+            ((1, "workspace"), (4, "workspace"), (3, "atomic"), (2, "parallel")),
+            (("no", "pointer", 1, "m"), ("yes", "pointer", 8, "n"), ("no", "tma", 4, "m"), ("yes", "tma_device", 8, "m")),
+            ((1.0, 0.0, "none", "none"), (0.5, -1.0, "col", "gelu"), (2.0, 1.0, "row", "silu")))):
+        (a, acc, c), (la, lb, lc), (m, n, k, batch) = types, layouts, dims
+        slices, mode = split
+        persistent, loads, group, raster = launch
+        alpha, beta, bias, act = epilogue
+        specs.append(KernelSpec(
+            name=f"matrix{i}", types_a=a, types_b=a, types_acc=acc, types_c=c, layout_a=la, layout_b=lb,
+            layout_c=lc, problem_m=m, problem_n=n, problem_k=k, problem_batch=batch, tile_m=64, tile_n=128,
+            tile_k=32, split_k_slices=slices, split_k_mode=mode, launch_persistent=persistent, launch_loads=loads,
+            swizzle_group=group, swizzle_raster=raster, epilogue_alpha=alpha, epilogue_beta=beta,
+            epilogue_bias=bias, epilogue_activation=act, launch_swap="yes" if i % 2 else "no"))
+    return specs
+
+
+def rendered_hashes() -> Dict[str, str]:
+    """`where:kernel:target[:reduce]` -> sha256 of the rendered source, for every spec of the corpus."""
+    from l2c.errors import L2ValidationError
+    from l2c.lower import render
+    from l2c.parser import parse
+    from l2c.validate import targets_for, validate
+    hashes: Dict[str, str] = {}
+    before = os.environ.get("L2C_TRITON_SPLITK")
+    corpus = [(where, spec) for where, text in corpus_texts() for spec in parse(text, where)]
+    corpus += [("matrix", spec) for spec in feature_matrix()]
+    try:
+        for where, spec in corpus:
+            for target in targets_for(spec):
+                try:
+                    valid = validate(spec, target)
+                except L2ValidationError:
+                    continue
+                reduces = ("inkernel", "finalize") if target == "triton" and spec.split_k_slices > 1 else ("",)
+                for reduce in reduces:
+                    if reduce:
+                        os.environ["L2C_TRITON_SPLITK"] = reduce
+                    key = ":".join(x for x in (where, spec.name, target, reduce) if x)
+                    hashes[key] = hashlib.sha256(render(valid).encode()).hexdigest()
+    finally:
+        if before is None:
+            os.environ.pop("L2C_TRITON_SPLITK", None)
+        else:
+            os.environ["L2C_TRITON_SPLITK"] = before
+    return hashes
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help=f"record the hashes in {MANIFEST.relative_to(ROOT)}")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    hashes = rendered_hashes()
+    if args.write:
+        MANIFEST.write_text(json.dumps(hashes, indent=0, sort_keys=True) + "\n")
+        print(f"{len(hashes)} rendered sources recorded in {MANIFEST.relative_to(ROOT)}")
+        return 0
+    recorded = json.loads(MANIFEST.read_text())
+    changed = sorted(k for k in recorded.keys() | hashes.keys() if recorded.get(k) != hashes.get(k))
+    for key in changed:
+        print(f"changed: {key}")
+    print(f"{len(hashes)} rendered, {len(changed)} differ from the manifest")
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
