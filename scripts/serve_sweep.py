@@ -29,24 +29,28 @@ from pathlib import Path
 SMS = 132
 
 
-def gemv_specs(m: int, n: int, k: int, dtype: str):
-    """GEMV candidates for M <= 8: one program row block holds every token row."""
+GEMV_TILES = ((16, 256, 4), (32, 256, 4), (32, 128, 4), (64, 128, 4), (16, 512, 4), (64, 256, 8))
+
+
+def gemv_specs(m: int, n: int, k: int, dtype: str, tiles=GEMV_TILES):
+    """GEMV candidates: one row block holds every token row, the weight streamed once with evict-first loads."""
     rows = 1 << max(0, (m - 1).bit_length())
     out = []
-    for bn, bk, warps in ((16, 256, 4), (32, 256, 4), (32, 128, 4), (64, 128, 4), (16, 512, 4), (64, 256, 8)):
-        if bk > 256:
-            continue
+    for bn, bk, warps in tiles:
         for split in _splits(math.ceil(n / bn), k, bk):
-            out.append(f"launch family=gemv warps={warps}\n  tile m={rows} n={bn} k={bk}\n"
+            out.append(f"launch family=gemv warps={warps} evict=first\n  tile m={rows} n={bn} k={bk}\n"
                        f"  split_k slices={split} mode=workspace")
     return [_spec(body, dtype, "gemv") for body in out]
 
 
-def gemm_specs(m: int, n: int, k: int, dtype: str):
-    """Tensor-core candidates for 8 < M: a narrow tile M (16 to 64) and split-K to fill the SMs."""
+GEMM_TILES = ((64, 128, 4), (128, 64, 4), (64, 64, 6), (128, 128, 3))
+
+
+def gemm_specs(m: int, n: int, k: int, dtype: str, tiles=GEMM_TILES):
+    """Tensor-core candidates: a narrow tile M (16 to 64) and split-K to fill the SMs."""
     tile_m = min(64, max(16, 1 << (m - 1).bit_length()))
     out = []
-    for bn, bk, stages in ((64, 128, 4), (128, 64, 4), (64, 64, 6), (128, 128, 3)):
+    for bn, bk, stages in tiles:
         tiles = math.ceil(m / tile_m) * math.ceil(n / bn)
         for split in _splits(tiles, k, bk):
             out.append(f"launch warps=4 evict=first\n  tile m={tile_m} n={bn} k={bk}\n  pipeline stages={stages}\n"
@@ -76,8 +80,14 @@ def _spec(body: str, dtype: str, family: str) -> str:
 
 
 def candidates_for(shape, dtype: str):
-    specs = gemv_specs(shape.m, shape.n, shape.k, dtype) if shape.m <= 8 else gemm_specs(shape.m, shape.n, shape.k,
-                                                                                       dtype)
+    """The pool of one shape: GEMV up to 8 rows, tensor cores above, and two of the other family at 4 to 16 rows
+    (where the two meet)."""
+    m, n, k = shape.m, shape.n, shape.k
+    specs = gemv_specs(m, n, k, dtype) if m <= 8 else gemm_specs(m, n, k, dtype)
+    if 4 <= m <= 8:
+        specs += gemm_specs(m, n, k, dtype, GEMM_TILES[:2])
+    elif m == 16:
+        specs += gemv_specs(m, n, k, dtype, GEMV_TILES[1:3])
     from l2c.errors import L2Error
     from l2c.parser import parse_one
     from l2c.validate import validate
@@ -116,7 +126,10 @@ def _warm(pairs):
 
 
 def sweep(shapes, dtype, pools, out_path, device, budget_s, workers, log):
+    import l2c.verify
     from l2c.bench import Candidate, ResultsWriter, Settings, environment, run_bench
+    # every check against the float32 GPU reference: a float64 CPU one would copy each weight to the host
+    l2c.verify.GPU_REFERENCE_MACS = 0
     from l2c.parser import parse_one
     from l2c.validate import validate
     specs = sorted({t for s in shapes for t in pools[s.key]})
