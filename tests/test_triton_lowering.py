@@ -171,9 +171,11 @@ def test_tma_loads_match_reference(case, seed):
 
 
 @settings(max_examples=60, deadline=None)
-@given(valid_specs("triton", launch_loads="pointer"), st.sampled_from(TMA_LOADS))
+@given(valid_specs("triton", launch_loads="pointer", launch_family="gemm", launch_evict="normal"),
+       st.sampled_from(TMA_LOADS))
 def test_tma_loads_are_validated_where_the_template_can_serve_them(spec, loads):
-    """Every valid Triton spec with pointer loads either validates with `loads=tma` and `loads=tma_device` too,
+    """Every valid Triton gemm-family spec with pointer loads and no eviction hint (gemv and evict=first have rules
+    of their own against TMA, gemv-loads and evict-loads) either validates with `loads=tma` and `loads=tma_device` too,
     or is refused by the rule triton-tma-loads exactly when it breaks what the TMA template assumes."""
     contiguous = (spec.problem_k if spec.layout_a == "row" else spec.problem_m,
                   spec.problem_n if spec.layout_b == "row" else spec.problem_k)
