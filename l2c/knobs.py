@@ -122,6 +122,11 @@ KNOBS: Tuple[Knob, ...] = (
          "L2 eviction hints of the Triton kernels' pointer loads: `first` reads B (the weight, streamed once) "
          "evict-first and A (reused by every column tile) evict-last; `normal` gives no hint.",
          choices=("normal", "first"), targets=("triton",), spelled_at_default=False),
+    Knob("launch", "reduce", "enum", "step",
+         "When a gemv kernel sums its products over K: `step` reduces each step's slab across the threads (fewest "
+         "registers), `end` adds the products per K lane in registers and reduces once after the K loop (no "
+         "cross-thread work in the loop; more registers).",
+         choices=("step", "end"), targets=("triton",), spelled_at_default=False),
     Knob("cluster", "m", "int", 1, "Thread-block cluster size along M (CUTLASS, TMA multicast of B).",
          choices=(1, 2, 4), targets=("cutlass",)),
     Knob("cluster", "n", "int", 1, "Thread-block cluster size along N (CUTLASS, TMA multicast of A).",

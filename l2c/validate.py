@@ -70,6 +70,7 @@ RULES = {
                         "scheduler, which needs the cooperative schedule",
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
+    "gemv-reduce": "`launch reduce` chooses how a gemv kernel sums over K; the gemm family reduces in tl.dot",
     "evict-loads": "`launch evict=first` hints Triton's pointer loads; TMA descriptor loads take no eviction hint",
     "gemv-target": "`launch family=gemv` is a Triton kernel family (CUDA-core multiply-adds, no tl.dot)",
     "gemv-tile-m": "a gemv kernel's tile m is 1, 2, 4, 8 or 16 rows (more rows belong on tensor cores)",
@@ -238,6 +239,8 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise _fail(spec, "launch_evict", "evict-loads", f"evict={spec.launch_evict} with loads={spec.launch_loads}")
     if spec.launch_family == "gemv":
         return _validate_triton_gemv(spec, arch)
+    if spec.launch_reduce != "step":
+        raise _fail(spec, "launch_reduce", "gemv-reduce", f"reduce={spec.launch_reduce} with family=gemm")
     if spec.launch_loads in TMA_LOADS:
         _check_triton_tma(spec)
     for field in ("tile_m", "tile_n", "tile_k"):
@@ -290,9 +293,11 @@ def _validate_triton_gemv(spec: KernelSpec, arch: Arch) -> ValidSpec:
             raise _fail(spec, field, "gemv-tile-pow2", f"{knob(field).key}={size}")
     warps = 4 if spec.launch_warps == AUTO else int(spec.launch_warps)
     products = spec.tile_m * spec.tile_n * spec.tile_k // (warps * 32)
-    if products > GEMV_PRODUCTS_PER_THREAD:
+    # reduce=end keeps every product's running sum in a register besides the loaded slab: half the budget
+    if products > (GEMV_PRODUCTS_PER_THREAD // 2 if spec.launch_reduce == "end" else GEMV_PRODUCTS_PER_THREAD):
         raise _fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_k", "gemv-registers",
-                    f"{spec.tile_m}x{spec.tile_n}x{spec.tile_k} products over {warps} warps is {products} per thread")
+                    f"{spec.tile_m}x{spec.tile_n}x{spec.tile_k} products over {warps} warps is {products} per thread"
+                    + (" (reduce=end: at most half as many)" if spec.launch_reduce == "end" else ""))
     stages, smem = _triton_stages(spec, arch)
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
 
