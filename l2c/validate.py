@@ -76,8 +76,9 @@ RULES = {
     "gemv-tile-m": "a gemv kernel's tile m is 1, 2, 4, 8 or 16 rows (more rows belong on tensor cores)",
     "gemv-tile-pow2": "a gemv kernel's tile n and tile k are powers of two (tl.arange)",
     "gemv-registers": f"a gemv step multiplies tile m x tile n x tile k products spread over the program's threads: "
-                      f"at most {GEMV_PRODUCTS_PER_THREAD} per thread, or the products and the loaded slab no longer "
-                      f"fit in registers",
+                      f"at most {GEMV_PRODUCTS_PER_THREAD} per thread ({GEMV_PRODUCTS_PER_THREAD // 2} with `launch "
+                      f"reduce=end`, which keeps a running sum per product), or the products and the loaded slab no "
+                      f"longer fit in registers",
     "gemv-loads": "a gemv kernel reads A and B through pointers (`launch loads=pointer`)",
     "gemv-batch": "a gemv kernel serves a plain (unbatched) GEMM: problem batch=1",
     "gemv-persistent": "a gemv kernel launches one program per tile and K slice (`launch persistent=no`)",
