@@ -30,17 +30,39 @@ SMS = 132
 
 
 GEMV_TILES = ((16, 256, 4), (32, 256, 4), (32, 128, 4), (64, 128, 4), (16, 512, 4), (64, 256, 8))
+# The exploration's GEMV space: (tile n, tile k, warps) x reduce x waves of programs over the SMs
+GEMV_EXPLORE = tuple((bn, bk, w) for bn in (8, 16, 32, 64, 128) for bk in (128, 256, 512) for w in (2, 4, 8))
+WAVES = (1, 2, 4, 8)
 
 
-def gemv_specs(m: int, n: int, k: int, dtype: str, tiles=GEMV_TILES):
-    """GEMV candidates: one row block holds every token row, the weight streamed once with evict-first loads."""
+def gemv_specs(m: int, n: int, k: int, dtype: str, tiles=GEMV_TILES, reduces=("step",), waves=(2, 4)):
+    """GEMV candidates: one row block holds every token row, the weight streamed once with evict-first loads.
+    Returns spec texts; `gemv_configs` says which (tile n, tile k, warps, reduce, waves) each came from."""
+    return [text for text, _ in gemv_configs(m, n, k, dtype, tiles, reduces, waves)]
+
+
+def gemv_configs(m: int, n: int, k: int, dtype: str, tiles=GEMV_TILES, reduces=("step",), waves=(2, 4)):
     rows = 1 << max(0, (m - 1).bit_length())
-    out = []
+    out, seen = [], set()
     for bn, bk, warps in tiles:
-        for split in _splits(math.ceil(n / bn), k, bk):
-            out.append(f"launch family=gemv warps={warps} evict=first\n  tile m={rows} n={bn} k={bk}\n"
-                       f"  split_k slices={split} mode=workspace")
-    return [_spec(body, dtype, "gemv") for body in out]
+        for reduce in reduces:
+            for w in waves:
+                split = _split_for(math.ceil(n / bn), k, bk, w)
+                body = (f"launch family=gemv warps={warps} evict=first reduce={reduce}\n  tile m={rows} n={bn} "
+                        f"k={bk}\n  split_k slices={split} mode=workspace")
+                text = _spec(body, dtype, "gemv")
+                if text not in seen:
+                    seen.add(text)
+                    out.append((text, (bn, bk, warps, reduce, w)))
+    return out
+
+
+def _split_for(tiles: int, k: int, bk: int, waves: int) -> int:
+    """The split-K count that gives `waves` waves of programs on the SMs, each slice at least two K tiles."""
+    split = 1
+    while tiles * split < waves * SMS and k // (2 * split * bk) >= 2 and split < 32:
+        split *= 2
+    return split
 
 
 GEMM_TILES = ((64, 128, 4), (128, 64, 4), (64, 64, 6), (128, 128, 3))
@@ -58,6 +80,35 @@ def gemm_specs(m: int, n: int, k: int, dtype: str, tiles=GEMM_TILES):
     return [_spec(body, dtype, "gemm") for body in out]
 
 
+CUTLASS_TILE_M = (8, 16, 32, 48, 64, 96, 128)
+# (schedule, tile n, tile k, cluster n, split slices, split mode) under launch swap=yes: cuBLAS's own decoding
+# kernels are this family (nvjet, 64 x 8 tiles along N x M, deep TMA pipelines, split-K with a reduction kernel)
+CUTLASS_NARROW = (("basic", 64, 64, 1, 1, "workspace"), ("basic", 64, 64, 2, 1, "workspace"),
+                  ("basic", 64, 128, 1, 1, "workspace"), ("pingpong", 64, 64, 1, 1, "workspace"),
+                  ("cooperative", 128, 64, 1, 2, "workspace"), ("cooperative", 128, 64, 1, 1, "stream_k"),
+                  ("basic", 64, 64, 1, 2, "parallel"), ("basic", 64, 64, 1, 4, "parallel"))
+CUTLASS_WIDE = tuple(CUTLASS_NARROW[i] for i in (0, 1, 3, 4, 6))
+
+
+def cutlass_tile_m(m: int) -> int:
+    """The narrow side of a swapped CUTLASS tile for M rows: the smallest tile M that holds them."""
+    return next((t for t in CUTLASS_TILE_M if t >= m), CUTLASS_TILE_M[-1])
+
+
+def cutlass_specs(tile_m: int, dtype: str):
+    configs = CUTLASS_NARROW if tile_m <= 32 else CUTLASS_WIDE
+    out = []
+    for schedule, bn, bk, cluster, split, mode in configs:
+        body = (f"launch schedule={schedule} swap=yes\n  tile m={tile_m} n={bn} k={bk}\n  cluster m=1 n={cluster}\n"
+                f"  split_k slices={split} mode={mode}")
+        out.append(_spec(body, dtype, "cutlass", target="cutlass"))
+    return out
+
+
+def cutlass_pool(dtype: str):
+    return [t for tm in CUTLASS_TILE_M for t in cutlass_specs(tm, dtype)]
+
+
 def _splits(tiles: int, k: int, bk: int):
     """Split-K counts that put two and four waves of programs on the SMs, each slice at least two K tiles."""
     out = []
@@ -70,35 +121,41 @@ def _splits(tiles: int, k: int, bk: int):
     return out
 
 
-def _spec(body: str, dtype: str, family: str) -> str:
+def _spec(body: str, dtype: str, family: str, target: str = "triton") -> str:
     from l2c.ir import config_name
     from l2c.parser import parse_one
-    text = (f"kernel k {{\n  target triton\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
-            f"acc=f32\n  layout a=row b=col c=row\n  {body}\n  swizzle group=1\n}}\n")
+    text = (f"kernel k {{\n  target {target}\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
+            f"acc=f32\n  layout a=row b=col c=row\n  {body}\n" + ("  swizzle group=1\n" if target == "triton" else "")
+            + "}\n")
     spec = parse_one(text)
     return spec.replace(name=config_name(spec)).to_l2()
 
 
+def _valid(texts):
+    from l2c.errors import L2Error
+    from l2c.parser import parse_one
+    from l2c.validate import validate
+    out = []
+    for text in texts:
+        spec = parse_one(text)
+        try:
+            validate(spec, spec.target, "sm_90")
+            out.append(text)
+        except L2Error:
+            pass
+    return out
+
+
 def candidates_for(shape, dtype: str):
-    """The pool of one shape: GEMV up to 8 rows, tensor cores above, and two of the other family at 4 to 16 rows
-    (where the two meet)."""
+    """The first sweep's pool of one shape: GEMV up to 8 rows, tensor-core tiles above, and two of the other
+    family at 4 to 16 rows (where the two meet)."""
     m, n, k = shape.m, shape.n, shape.k
     specs = gemv_specs(m, n, k, dtype) if m <= 8 else gemm_specs(m, n, k, dtype)
     if 4 <= m <= 8:
         specs += gemm_specs(m, n, k, dtype, GEMM_TILES[:2])
     elif m == 16:
         specs += gemv_specs(m, n, k, dtype, GEMV_TILES[1:3])
-    from l2c.errors import L2Error
-    from l2c.parser import parse_one
-    from l2c.validate import validate
-    valid = []
-    for text in specs:
-        try:
-            validate(parse_one(text), "triton", "sm_90")
-            valid.append(text)
-        except L2Error:
-            pass
-    return valid
+    return _valid(specs)
 
 
 def _warm(pairs):
@@ -112,7 +169,7 @@ def _warm(pairs):
     for text, (m, n, k) in pairs:
         try:
             spec = parse_one(text)
-            kernel = build(validate(spec, "triton", "sm_90"))
+            kernel = build(validate(spec, spec.target, "sm_90"))
             dt = {"f16": torch.float16, "bf16": torch.bfloat16}[spec.types_a]
             a = torch.empty(m, k, device=dev, dtype=dt).normal_()
             w = torch.empty(n, k, device=dev, dtype=dt).normal_()
@@ -125,100 +182,149 @@ def _warm(pairs):
     return failed
 
 
-def sweep(shapes, dtype, pools, out_path, device, budget_s, workers, log):
+def sweep(shapes, pools, out_path, device, budget_s, workers, log, label):
+    """Verify and time every (shape, spec) of `pools` (shape key -> spec texts) into `out_path`."""
     import l2c.verify
     from l2c.bench import Candidate, ResultsWriter, Settings, environment, run_bench
-    # every check against the float32 GPU reference: a float64 CPU one would copy each weight to the host
-    l2c.verify.GPU_REFERENCE_MACS = 0
+    from l2c.measure import measure_ceilings
     from l2c.parser import parse_one
     from l2c.validate import validate
+    # every check against the float32 GPU reference: a float64 CPU one would copy each weight to the host
+    l2c.verify.GPU_REFERENCE_MACS = 0
     specs = sorted({t for s in shapes for t in pools[s.key]})
-    pairs = [(t, (s.m, s.n, s.k)) for s in shapes for t in pools[s.key]]
+    triton_pairs = [(t, (s.m, s.n, s.k)) for s in shapes for t in pools[s.key] if "target   triton" in t]
     t0 = time.monotonic()
-    if workers > 1:
-        chunks = [pairs[i::workers] for i in range(workers)]
+    if workers > 1 and triton_pairs:
         with mp.get_context("spawn").Pool(workers) as pool:
-            failed = sum(pool.map(_warm, chunks))
+            failed = sum(pool.map(_warm, [triton_pairs[i::workers] for i in range(workers)]))
     else:
-        failed = _warm(pairs)
-    print(f"serve_sweep {dtype}: warmed {len(pairs)} (spec, shape) pairs of {len(specs)} specs in "
+        failed = _warm(triton_pairs)
+    print(f"serve_sweep {label}: warmed {len(triton_pairs)} Triton (spec, shape) pairs in "
           f"{time.monotonic() - t0:.0f} s ({failed} failed)", file=log, flush=True)
     cands = {}
     for text in specs:
         spec = parse_one(text)
-        cands[text] = Candidate(id=f"serve_sweep:{spec.name}", source="scripts/serve_sweep.py", target="triton",
-                                spec=spec, valid=validate(spec, "triton", "sm_90"))
+        cands[text] = Candidate(id=f"serve_sweep:{spec.name}", source="scripts/serve_sweep.py", target=spec.target,
+                                spec=spec, valid=validate(spec, spec.target, "sm_90"))
     jobs = {s.key: [cands[t] for t in pools[s.key]] for s in shapes}
     settings = Settings(["kernel"], reps=7, warmup=2, roofline=True)
     writer = ResultsWriter(Path(out_path), resume=True)
-    from l2c.measure import measure_ceilings
     ceilings = measure_ceilings(device)
-    env = environment(device, ["kernel"], " ".join(sys.argv), settings.as_dict())
+    env = environment(device, ["kernel"], " ".join(sys.argv) + f" [{label}]", settings.as_dict())
     env["ceilings"] = ceilings.as_row() if ceilings else None
     writer.write(env)
-    written = 0
-    deadline = time.monotonic() + budget_s
+    written, deadline = 0, time.monotonic() + budget_s
     for s in shapes:
         if time.monotonic() > deadline:
-            print(f"serve_sweep {dtype}: budget spent; {s} and later shapes not measured", file=log)
+            print(f"serve_sweep {label}: budget spent; {s} and later shapes not measured", file=log)
             break
         written += run_bench(list(cands.values()), [s], jobs, device, settings, writer, ceilings=ceilings)
     writer.close()
+    print(f"serve_sweep {label}: {written} rows in {out_path} ({time.monotonic() - t0:.0f} s)", file=log, flush=True)
     return written
 
 
-def best_specs(path, top: int):
-    """shape key -> the `top` best verified spec texts of a sweep file, by speedup."""
+def speedups(path):
+    """(m, n, k) -> {spec name: speedup} of a sweep file's verified rows."""
     from l2c.bench import read_rows
-    by_shape = {}
+    out = {}
     for r in read_rows(path):
         if r.get("type") == "result" and r.get("status") == "ok":
-            by_shape.setdefault((r["m"], r["n"], r["k"], 1), []).append((r["speedup"], r["name"]))
-    return {key: [name for _, name in sorted(rows, reverse=True)[:top]] for key, rows in by_shape.items()}
+            out.setdefault((r["m"], r["n"], r["k"]), {})[r["name"]] = r["speedup"]
+    return out
+
+
+EXPLORE_WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192), (128256, 4096),
+                   (1024, 4096), (6144, 4096))
+GEMV_M = (1, 2, 4, 8, 16)
+
+
+def explore_gemv(shapes, dtype, out, device, args, log):
+    """Stage A: the wide GEMV space on a few weights; the configurations that rank best per M go on to stage B."""
+    from l2c.parser import parse_one
+    chosen = [s for s in shapes if (s.n, s.k) in EXPLORE_WEIGHTS and s.m in GEMV_M]
+    configs, pools = {}, {}
+    for s in chosen:
+        made = [(t, c) for t, c in gemv_configs(s.m, s.n, s.k, dtype, GEMV_EXPLORE, ("step", "end"), WAVES)]
+        valid = set(_valid([t for t, _ in made]))
+        pools[s.key] = [t for t, _ in made if t in valid]
+        configs.update({parse_one(t).name: c for t, c in made if t in valid})
+    path = out / f"serve_gemv_explore_{dtype}.jsonl"
+    sweep(chosen, pools, path, device, args.budget_s, args.workers, log, f"gemv explore {dtype}")
+    ranks = {}
+    for (m, n, k), by_name in speedups(path).items():
+        for name, speedup in by_name.items():
+            ranks.setdefault(m, {}).setdefault(configs[name], []).append(math.log(speedup))
+    top = {}
+    for m, by_config in ranks.items():
+        scored = sorted(by_config.items(), key=lambda kv: -sum(kv[1]) / len(kv[1]))
+        top[m] = [c for c, _ in scored[:args.top]]
+        print(f"serve_sweep: M={m} best GEMV configurations (tile n, tile k, warps, reduce, waves): "
+              + "; ".join(f"{c} {math.exp(sum(v) / len(v)):.3f}x" for c, v in scored[:args.top]), file=log)
+    return top
+
+
+def gemv_pool(shape, dtype, top):
+    """Stage B's pool of one shape: the explored configurations of its M, realized for its N and K, and the two
+    tensor-core tiles that won at 4 to 16 rows in the first sweep."""
+    m, n, k = shape.m, shape.n, shape.k
+    texts = []
+    for bn, bk, warps, reduce, waves in top.get(m, []):
+        texts += [t for t, _ in gemv_configs(m, n, k, dtype, ((bn, bk, warps),), (reduce,), (waves,))]
+    if 4 <= m <= 16:
+        texts += gemm_specs(m, n, k, dtype, GEMM_TILES[:3])
+    return _valid(list(dict.fromkeys(texts)))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--dtypes", default="f16,bf16")
+    ap.add_argument("--dtype", default="f16")
+    ap.add_argument("--stages", default="explore,gemv,cutlass",
+                    help="explore (stage A: the wide GEMV space on a few weights), gemv (stage B: the best of it on "
+                         "every weight, M <= 16), cutlass (swapped CUTLASS tiles on every weight, M <= --max-m; "
+                         "built with --build-jobs processes while the Triton stages run)")
     ap.add_argument("--max-m", type=int, default=128)
-    ap.add_argument("--budget-s", type=float, default=420.0, help="measuring time per dtype")
-    ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1))
+    ap.add_argument("--top", type=int, default=8, help="GEMV configurations per M kept for stage B")
+    ap.add_argument("--budget-s", type=float, default=200.0, help="measuring time per stage")
+    ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    ap.add_argument("--build-jobs", type=int, default=8)
     ap.add_argument("--shapes", default="serve")
     args = ap.parse_args()
+    import subprocess
     import torch
     from l2c.measure import get_device
     from l2c.shapes import load_shapes
     device = get_device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shapes = [s for s in load_shapes(args.shapes) if s.m <= args.max_m]
-    shapes.sort(key=lambda s: (s.m, s.n * s.k))
-    dtypes = args.dtypes.split(",")
+    stages = args.stages.split(",")
+    shapes = sorted((s for s in load_shapes(args.shapes) if s.m <= args.max_m), key=lambda s: (s.m, s.n * s.k))
+    builder = None
+    if "cutlass" in stages:
+        pool_file = out / f"cutlass_pool_{args.dtype}.l2"
+        pool_file.write_text("\n".join(cutlass_pool(args.dtype)))
+        builder = subprocess.Popen([sys.executable, "-m", "l2c", "build", str(pool_file), "--target", "cutlass",
+                                    "-j", str(args.build_jobs)], stdout=open(out / "cutlass_build.log", "w"),
+                                   stderr=subprocess.STDOUT)
     device.warm_up(3.0)
-    names = {}
-    for i, dtype in enumerate(dtypes):
-        if i == 0:
-            pools = {s.key: candidates_for(s, dtype) for s in shapes}
-        else:
-            pools = {s.key: [t.replace(f"a={dtypes[0]} b={dtypes[0]} c={dtypes[0]}", f"a={dtype} b={dtype} c={dtype}")
-                             for t in (names.get(s.key) or [])] for s in shapes}
-            pools = {key: [_rename(t) for t in texts] for key, texts in pools.items()}
-        path = out / f"serve_sweep_{dtype}.jsonl"
-        written = sweep(shapes, dtype, pools, path, device, args.budget_s, args.workers, sys.stderr)
-        print(f"serve_sweep {dtype}: {written} rows in {path}", file=sys.stderr, flush=True)
-        if i == 0:
-            texts = {json.loads(json.dumps(t)) for p in pools.values() for t in p}
-            by_name = {t.split()[1]: t for t in texts}
-            names = {key: [by_name[n] for n in top if n in by_name] for key, top in best_specs(path, 3).items()}
+    top = {m: [(bn, bk, w, "step", waves) for bn, bk, w in GEMV_TILES for waves in (2, 4)] for m in GEMV_M}
+    if "explore" in stages:
+        top = explore_gemv(shapes, args.dtype, out, device, args, sys.stderr)
+    if "gemv" in stages:
+        chosen = [s for s in shapes if s.m in GEMV_M]
+        pools = {s.key: gemv_pool(s, args.dtype, top) for s in chosen}
+        sweep(chosen, pools, out / f"serve_gemv_{args.dtype}.jsonl", device, args.budget_s, args.workers,
+              sys.stderr, f"gemv {args.dtype}")
+    if builder is not None:
+        t0 = time.monotonic()
+        code = builder.wait()
+        print(f"serve_sweep: CUTLASS pool built (status {code}) after {time.monotonic() - t0:.0f} s more",
+              file=sys.stderr, flush=True)
+        pools = {s.key: _valid(cutlass_specs(cutlass_tile_m(s.m), args.dtype)) for s in shapes}
+        sweep(shapes, pools, out / f"serve_cutlass_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
+              f"cutlass {args.dtype}")
     return 0
-
-
-def _rename(text: str) -> str:
-    from l2c.ir import config_name
-    from l2c.parser import parse_one
-    spec = parse_one(text)
-    return spec.replace(name=config_name(spec)).to_l2()
 
 
 if __name__ == "__main__":
