@@ -1,9 +1,8 @@
 """`l2c verify spec.l2 --shape MxNxK`: build each kernel and check it against a float reference.
 
 Fresh random inputs, NaN-poisoned output, relative error against the spec's tolerance and an elementwise bound
-(l2c.verify). On a
-machine without a GPU, `--device cpu` runs Triton kernels under the Triton interpreter (slow; small shapes);
-CUTLASS kernels need the GPU. Exits 1 if any check fails.
+(l2c.verify). On a machine without a GPU, `--device cpu` runs Triton kernels under the Triton interpreter (slow;
+small shapes); CUTLASS kernels need the GPU. Exits 1 if any check fails.
 """
 from __future__ import annotations
 
