@@ -23,8 +23,8 @@ def knob_values(knob: Knob) -> st.SearchStrategy:
         return st.sampled_from((AUTO,) + tuple(knob.choices))
     if knob.kind == "dim":
         return st.one_of(st.just(ANY), st.integers(1, 1 << 16))
-    if knob.kind == "float":
-        return st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+    if knob.kind == "float":   # zero or normal in fp32 (rule fp32-scalar); fp32_scalars below draws the others
+        return st.one_of(st.just(0.0), st.floats(1.2e-38, 1e6), st.floats(-1e6, -1.2e-38))
     raise AssertionError(knob.kind)
 
 
