@@ -188,7 +188,8 @@ class _LaunchPlan:
 
 
 def load_module(source: str, name: str):
-    """Write `source` into the cache (keyed by content and Triton version) and import it; return (module, path)."""
+    """Write `source` into the cache (keyed by content and Triton version) and import it; return (module, path).
+    A cached file whose content is not `source` (edited or damaged on disk) is rewritten before the import."""
     digest = cache.content_hash(source, "triton", triton.__version__)[:24]
     path = cache.cache_dir("triton") / f"{name}_{digest}.py"
     try:
@@ -196,7 +197,8 @@ def load_module(source: str, name: str):
     except SyntaxError as err:
         raise BuildError(f"generated Triton module for {name} does not compile: {err}") from err
     with cache.locked(path):
-        if not path.exists():
+        # The file is imported only with the content its name hashes: one edited or damaged on disk is rewritten.
+        if _read_or_none(path) != source:
             cache.write_atomic(path, source)
     module_name = f"l2c_triton_{name}_{digest}"
     if module_name in sys.modules:
@@ -214,6 +216,13 @@ def load_module(source: str, name: str):
         del sys.modules[module_name]
         raise BuildError(f"the generated Triton module {path} has no {'() or '.join(missing)}()")
     return module, path
+
+
+def _read_or_none(path) -> Optional[str]:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def build_triton(valid: ValidSpec) -> TritonKernel:

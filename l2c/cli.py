@@ -1,7 +1,8 @@
 """The `l2c` command line: one subcommand module per job under `l2c/commands/`.
 
-Every user-facing failure is an `L2Error` (or a plain `UsageError`) printed as one line on stderr with
-exit status 2; no traceback reaches a user for bad input.
+Every user-facing failure is an `L2Error`, a plain `UsageError`, a `DataFileError` (a damaged store or journal),
+an `OSError` (where an output cannot be written) or a `MemoryError`, printed as one line on stderr with exit
+status 2; no traceback reaches a user for bad input.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import importlib
 import sys
 from typing import List, Optional
 
-from .errors import L2Error
+from .errors import DataFileError, L2Error, describe_os_error
 
 # Each module defines `add_parser(subparsers)`, which registers its subcommand with `func=run(args) -> int`.
 COMMAND_MODULES = [
@@ -47,12 +48,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     except L2Error as err:
         print(err.render(), file=sys.stderr)
         return 2
-    except UsageError as err:
+    except (UsageError, DataFileError) as err:
         print(f"l2c {args.command}: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early: not an error of ours
         sys.stderr.close()
         return 0
+    except OSError as err:   # where an output goes: an existing file, no permission, a full disk, a symlink loop
+        print(f"l2c {args.command}: error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+    except MemoryError as err:
+        print(f"l2c {args.command}: error: out of memory{': ' + str(err) if str(err) else ''}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

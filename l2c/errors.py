@@ -39,3 +39,18 @@ class L2ValidationError(L2Error):
 
 class BuildError(Exception):
     """A generated kernel failed to build; carries the compiler's message. A failed candidate."""
+
+
+class DataFileError(Exception):
+    """A file l2c keeps data in (the tuner's results store or study journal) is damaged or unusable; the message
+    names the file and what is wrong with it."""
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an OSError: the file(s) it concerns and the system's reason, without the errno."""
+    what = err.strerror or str(err)
+    if err.filename is not None and err.filename2 is not None:
+        return f"{err.filename} -> {err.filename2}: {what}"
+    if err.filename is not None:
+        return f"{err.filename}: {what}"
+    return what

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 TARGETS = ("triton", "cutlass")
+MAX_DIM = 2 ** 31 - 1   # problem sizes: the kernels take M, N, K and batch as 32-bit ints
 ANY = "any"     # spelling of an open problem dimension
 AUTO = "auto"   # spelling of "let the target choose"
 
@@ -63,10 +64,10 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("target", "", "enum", "any", "Restrict the spec to one target; `any` lets every target lower it.",
          choices=("any",) + TARGETS, searchable=False),
     # problem
-    Knob("problem", "m", "dim", ANY, "Rows of A and C; `any` builds a shape-generic kernel.", lo=1, searchable=False),
-    Knob("problem", "n", "dim", ANY, "Columns of B and C.", lo=1, searchable=False),
-    Knob("problem", "k", "dim", ANY, "Reduction dimension.", lo=1, searchable=False),
-    Knob("problem", "batch", "dim", 1, "Batch count (strided batched GEMM); 1 for a plain GEMM.", lo=1,
+    Knob("problem", "m", "dim", ANY, "Rows of A and C; `any` builds a shape-generic kernel.", lo=1, hi=MAX_DIM, searchable=False),
+    Knob("problem", "n", "dim", ANY, "Columns of B and C.", lo=1, hi=MAX_DIM, searchable=False),
+    Knob("problem", "k", "dim", ANY, "Reduction dimension.", lo=1, hi=MAX_DIM, searchable=False),
+    Knob("problem", "batch", "dim", 1, "Batch count (strided batched GEMM); 1 for a plain GEMM.", lo=1, hi=MAX_DIM,
          searchable=False),
     # element types
     Knob("types", "a", "enum", "f16", "Element type of A.", choices=("f16", "bf16", "f32"), searchable=False),

@@ -5,6 +5,8 @@ escapes this module.
 """
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Dict, List, Tuple, Union
 
@@ -57,14 +59,21 @@ def _accepted_after(prefix: str):
     return interactive.accepts()
 
 
+def _end_position(text: str) -> Tuple[int, int]:
+    """Line and column just after the last thing written (trailing whitespace, which the grammar ignores, left
+    out), counting lines as Lark does: by "\\n" alone, not by every break str.splitlines() knows (form feed,
+    U+2028, ...), so the position is one an editor finds in the file."""
+    body = text.rstrip(" \t\f\r\n")
+    return body.count("\n") + 1, len(body) - body.rfind("\n")
+
+
 def _syntax_error(err: UnexpectedInput, text: str, file: str) -> L2SyntaxError:
     line, col = getattr(err, "line", None), getattr(err, "column", None)
     if isinstance(err, UnexpectedCharacters):
         bad = text[err.pos_in_stream] if err.pos_in_stream < len(text) else "end of input"
         msg = f"unexpected character {bad!r}; expected {_expected(err.allowed or ())}"
     elif isinstance(err, UnexpectedEOF):
-        lines = text.splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
+        line, col = _end_position(text)
         msg = f"unexpected end of file; expected {_expected(err.expected)}"
     elif isinstance(err, UnexpectedToken) and _split_number(err.token, text):
         start = _split_number(err.token, text)
@@ -77,8 +86,7 @@ def _syntax_error(err: UnexpectedInput, text: str, file: str) -> L2SyntaxError:
         tok = err.token
         shown = "end of file" if tok.type == "$END" else repr(str(tok))
         if tok.type == "$END":
-            lines = text.splitlines() or [""]
-            line, col = len(lines), len(lines[-1]) + 1
+            line, col = _end_position(text)
         msg = f"unexpected {shown}; expected {_expected(err.expected)}"
     else:
         msg = str(err).splitlines()[0]
@@ -102,15 +110,24 @@ def _value(knob: Knob, tok: Token, file: str) -> object:
         return value
     if knob.kind in ("dim", "auto_int") and raw in (ANY, AUTO):
         return raw
-    value = int(raw)
+    digits = raw.lstrip("0") or "0"
+    if knob.hi is not None and len(digits) > len(str(knob.hi)):
+        # too long to be in range; never handed to int(), which refuses strings of over 4300 digits
+        shown = digits if len(digits) <= 24 else f"{digits[:12]}...({len(digits)} digits)"
+        raise L2SyntaxError(f"{shown} is above the maximum {knob.hi}{_why_max(knob)}", rule="range", **where)
+    value = int(digits)
     if knob.choices and value not in knob.choices:
         raise L2SyntaxError(f"{value} is not allowed; expected one of {', '.join(map(str, knob.choices))}",
                             rule="range", **where)
     if knob.lo is not None and value < knob.lo:
         raise L2SyntaxError(f"{value} is below the minimum {knob.lo}", rule="range", **where)
     if knob.hi is not None and value > knob.hi:
-        raise L2SyntaxError(f"{value} is above the maximum {knob.hi}", rule="range", **where)
+        raise L2SyntaxError(f"{value} is above the maximum {knob.hi}{_why_max(knob)}", rule="range", **where)
     return value
+
+
+def _why_max(knob: Knob) -> str:
+    return " (kernels take problem sizes as 32-bit integers)" if knob.kind == "dim" else ""
 
 
 def _value_token(tree: Tree) -> Token:
@@ -168,10 +185,46 @@ def parse_one(text: str, file: str = "<spec>") -> KernelSpec:
     return specs[0]
 
 
+MAX_SPEC_BYTES = 1 << 20   # 1 MiB: hundreds of kernels; the parser takes seconds per MiB, so larger is a mistake
+
+
 def parse_file(path: Union[str, Path]) -> List[KernelSpec]:
+    """Parse a `.l2` file: a regular file of at most MAX_SPEC_BYTES, in UTF-8 (a UTF-8 byte-order mark is
+    allowed). A FIFO or a device is refused before it is opened, since reading one can block or never end."""
     path = Path(path)
+    return parse(read_spec_text(path), file=str(path))
+
+
+def read_spec_text(path: Path) -> str:
+    where = dict(file=str(path))
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise L2SyntaxError(f"cannot read file: {err}", file=str(path)) from None
-    return parse(text, file=str(path))
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a FIFO, socket or device)"
+            raise L2SyntaxError(f"cannot read file: it is {kind}", **where)
+        if info.st_size > MAX_SPEC_BYTES:
+            raise L2SyntaxError(f"file of {info.st_size} bytes is over the {MAX_SPEC_BYTES}-byte limit of a spec file",
+                                rule="file-size", **where)
+        with open(path, "rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)   # the file may have grown since stat
+    except OSError as err:
+        raise L2SyntaxError(f"cannot read file: {err.strerror or err}", **where) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise L2SyntaxError(f"file is over the {MAX_SPEC_BYTES}-byte limit of a spec file", rule="file-size", **where)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise _decode_error(data, err, str(path)) from None
+
+
+def _decode_error(data: bytes, err: UnicodeDecodeError, file: str) -> L2SyntaxError:
+    """The position of the first byte that is not UTF-8, as line:col (col counts characters, as Lark does)."""
+    start = err.start
+    line_start = data.rfind(b"\n", 0, start) + 1
+    line = data.count(b"\n", 0, start) + 1
+    col = len(data[line_start:start].decode("utf-8", "replace")) + 1
+    hint = ""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in data[:200]:
+        hint = " (it looks like UTF-16: save the file as UTF-8)"
+    return L2SyntaxError(f"byte 0x{data[start]:02x} is not UTF-8; spec files are UTF-8 text{hint}",
+                         file=file, line=line, col=col, rule="utf-8")

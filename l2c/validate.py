@@ -24,7 +24,12 @@ class Arch:
     max_cluster: int        # portable thread-block cluster size
 
 
-TMA_LOADS = ("tma", "tma_device")   # Triton `launch loads=` values that read A and B through tensor descriptors
+TMA_LOADS = ("tma", "tma_device")
+# The longest file name built from a kernel name (a cache entry's temporary file: name, "_", a 24-digit hash,
+# ".py", a random part and ".tmp") adds about 45 characters; 100 leaves room under 143-byte file-name limits.
+MAX_NAME_LENGTH = 100
+FP32_MAX = 3.4028234663852886e38
+FP32_MIN_NORMAL = 1.1754943508222875e-38   # Triton `launch loads=` values that read A and B through tensor descriptors
 
 ARCHS = {
     # H100/H200: 227 KB of shared memory per block, 132 SMs (H200 SXM), clusters of up to 8 portable.
@@ -83,6 +88,12 @@ RULES = {
     "gemv-batch": "a gemv kernel serves a plain (unbatched) GEMM: problem batch=1",
     "gemv-persistent": "a gemv kernel launches one program per tile and K slice (`launch persistent=no`)",
     "gemv-acc": "a gemv kernel accumulates in f32 (its CUDA-core multiply-adds cost the same in f32)",
+    "fp32-scalar": "epilogue alpha and beta are fp32 in the kernels: each must be finite in fp32 (|x| < 3.4e38) "
+                   "and, unless 0, a normal fp32 number (|x| >= 1.18e-38), so that it neither overflows nor "
+                   "rounds or flushes to 0",
+    "name-length": f"a kernel name has at most {MAX_NAME_LENGTH} characters: it names cache and output files, "
+                   "which with the hash, suffix and temporary parts added must stay under the 255-byte file-name "
+                   "limit (143 on encrypted home folders)",
 }
 
 
@@ -212,6 +223,12 @@ def cutlass_kernel_smem(spec: KernelSpec, schedule: str, stages: int) -> int:
 
 
 def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
+    if len(spec.name) > MAX_NAME_LENGTH:
+        raise _fail(spec, None, "name-length", f"kernel name of {len(spec.name)} characters")
+    for field in ("epilogue_alpha", "epilogue_beta"):
+        value = float(getattr(spec, field))
+        if not (value == 0.0 or FP32_MIN_NORMAL <= abs(value) <= FP32_MAX):
+            raise _fail(spec, field, "fp32-scalar", f"{field.split('_', 1)[1]}={value!r}")
     if spec.target not in ("any", target):
         raise _fail(spec, "target", "target", f"the spec is for {spec.target}, not {target}")
     if spec.target == target:

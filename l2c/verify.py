@@ -5,6 +5,11 @@ precision and indexing bugs), laid out as the spec says (column-major operands a
 contiguous tensors), and the output buffer is poisoned with NaN first, so an element the kernel never
 writes cannot pass. The reference is float64 on the CPU, or float32 (no TF32) on the GPU when the problem
 is too large for that. A kernel that raises is a failed check, never an exception out of `verify`.
+
+Two checks, both must hold: the relative Frobenius error against a per-dtype tolerance, and an elementwise bound
+(`element_bound`), because a norm over millions of elements lets one wrong element, a wrong 3x3 block or one
+wrong edge column through. A shape-generic kernel checked at a shape that fills its tiles exactly is also
+checked at a shape with partial tiles in every open dimension (`edge_shape`), where masking bugs live.
 """
 from __future__ import annotations
 
@@ -25,6 +30,16 @@ _MATH_TOLERANCE = {"f16": 2e-3, "bf16": 1.5e-2, "tf32": 2e-3, "ieee": 1e-5}
 _OUTPUT_ROUNDING = {"f16": 1e-3, "bf16": 8e-3, "f32": 0.0}
 # Problems with more multiply-adds than this use a float32 reference on the GPU instead of float64 on the CPU.
 GPU_REFERENCE_MACS = 2 ** 28
+
+# Unit roundoff (half an ulp of 1.0) of each type.
+UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24}
+# TF32 keeps 10 mantissa bits of each f32 input and tensor cores may truncate rather than round the rest: each
+# input is off by up to 2^-10 of itself, so a product by up to about 2 * 2^-10.
+TF32_PRODUCT = 2 * 2.0 ** -10
+# Safety factor of the elementwise bound: it covers the slope of the activations (GELU's and SiLU's is at most
+# 1.13), a few roundings in the epilogue, and rounding errors beyond the typical sqrt(K) growth; faults of 1% of
+# an element stay far above it.
+ELEMENT_SAFETY = 8.0
 
 
 @dataclass(frozen=True)
@@ -47,10 +62,70 @@ def tolerance(spec, k: int) -> float:
     return math_tol + _OUTPUT_ROUNDING[spec.types_c] + 2 * acc_ulp * math.sqrt(max(k, 1))
 
 
+def element_bound(spec, product: torch.Tensor, spread: torch.Tensor, c: Optional[torch.Tensor],
+                  bias: Optional[torch.Tensor], ref: torch.Tensor, k: int, ref_unit: float) -> torch.Tensor:
+    """The largest |out - ref| a correct kernel can show at each element, in `ref`'s dtype and device:
+
+        ELEMENT_SAFETY * (u_out |ref| + |alpha| (p (|P| + 2 R) + sqrt(K) (u_acc + u_ref) R) + 4 u_f32 T) + tiny
+
+    with P = a @ b (`product`) and R_ij = sqrt(sum_k a_ik^2 b_kj^2) (`spread`, the size of the K products' sum
+    when their signs are random, as they are for verify's zero-mean inputs). u_out |ref|: rounding to types.c;
+    p (|P| + 2 R): TF32 inputs (p = 0 for exact products), whose truncation shifts a product by a biased relative
+    amount (the |P| part) plus a random one (the R part); sqrt(K) u R: rounding errors of the kernel's and of the
+    reference's K-long sums, random in sign, each at most the unit times a partial sum (of size up to R): their
+    sum grows like sqrt(K) u R (a norm bound, u ||a_i|| ||b_j|| with row and column norms, is sqrt(K) times
+    looser: with an f16 accumulator it let errors of 100x the real ones pass); T = |alpha P| + |beta c| + |bias|:
+    the fp32 epilogue, a few roundings and an activation whose erf or exp is off by up to 2 ulps (f32 GELU of a
+    negative input loses digits to cancellation in 1 + erf); tiny: the smallest normal number of types.c (a kernel
+    may flush subnormal results to 0).
+    """
+    dt = ref.dtype
+    alpha = abs(float(spec.epilogue_alpha))
+    p = TF32_PRODUCT if spec.types_a == "f32" and spec.types_math == "tf32" else 0.0
+    sums = math.sqrt(max(k, 1)) * (UNIT_ROUNDOFF[spec.types_acc] + ref_unit)
+    terms = alpha * product.abs()
+    if c is not None:
+        terms = terms + abs(float(spec.epilogue_beta)) * c.to(dt).abs()
+    if bias is not None:
+        terms = terms + (bias.to(dt).abs()[:, None] if spec.epilogue_bias == "row" else bias.to(dt).abs())
+    bound = (UNIT_ROUNDOFF[spec.types_c] * ref.abs() + alpha * (p * (product.abs() + 2 * spread) + sums * spread)
+             + 4 * UNIT_ROUNDOFF["f32"] * terms)
+    return ELEMENT_SAFETY * bound + torch.finfo(TORCH_DTYPES[spec.types_c]).tiny
+
+
+def edge_shape(spec, m: int, n: int, k: int) -> Optional[Tuple[int, int, int]]:
+    """A shape with a partial last tile in every open (`any`) dimension of `spec`, when (m, n, k) has none in any of
+    them; else None. Remainders are 8 elements, so every extent stays a multiple of 16 bytes (TMA), and K splits into
+    whole, equal 16-byte slices (split_k mode=parallel)."""
+    open_dims = [(d, t) for d, t, fixed in ((m, spec.tile_m, spec.problem_m), (n, spec.tile_n, spec.problem_n),
+                                            (k, spec.tile_k, spec.problem_k)) if fixed == "any"]
+    if not open_dims or any(d % t for d, t in open_dims):
+        return None
+    slices = spec.split_k_slices if spec.split_k_mode != "stream_k" else 1
+    return (m if spec.problem_m != "any" else spec.tile_m + 8,
+            n if spec.problem_n != "any" else spec.tile_n + 8,
+            k if spec.problem_k != "any" else slices * (spec.tile_k + 8))
+
+
+def memory_needed(spec, m: int, n: int, k: int, batch: int = 1) -> int:
+    """Bytes one `verify` call holds at its peak, roughly: the operands and outputs in their types, their float64
+    copies and squares, the product, the spread, the reference, the bound and the difference."""
+    in_bytes, out_bytes = (torch.finfo(TORCH_DTYPES[t]).bits // 8 for t in (spec.types_a, spec.types_c))
+    operands, outputs = batch * (m * k + k * n), batch * m * n
+    return operands * (in_bytes + 2 * 8) + outputs * (4 * out_bytes + 7 * 8)
+
+
 def reference(spec, a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None,
               bias: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """D = act(alpha * a @ b + beta * c + bias) computed in `dtype` on the inputs' device (not cast to types.c)."""
-    result = torch.matmul(a.to(dtype), b.to(dtype))
+    return epilogue(spec, torch.matmul(a.to(dtype), b.to(dtype)), c, bias)
+
+
+def epilogue(spec, product: torch.Tensor, c: Optional[torch.Tensor] = None,
+             bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """act(alpha * product + beta * c + bias) in `product`'s dtype."""
+    dtype = product.dtype
+    result = product
     if spec.epilogue_alpha != 1.0:
         result = result * spec.epilogue_alpha
     if spec.epilogue_beta != 0.0:
@@ -105,13 +180,36 @@ def _exact_fp32_matmul():
 
 def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, torch.device, None] = None,
            seed: Optional[int] = None) -> VerifyResult:
-    """Check `kernel` (an l2c Kernel) on one problem; see the module docstring."""
+    """Check `kernel` (an l2c Kernel) on one problem, and on `edge_shape` of it; see the module docstring.
+
+    Raises MemoryError when the inputs of the problem cannot be allocated (a problem too large, not a failed kernel).
+    """
     spec = kernel.valid.spec
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    tol = tolerance(spec, k)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else secrets.randbits(63))
-    a, b, c, bias, out = make_inputs(spec, m, n, k, batch, device, gen)
+    result = _verify_shape(kernel, m, n, k, batch, device, gen, allocating_calls=True)
+    edge = edge_shape(spec, m, n, k)
+    if result.ok and edge is not None:
+        again = _verify_shape(kernel, *edge, batch, device, gen, allocating_calls=False)
+        if not again.ok:
+            return VerifyResult(False, again.rel_error, again.tolerance,
+                                f"{again.reason} (at {edge[0]}x{edge[1]}x{edge[2]}, which has partial tiles)")
+    return result
+
+
+def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.device, gen,
+                  allocating_calls: bool) -> VerifyResult:
+    spec = kernel.valid.spec
+    tol = tolerance(spec, k)
+    try:
+        a, b, c, bias, out = make_inputs(spec, m, n, k, batch, device, gen)
+    except (MemoryError, RuntimeError) as err:   # torch's allocators report failure as RuntimeError
+        if isinstance(err, RuntimeError) and "alloc" not in str(err).lower() and "memory" not in str(err).lower():
+            raise
+        need = memory_needed(spec, m, n, k, batch)
+        raise MemoryError(f"cannot allocate the inputs of a {m}x{n}x{k} problem (about {need / 2 ** 30:.3g} GiB "
+                          f"to verify it) on {device}") from None
     try:
         returned = kernel(a, b, c=c, bias=bias, out=out)
         if device.type == "cuda":
@@ -123,29 +221,46 @@ def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, to
     if out.numel() == 0:
         return VerifyResult(True, 0.0, tol)
     if torch.isnan(out).any():
-        return VerifyResult(False, math.nan, tol, "unwritten output (NaN)")
+        return VerifyResult(False, math.nan, tol, f"unwritten output (NaN) at element {_first_nan(out)}")
 
     if device.type == "cuda" and batch * m * n * k > GPU_REFERENCE_MACS:
-        with _exact_fp32_matmul():
-            ref = reference(spec, a, b, c, bias, dtype=torch.float32)
-        as_ref = lambda t: t.float()
+        dtype, unit, as_ref = torch.float32, UNIT_ROUNDOFF["f32"], lambda t: t.float()
+        ops = (a, b, c, bias)
     else:
-        cpu = [t.cpu() if t is not None else None for t in (a, b, c, bias)]
-        ref = reference(spec, *cpu, dtype=torch.float64)
-        as_ref = lambda t: t.cpu().double()
+        dtype, unit, as_ref = torch.float64, 2.0 ** -53, lambda t: t.cpu().double()
+        ops = [t.cpu() if t is not None else None for t in (a, b, c, bias)]
+    with _exact_fp32_matmul():
+        wide_a, wide_b = ops[0].to(dtype), ops[1].to(dtype)
+        product = torch.matmul(wide_a, wide_b)
+        spread = torch.matmul(wide_a.square(), wide_b.square()).sqrt()
+        del wide_a, wide_b
+    ref = epilogue(spec, product, ops[2], ops[3])
+    bound = element_bound(spec, product, spread, ops[2], ops[3], ref, k, unit)
+    del product, spread
     ref_norm = torch.linalg.vector_norm(ref).item()
 
     def check(got: torch.Tensor, what: str) -> VerifyResult:
-        err_norm = torch.linalg.vector_norm(as_ref(got) - ref).item()
+        diff = as_ref(got) - ref
+        err_norm = torch.linalg.vector_norm(diff).item()
         rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
         if not math.isfinite(rel):
             return VerifyResult(False, rel, tol, f"non-finite output or reference (overflow?){what}")
+        excess = diff.abs() / bound
+        flat = int(torch.argmax(excess))
+        worst = excess.reshape(-1)[flat].item()
+        if rel <= tol and worst <= 1:
+            return VerifyResult(True, rel, tol)
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), excess.shape))
+        element = (f"element {index} is {as_ref(got)[index].item():.6g}, expected {ref[index].item():.6g}: off by "
+                   f"{diff[index].abs().item():.3g}, {worst:.3g} times its elementwise bound {bound[index].item():.3g} "
+                   f"({int((excess > 1).sum())} of {excess.numel()} elements over theirs)")
         if rel > tol:
-            return VerifyResult(False, rel, tol, f"relative error {rel:.3g} exceeds tolerance {tol:.3g}{what}")
-        return VerifyResult(True, rel, tol)
+            return VerifyResult(False, rel, tol, f"relative error {rel:.3g} exceeds tolerance {tol:.3g}; worst "
+                                                 f"{element}{what}")
+        return VerifyResult(False, rel, tol, f"{element}{what}")
 
     result = check(out, "")
-    if result.ok and c is None:
+    if result.ok and c is None and allocating_calls:
         # The path eager callers take: the kernel allocates its output. Twice, because a second call of a
         # signature may take a different path than the first (a replayed launch plan).
         for attempt in ("first", "second"):
@@ -164,3 +279,7 @@ def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, to
             if not again.ok:
                 return again
     return result
+
+
+def _first_nan(out: torch.Tensor) -> Tuple[int, ...]:
+    return tuple(int(i) for i in torch.nonzero(torch.isnan(out))[0])

@@ -14,6 +14,7 @@ study finishes with exactly the requested number of evaluated points and none ev
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import socket
@@ -27,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import optuna
 from optuna.trial import TrialState
 
+from ..errors import DataFileError
 from .runners import Outcome, Runner
 from .space import Problem, TARGET_PARAM, check_point, check_targets, spec_from_params, suggest_params
 from .store import Result, Store
@@ -65,12 +67,55 @@ def parse_storage(arg: Optional[str], default_dir: Path):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
         path = arg[len("journal:"):]
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        check_journal(Path(path))
         return JournalStorage(JournalFileBackend(path))
     if not arg:   # a journal file: multi-process safe and far cheaper per trial than SQLite
         return parse_storage(f"journal:{Path(default_dir) / 'studies.journal'}", default_dir)
     kwargs = {"connect_args": {"timeout": 120}} if arg.startswith("sqlite") else {}
     heartbeat = {} if arg.startswith("sqlite") else {"heartbeat_interval": 60, "grace_period": 300}
     return optuna.storages.RDBStorage(arg, engine_kwargs=kwargs, **heartbeat)
+
+
+def check_journal(path: Path) -> None:
+    """Raise DataFileError naming the line of `path` that is not a whole Optuna journal record: a line cut short (a
+    writer killed mid-record; Optuna would skip it and append the next record to it, losing that one too) or one
+    that is not a JSON record. Optuna itself raises a bare JSONDecodeError or ValueError from deep inside."""
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise DataFileError(f"study journal {path}: is a directory, not a journal file")
+    offset = 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.endswith(b"\n"):
+                raise DataFileError(f"study journal {path}: line {number} is cut short (no line end: a writer was "
+                                    f"killed mid-record?); truncate the file to its first {offset} bytes to resume")
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise DataFileError(f"study journal {path}: line {number} (from byte {offset}) is not a journal "
+                                    f"record ({err}); remove that line to resume") from None
+            if not isinstance(record, dict) or "op_code" not in record:
+                raise DataFileError(f"study journal {path}: line {number} is JSON but not an Optuna journal record")
+            offset += len(line)
+
+
+def check_store_holds_study(study: optuna.Study, problem: Problem, store: Store, gpu: str, protocol: str) -> None:
+    """Raise DataFileError when trials the study counts as evaluated have no result in the store (the store was
+    emptied, replaced or is another one): the tune would take the study as done and export nothing of them."""
+    missing = 0
+    counted = counted_trials(study)
+    for t in counted:
+        if TARGET_PARAM not in t.params:
+            continue
+        spec = spec_from_params(t.params, problem, generic=True).to_l2()
+        if store.get(problem.key(), spec, t.params[TARGET_PARAM], gpu, protocol) is None:
+            missing += 1
+    if missing:
+        raise DataFileError(
+            f"results store {store.path} has no result for {missing} of the {len(counted)} evaluated trials of "
+            f"study {study.study_name!r} (was the store emptied or replaced?); restore the store, or start the "
+            f"studies afresh with a new --storage, or move the journal away")
 
 
 def study_name(problem: Problem, targets: Sequence[str], gpu: str, protocol: str) -> str:
@@ -475,6 +520,7 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner, store: Store, sto
     storage = parse_storage(storage_arg, storage_dir)
     studies = [open_study(storage, p, cfg, gpu) for p in problems]
     for s, p in zip(studies, problems):
+        check_store_holds_study(s, p, store, gpu, cfg.protocol)
         lost = reclaim_lost_trials(s, everything=reclaim_all, orphan_after_s=cfg.orphan_after_s)
         if lost:
             log(f"{p.shape}: {lost} trial(s) lost by an earlier run re-enqueued")

@@ -7,6 +7,7 @@ that outlives any one study.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -14,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Union
+
+from ..errors import DataFileError
 
 STATUSES = ("ok", "build_failed", "verify_failed", "invalid")
 SOURCES = ("tpe", "random", "policy", "llm", "enqueued", "import")   # import: `l2c import` of `l2c bench` rows
@@ -66,10 +69,21 @@ class Store:
         self._timeout_s = timeout_s
         self._conn: Optional[sqlite3.Connection] = None
         self._pid = -1
-        with self._db() as db:
+        if self.path != ":memory:":
+            check_sqlite_file(self.path)
+        with self._guard(), self._db() as db:
             db.executescript(_SCHEMA)
             if "confirmed" not in {row[1] for row in db.execute("PRAGMA table_info(results)")}:
                 db.execute("ALTER TABLE results ADD COLUMN confirmed REAL")   # a store written before it existed
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """SQLite's errors (a damaged file, a lock held too long) as one DataFileError naming the store."""
+        try:
+            yield
+        except sqlite3.DatabaseError as err:
+            raise DataFileError(f"results store {self.path}: {err} (SQLite); restore it from a copy, or move it "
+                                f"away and start a new store") from None
 
     def _db(self) -> sqlite3.Connection:
         # A connection must not cross a fork: reopen in a child process.
@@ -103,7 +117,7 @@ class Store:
                          r.speedup, r.reason, r.source, json.dumps(r.params, sort_keys=True), r.time or time.time(),
                          r.confirmed))
         db = self._db()
-        with db:  # one transaction, retried by SQLite's busy handler under contention
+        with self._guard(), db:  # one transaction, retried by SQLite's busy handler under contention
             db.executemany(f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES "
                            f"({', '.join('?' * len(_COLUMNS))})", rows)
 
@@ -114,10 +128,10 @@ class Store:
         return Result(**d)
 
     def get(self, problem: str, spec: str, target: str, gpu: str, protocol: str) -> Optional[Result]:
-        cur = self._db().execute(
-            f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND spec=? AND target=? AND gpu=? "
-            "AND protocol=?", (problem, spec, target, gpu, protocol))
-        row = cur.fetchone()
+        with self._guard():
+            row = self._db().execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND spec=? AND target=? AND gpu=? "
+                "AND protocol=?", (problem, spec, target, gpu, protocol)).fetchone()
         return self._result(row) if row else None
 
     def results(self, problem: Optional[str] = None, gpu: Optional[str] = None,
@@ -130,7 +144,9 @@ class Store:
         sql = f"SELECT {', '.join(_COLUMNS)} FROM results"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        for row in self._db().execute(sql + " ORDER BY time", args).fetchall():
+        with self._guard():
+            rows = self._db().execute(sql + " ORDER BY time", args).fetchall()
+        for row in rows:
             yield self._result(row)
 
     def best(self, problem: str, gpu: str, protocol: str, confirmed_since: Optional[float] = None) -> Optional[Result]:
@@ -145,14 +161,45 @@ class Store:
         sql = (f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok'"
                + (" AND confirmed >= ?" if confirmed_since is not None else "") + " ORDER BY speedup DESC LIMIT ?")
         args = (problem, gpu, protocol) + ((confirmed_since,) if confirmed_since is not None else ()) + (n,)
-        return [self._result(row) for row in self._db().execute(sql, args).fetchall()]
+        with self._guard():
+            rows = self._db().execute(sql, args).fetchall()
+        return [self._result(row) for row in rows]
 
     def problems(self, gpu: Optional[str] = None, protocol: Optional[str] = None) -> List[str]:
         sql, args = "SELECT DISTINCT problem FROM results", []
         if gpu is not None or protocol is not None:
             sql += " WHERE " + " AND ".join(f"{c}=?" for c, v in (("gpu", gpu), ("protocol", protocol)) if v)
             args = [v for v in (gpu, protocol) if v]
-        return [r[0] for r in self._db().execute(sql, args).fetchall()]
+        with self._guard():
+            return [r[0] for r in self._db().execute(sql, args).fetchall()]
 
     def count(self) -> int:
-        return self._db().execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        with self._guard():
+            return self._db().execute("SELECT COUNT(*) FROM results").fetchone()[0]
+
+
+def check_sqlite_file(path: Union[str, Path]) -> None:
+    """Raise DataFileError when `path` cannot be an SQLite store: a directory, a file that does not start with
+    SQLite's header, or one shorter than its header says (truncated). A missing or empty file is a new store."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataFileError(f"results store {path}: is a directory, not an SQLite file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise DataFileError(f"results store {path}: cannot be read: {err.strerror or err}") from None
+    if size == 0:
+        return
+    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
+        raise DataFileError(f"results store {path}: not an SQLite database ({size} bytes starting {head[:16]!r}); "
+                            "move it away to start a new store")
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(head[28:32], "big")
+    if head[92:96] == head[24:28] and size < pages * page_size:   # the header's page count is current
+        raise DataFileError(f"results store {path}: truncated: {size} bytes where its header says "
+                            f"{pages * page_size}; restore it from a copy, or move it away and start a new store")

@@ -23,8 +23,8 @@ def knob_values(knob: Knob) -> st.SearchStrategy:
         return st.sampled_from((AUTO,) + tuple(knob.choices))
     if knob.kind == "dim":
         return st.one_of(st.just(ANY), st.integers(1, 1 << 16))
-    if knob.kind == "float":
-        return st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+    if knob.kind == "float":   # zero or normal in fp32 (rule fp32-scalar); fp32_scalars below draws the others
+        return st.one_of(st.just(0.0), st.floats(1.2e-38, 1e6), st.floats(-1e6, -1.2e-38))
     raise AssertionError(knob.kind)
 
 
@@ -78,3 +78,27 @@ def valid_specs(draw, target: str, arch: str = "sm_90", **fixed) -> KernelSpec:
     from hypothesis import assume
     assume(_validates(spec, target, arch))
     return spec
+
+
+# Hostile inputs: values the grammar accepts that the kernels cannot hold.
+FP32_MAX = 3.4028234663852886e38
+FP32_MIN_NORMAL = 1.1754943508222875e-38
+
+# Whole numbers as the DSL spells them: around 2^31, and digit strings past Python's 4300-digit int() limit.
+huge_integer_texts = st.one_of(
+    st.integers(2 ** 31 - 3, 2 ** 31 + 3).map(str),
+    st.integers(0, 10 ** 30).map(str),
+    st.integers(4290, 4400).map(lambda n: "9" * n),
+    st.integers(1, 40).map(lambda n: "0" * n + "7"),
+)
+
+# Epilogue scalars beyond fp32, or so small they round (or flush) to zero in fp32, beside ordinary ones.
+fp32_scalars = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([FP32_MAX, 3.5e38, 1e300, FP32_MIN_NORMAL, 1e-38, 1e-45, 1e-46, 5e-324, 0.0, -0.0]),
+)
+
+
+def fits_fp32(x: float) -> bool:
+    """What rule fp32-scalar accepts."""
+    return x == 0.0 or FP32_MIN_NORMAL <= abs(x) <= FP32_MAX

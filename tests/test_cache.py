@@ -62,3 +62,33 @@ def test_write_atomic_replaces_whole_file(tmp_path):
     cache.write_atomic(path, b"new")
     assert path.read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["f.py"]
+
+
+def test_an_edited_cached_triton_module_is_rewritten_before_import(tmp_path, monkeypatch):
+    """The cache file is named by its content's hash: a file whose content differs is never imported."""
+    monkeypatch.setenv(cache.ENV_VAR, str(tmp_path))
+    from l2c.build_triton import load_module
+    source = "def launch(*a):\n    return 'generated'\n\n\ndef prepare(*a):\n    return None\n"
+    _, path = load_module(source, "edited")
+    path.write_text(source.replace("'generated'", "'edited on disk'"))
+    import sys
+    for name in [n for n in sys.modules if n.startswith("l2c_triton_edited_")]:
+        del sys.modules[name]   # a fresh process: nothing imported yet
+    module, again = load_module(source, "edited")
+    assert again == path and module.launch() == "generated" and path.read_text() == source
+
+
+def test_out_of_the_wrong_dtype_raises_as_torch_does():
+    """torch.matmul(out=...) refuses an `out` of another dtype; so does a kernel, rather than cast into it."""
+    import torch
+    from l2c.build import build
+    from l2c.parser import parse_one
+    from l2c.validate import validate
+    kernel = build(validate(parse_one("kernel o { types a=f16 b=f16 c=f16 tile m=16 n=16 k=16 }"), "triton"))
+    a, b = torch.randn(8, 8).half(), torch.randn(8, 8).half()
+    with pytest.raises(RuntimeError):
+        torch.matmul(a, b, out=torch.empty(8, 8))
+    wrong = torch.full((8, 8), 7.0)
+    with pytest.raises(ValueError, match="out must be torch.float16"):
+        kernel(a, b, out=wrong)
+    assert bool((wrong == 7.0).all())

@@ -1,4 +1,5 @@
 """The `l2c` command as a user runs it: real subprocesses, exit codes, one-line errors, no tracebacks."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,144 @@ def test_verify_rejects_bad_shapes(tmp_path):
     spec = tmp_path / "k.l2"
     spec.write_text("kernel small { }\n")
     assert_clean_failure(l2c("verify", spec, "--shape", "12x3", "--device", "cpu"), "positive MxNxK")
+
+
+# ------------------------------------------------------------------ where outputs go, and what is in the way
+
+HGEMM = REPO / "examples" / "hgemm_4096.l2"
+
+
+def _hostile_output(tmp_path, kind):
+    """An -o path that cannot be a folder of outputs, made for real in tmp_path."""
+    if kind == "existing-file":
+        (tmp_path / "f").write_text("x")
+        return tmp_path / "f", "exists and is not a directory"
+    if kind == "under-a-file":
+        (tmp_path / "f").write_text("x")
+        return tmp_path / "f" / "sub", "Not a directory"
+    if kind == "symlink-loop":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        return tmp_path / "a", "a loop of symbolic links"
+    if kind == "dangling-symlink":
+        (tmp_path / "a").symlink_to(tmp_path / "nowhere")
+        return tmp_path / "a", "which does not exist"
+    if kind == "output-is-a-directory":
+        (tmp_path / "o" / "triton" / "hgemm_4096.py").mkdir(parents=True)
+        return tmp_path / "o", "hgemm_4096.py: Is a directory"
+    if kind == "not-permitted":
+        return Path("/proc/self/l2c_out"), "/proc/self/l2c_out"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["existing-file", "under-a-file", "symlink-loop", "dangling-symlink",
+                                  "output-is-a-directory", "not-permitted"])
+def test_compile_output_errors_are_one_line(tmp_path, kind):
+    out, fragment = _hostile_output(tmp_path, kind)
+    result = l2c("compile", HGEMM, "-o", out)
+    assert_clean_failure(result, fragment)
+    assert result.stderr.startswith("l2c compile: error: ") and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through any permission bits")
+def test_compile_into_an_unwritable_folder_is_one_line(tmp_path):
+    locked = tmp_path / "ro"
+    locked.mkdir(mode=0o555)
+    assert_clean_failure(l2c("compile", HGEMM, "-o", locked / "out"), "Permission denied")
+
+
+def test_compile_on_a_full_disk_leaves_no_half_written_file(tmp_path):
+    """`ulimit -f 1` makes any write past 1 KiB fail with EFBIG, as a full disk fails with ENOSPC."""
+    result = subprocess.run(f"ulimit -f 1; exec {sys.executable} -m l2c compile {HGEMM} -o {tmp_path / 'o'}",
+                            shell=True, capture_output=True, text=True, timeout=300)
+    assert_clean_failure(result, "hgemm_4096.py: File too large")
+    assert list((tmp_path / "o").rglob("*.py")) == [] and list((tmp_path / "o").rglob("*.tmp")) == []
+
+
+def test_compile_refuses_one_kernel_name_in_two_files(tmp_path):
+    (tmp_path / "a.l2").write_text("kernel same { tile m=64 }\n")
+    (tmp_path / "b.l2").write_text("\nkernel same { tile m=128 }\n")
+    result = l2c("compile", "a.l2", "b.l2", "-o", "out", cwd=tmp_path)
+    assert_clean_failure(result, "b.l2:2:8: error: kernel name 'same' is also used at a.l2:1:8")
+    assert not (tmp_path / "out").exists()
+
+
+def test_verify_of_a_shape_too_large_for_memory_is_one_line(tmp_path):
+    spec = tmp_path / "k.l2"
+    spec.write_text("kernel small { tile m=32 n=32 k=16 }\n")
+    result = l2c("verify", spec, "--target", "triton", "--device", "cpu", "--shape", "10000000x10000000x1")
+    assert_clean_failure(result, "l2c verify: error: verifying small at 10000000x10000000x1 needs about")
+
+
+# ------------------------------------------------------------------ spec files that are not text, or too much
+
+@pytest.mark.parametrize("data, where, fragment", [
+    ("kernel a {}\n".encode("utf-16"), ":1:1:", "byte 0xff is not UTF-8; spec files are UTF-8 text (it looks like UTF-16"),
+    (b"kernel a {\n  # caf\xe9\n}\n", ":2:8:", "byte 0xe9 is not UTF-8"),
+    (b"kernel \xc3\xa9 {}\xff", ":1:12:", "byte 0xff is not UTF-8"),
+])
+def test_non_utf8_spec_files_name_line_and_column(tmp_path, data, where, fragment):
+    bad = tmp_path / "bad.l2"
+    bad.write_bytes(data)
+    assert_clean_failure(l2c("check", bad), f"bad.l2{where} error: {fragment}")
+
+
+def test_a_fifo_and_a_device_are_refused_without_reading(tmp_path):
+    fifo = tmp_path / "f.l2"
+    os.mkfifo(fifo)
+    for path in (fifo, "/dev/zero"):
+        assert_clean_failure(l2c("check", path), "not a regular file")   # l2c() times out if it blocks
+
+
+def test_a_spec_file_over_1_mib_is_refused(tmp_path):
+    big = tmp_path / "big.l2"
+    big.write_text("# padding\n" * 110_000)
+    assert_clean_failure(l2c("check", big), "over the 1048576-byte limit")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("kernel a { problem m=%s }" % ("9" * 5000), "bad.l2:1:22: error: [problem.m] 999999999999...(5000 digits) is "
+                                                  "above the maximum 2147483647"),
+    ("kernel a { split_k slices=%s }" % ("1" * 4400), "bad.l2:1:27: error: [split_k.slices] "),
+    ("kernel a { problem k=2147483648 }", "[problem.k] 2147483648 is above the maximum 2147483647"),
+    ("kernel a { epilogue alpha=1e300 }", "bad.l2:1:27: error: [epilogue.alpha] alpha=1e+300"),
+    ("kernel a { epilogue beta=-1e-46 }", "(rule: fp32-scalar)"),
+    ("kernel %s { }" % ("k" * 230), "bad.l2:1:8: error: kernel name of 230 characters"),
+])
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_values_the_kernels_cannot_hold_are_rejected(tmp_path, command, text, fragment):
+    (tmp_path / "bad.l2").write_text(text)
+    args = (command, "bad.l2") + (("-o", "out") if command == "compile" else ())
+    assert_clean_failure(l2c(*args, cwd=tmp_path), fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_rules_list_names_the_new_rules():
+    listed = l2c("check", "--rules").stdout
+    assert "fp32-scalar" in listed and "name-length" in listed
+
+
+HOSTILE_BYTES = st.one_of(
+    st.binary(max_size=60),
+    st.sampled_from(["utf-16", "utf-16-be", "utf-32", "latin-1", "cp1252"]).map(
+        lambda enc: "kernel caf\u00e9 { tile m=64 }\n".encode(enc, errors="replace")),
+)
+
+
+@settings(max_examples=12, deadline=None)
+@given(HOSTILE_BYTES)
+def test_fuzz_binary_spec_files_never_traceback(tmp_path_factory, data):
+    spec = tmp_path_factory.mktemp("bytes") / "f.l2"
+    spec.write_bytes(data)
+    result = l2c("check", spec)
+    assert result.returncode in (0, 2) and "Traceback" not in result.stderr, result.stderr
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from(["existing-file", "under-a-file", "symlink-loop", "dangling-symlink",
+                        "output-is-a-directory", "not-permitted"]), st.text("ab/.", min_size=1, max_size=6))
+def test_fuzz_hostile_output_paths_never_traceback(tmp_path_factory, kind, tail):
+    base = tmp_path_factory.mktemp("out")
+    out, _ = _hostile_output(base, kind)
+    result = l2c("compile", HGEMM, "-o", f"{out}/{tail}" if kind != "output-is-a-directory" else out)
+    assert result.returncode in (0, 2) and "Traceback" not in result.stderr, result.stderr

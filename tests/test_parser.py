@@ -8,7 +8,7 @@ from l2c.ir import KernelSpec, print_spec, print_specs
 from l2c.knobs import KNOBS
 from l2c.parser import parse, parse_one
 
-from .strategies import specs
+from .strategies import fits_fp32, fp32_scalars, huge_integer_texts, specs
 
 EXAMPLE = """\
 # comment line
@@ -122,3 +122,63 @@ def test_every_knob_has_a_default_that_prints_and_parses():
     for knob in KNOBS:
         assert getattr(spec, knob.field) == knob.default
     assert parse_one(print_spec(spec)) == spec
+
+
+@pytest.mark.parametrize("text, line, col", [
+    ("kernel a { # x\u2028y\x0c\n\n", 1, 17),        # U+2028 and form feed are no line breaks to Lark
+    ("kernel a {\r\n  tile m=64\r\n", 2, 12),
+    ("kernel a {\n\n\n   ", 1, 11),                  # just after the last thing written
+    ("kernel a { tile m=64 \x0b", 1, 22),           # a vertical tab is not whitespace to the grammar either
+])
+def test_end_of_file_errors_point_into_the_file(text, line, col):
+    with pytest.raises(L2SyntaxError) as info:
+        parse(text, "e.l2")
+    assert (info.value.line, info.value.col) == (line, col), info.value.render()
+    assert info.value.line <= text.count("\n") + 1
+
+
+@settings(max_examples=200)
+@given(st.sampled_from(["problem m", "problem n", "problem k", "problem batch", "split_k slices"]),
+       huge_integer_texts)
+def test_fuzz_huge_integers_are_range_errors_at_their_token(knob_text, digits):
+    section, name = knob_text.split()
+    text = f"kernel a {{\n  {section} {name}={digits}\n}}\n"
+    value = int(digits) if len(digits) < 4000 else None
+    hi = 32 if section == "split_k" else 2 ** 31 - 1
+    try:
+        spec = parse_one(text)
+    except L2SyntaxError as err:
+        assert value is None or value > hi or value < 1, err.render()
+        assert (err.line, err.col, err.rule) == (2, len(section) + len(name) + 5, "range"), err.render()
+        assert len(err.render()) < 300
+    else:
+        assert value is not None and 1 <= value <= hi
+        assert getattr(spec, f"{section}_{name}") == value
+
+
+@settings(max_examples=200)
+@given(st.sampled_from(["alpha", "beta"]), fp32_scalars)
+def test_fuzz_out_of_range_scalars_are_rejected_before_any_compiler(name, value):
+    from l2c.errors import L2ValidationError
+    from l2c.validate import validate
+    text = f"kernel a {{ epilogue {name}={value!r} }}"
+    spec = parse_one(text)
+    try:
+        validate(spec, "triton")
+    except L2ValidationError as err:
+        assert not fits_fp32(value) and err.rule == "fp32-scalar" and err.knob == f"epilogue.{name}", err.render()
+        assert (err.line, err.col) == (1, 21 + len(name) + 1)
+    else:
+        assert fits_fp32(value)
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=120), st.sampled_from([b"", b"kernel a {", b"kernel a {}\n", "\u00e9".encode()]))
+def test_fuzz_bytes_files_only_raise_l2_errors_inside_the_file(tmp_path_factory, data, prefix):
+    from l2c.parser import parse_file
+    path = tmp_path_factory.mktemp("b") / "f.l2"
+    path.write_bytes(prefix + data)
+    try:
+        parse_file(path)
+    except L2Error as err:
+        assert err.line is None or 1 <= err.line <= (prefix + data).count(b"\n") + 1, err.render()

@@ -1,7 +1,10 @@
 """Subcommands of the `l2c` CLI, one module each (see l2c/cli.py)."""
 from __future__ import annotations
 
+import errno
+import os
 import sys
+from pathlib import Path
 from typing import List
 
 
@@ -21,3 +24,22 @@ def validated_kernels(paths, requested_target: str, arch: str) -> List["ValidSpe
                 print(f"{path}: {spec.name}: skipped (the spec is for {spec.target} only)", file=sys.stderr)
             valids += [validate(spec, t, arch) for t in targets]
     return valids
+
+
+def output_dir(path) -> Path:
+    """Create the output directory `path` (and its parents) or raise an OSError naming what is in the way: a
+    file, a symbolic link that leads nowhere or in a loop, a place without write permission."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        if path.is_symlink() and not path.exists():
+            try:
+                os.stat(path)
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    raise OSError(err.errno, "a loop of symbolic links", str(path)) from None
+            raise FileNotFoundError(errno.ENOENT, f"a symbolic link to {os.readlink(path)}, which does not exist",
+                                    str(path)) from None
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(path)) from None
+    return path

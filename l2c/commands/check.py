@@ -44,7 +44,7 @@ def run(args) -> int:
 
 def _values(knob) -> str:
     if knob.kind == "dim":
-        return f"integer >= {knob.lo}, or any"
+        return f"{knob.lo}..{knob.hi}, or any"
     if knob.kind == "float":
         return "number"
     if knob.choices:

@@ -1,10 +1,13 @@
 """`l2c compile spec.l2`: validate each kernel and write its generated sources."""
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
+from ..errors import L2ValidationError
 from ..lower import file_name, render
-from . import validated_kernels
+from . import output_dir, validated_kernels
 
 
 def add_parser(sub) -> None:
@@ -20,10 +23,42 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     out_dir = Path(args.output)
     jobs = validated_kernels(args.specs, args.target, args.arch)   # all of them before any work
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _refuse_shared_outputs(jobs)
+    output_dir(out_dir)
     for valid in jobs:
         dest = out_dir / valid.target / file_name(valid)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(render(valid))
+        output_dir(dest.parent)
+        _write(dest, render(valid))
         print(f"wrote {dest}")
     return 0
+
+
+def _refuse_shared_outputs(jobs) -> None:
+    """Two kernels of one name (in two files) would be written to one output file, the second over the first."""
+    first = {}
+    for valid in jobs:
+        key = (valid.target, file_name(valid))
+        if key in first:
+            o, p = first[key].spec.origin, valid.spec.origin
+            raise L2ValidationError(f"kernel name {valid.name!r} is also used at {o.file}:{o.line}:{o.col}; both "
+                                    f"would be written to {valid.target}/{file_name(valid)}", file=p.file,
+                                    line=p.line, col=p.col, rule="unique")
+        first[key] = valid
+
+
+def _write(dest: Path, text: str) -> None:
+    """Write through a temporary file renamed over `dest`, so a failed write (a full disk) leaves no half-written
+    source; the file gets the usual permissions (open, not mkstemp's 0600)."""
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, dest)
+    except OSError as err:   # named by the file the user asked for, not by the temporary one
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OSError(err.errno, err.strerror, str(dest)) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

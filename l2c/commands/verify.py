@@ -1,8 +1,8 @@
 """`l2c verify spec.l2 --shape MxNxK`: build each kernel and check it against a float reference.
 
-Fresh random inputs, NaN-poisoned output, relative error against the spec's tolerance (l2c.verify). On a
-machine without a GPU, `--device cpu` runs Triton kernels under the Triton interpreter (slow; small shapes);
-CUTLASS kernels need the GPU. Exits 1 if any check fails.
+Fresh random inputs, NaN-poisoned output, relative error against the spec's tolerance and an elementwise bound
+(l2c.verify). On a machine without a GPU, `--device cpu` runs Triton kernels under the Triton interpreter (slow;
+small shapes); CUTLASS kernels need the GPU. Exits 1 if any check fails.
 """
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def run(args) -> int:
     from ..build import build
     from ..errors import BuildError
     from ..verify import verify
+    _check_memory(valids, shapes, args.batch, device)
     failed = 0
     for valid in valids:
         if device == "cpu" and valid.target == "cutlass":
@@ -76,3 +77,34 @@ def run(args) -> int:
                   f"{f' batch {batch}' if batch != 1 else ''} on {device}: rel error {res.rel_error:.2e} "
                   f"(tolerance {res.tolerance:.1e}){'' if res.ok else ': ' + res.reason}")
     return 1 if failed else 0
+
+
+def _available_bytes(device: str) -> int:
+    """Memory free for the check now: MemAvailable on the CPU (Linux), what CUDA reports free on the GPU."""
+    if device == "cuda":
+        import torch
+        return torch.cuda.mem_get_info()[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _check_memory(valids, shapes, batch: int, device: str) -> None:
+    """Refuse, before building anything, a shape whose check cannot fit in memory: allocating it would fail, or,
+    where the system overcommits memory, succeed and get the process killed when the inputs are written."""
+    from ..cli import UsageError
+    from ..verify import memory_needed
+    available = _available_bytes(device)
+    for valid in valids:
+        spec = valid.spec
+        spec_batch = spec.problem_batch if spec.problem_batch != "any" else batch
+        for m, n, k in ([spec.fixed_shape] if spec.fixed_shape else shapes):
+            need = memory_needed(spec, m, n, k, spec_batch)
+            if need > available:
+                raise UsageError(f"verifying {valid.name} at {m}x{n}x{k} needs about {need / 2 ** 30:.3g} GiB on "
+                                 f"{device}; {available / 2 ** 30:.3g} GiB are available")
