@@ -94,6 +94,9 @@ def _fallback(a, b, bias, activation, out):
     y = torch.matmul(a, b)
     y = _activate(y if bias is None else y + bias, activation)
     if out is not None:
+        if out.dtype != y.dtype or out.shape != y.shape:   # as torch.matmul(out=) refuses, never a silent cast
+            raise RuntimeError(f"out= must be a {y.dtype} tensor of shape {tuple(y.shape)}, got {out.dtype} "
+                               f"{tuple(out.shape)}")
         out.copy_(y)
         return out
     return y

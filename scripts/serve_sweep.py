@@ -239,18 +239,22 @@ EXPLORE_WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28
 GEMV_M = (1, 2, 4, 8, 16)
 
 
-def explore_gemv(shapes, dtype, out, device, args, log):
-    """Stage A: the wide GEMV space on a few weights; the configurations that rank best per M go on to stage B."""
+def explore_gemv(shapes, dtype, out, device, args, log, measured=None):
+    """Stage A: the wide GEMV space on a few weights; the configurations that rank best per M go on to stage B.
+    `measured`: an earlier stage A's results file (its dtype's spec names) to rank instead of measuring again."""
     from l2c.parser import parse_one
     chosen = [s for s in shapes if (s.n, s.k) in EXPLORE_WEIGHTS and s.m in GEMV_M]
+    if measured is not None:
+        dtype = json.loads(Path(measured).read_text().split("\n", 2)[1])["dtype"]
     configs, pools = {}, {}
     for s in chosen:
         made = [(t, c) for t, c in gemv_configs(s.m, s.n, s.k, dtype, GEMV_EXPLORE, ("step", "end"), WAVES)]
         valid = set(_valid([t for t, _ in made]))
         pools[s.key] = [t for t, _ in made if t in valid]
         configs.update({parse_one(t).name: c for t, c in made if t in valid})
-    path = out / f"serve_gemv_explore_{dtype}.jsonl"
-    sweep(chosen, pools, path, device, args.budget_s, args.workers, log, f"gemv explore {dtype}")
+    path = Path(measured) if measured is not None else out / f"serve_gemv_explore_{dtype}.jsonl"
+    if measured is None:
+        sweep(chosen, pools, path, device, args.budget_s, args.workers, log, f"gemv explore {dtype}")
     ranks = {}
     for (m, n, k), by_name in speedups(path).items():
         for name, speedup in by_name.items():
@@ -286,6 +290,8 @@ def main() -> int:
                          "built with --build-jobs processes while the Triton stages run)")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--top", type=int, default=8, help="GEMV configurations per M kept for stage B")
+    ap.add_argument("--top-from", default=None, metavar="EXPLORE.jsonl",
+                    help="rank stage B's configurations from an earlier stage A's results instead of measuring")
     ap.add_argument("--budget-s", type=float, default=200.0, help="measuring time per stage")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--build-jobs", type=int, default=8)
@@ -309,8 +315,8 @@ def main() -> int:
                                    stderr=subprocess.STDOUT)
     device.warm_up(3.0)
     top = {m: [(bn, bk, w, "step", waves) for bn, bk, w in GEMV_TILES for waves in (2, 4)] for m in GEMV_M}
-    if "explore" in stages:
-        top = explore_gemv(shapes, args.dtype, out, device, args, sys.stderr)
+    if "explore" in stages or args.top_from:
+        top = explore_gemv(shapes, args.dtype, out, device, args, sys.stderr, measured=args.top_from)
     if "gemv" in stages:
         chosen = [s for s in shapes if s.m in GEMV_M]
         pools = {s.key: gemv_pool(s, args.dtype, top) for s in chosen}

@@ -260,3 +260,18 @@ def test_malformed_entries_are_skipped_and_the_rest_served(tmp_path, monkeypatch
     assert table is not None and table.skipped == len(rows) - 1 and len(table) == 1
     assert "8 malformed entries skipped" in caplog.text and "entries[1]" in caplog.text
     assert table.lookup("f16", "row,col,row", 64, 64, 64) is not None
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_out_of_the_wrong_dtype_is_refused_as_torch_refuses_it(activation):
+    """l2c.matmul(out=) never casts: a tuned kernel declines a mismatched out, and torch's path raises."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a = torch.randn(32, 40, dtype=torch.float16)
+    w = torch.randn(48, 40, dtype=torch.float16)
+    with pytest.raises(RuntimeError):
+        torch.matmul(a, w.t(), out=torch.empty(32, 48, dtype=torch.float32))
+    with pytest.raises(RuntimeError):
+        l2c.matmul(a, w.t(), activation=activation, out=torch.empty(32, 48, dtype=torch.float32))
+    good = torch.empty(32, 48, dtype=torch.float16)
+    assert l2c.matmul(a, w.t(), activation=activation, out=good) is good
+    set_tuned_table(None)
