@@ -6,8 +6,11 @@ shape, and the breakdown by FLOP bucket. When several candidates were measured o
 "best of" line reports the per-shape best candidate, as a tuned dispatcher would pick it; it is
 labelled as such because picking the best on the very measurements it is scored on flatters it.
 
-Plots (matplotlib, Agg; optional dependency `l2c[plots]`): speedup against FLOPs, and for the grid set
-heatmaps of speedup over (M, N), one panel per K.
+Rows measured with `l2c bench --roofline` add each side's median fraction of roofline, and rows of `dispatch` /
+`linear` candidates how many calls a tuned kernel served.
+
+Plots (matplotlib, Agg; optional dependency `l2c[plots]`): speedup against FLOPs, for the grid set heatmaps of
+speedup over (M, N), one panel per K, and for roofline rows the fraction of roofline and the speedup against M.
 """
 from __future__ import annotations
 
@@ -186,10 +189,24 @@ def print_summary(results: Results, out: TextIO, with_best_of: bool = True, only
                 failed[r.get("status", "?")] = failed.get(r.get("status", "?"), 0) + 1
         print(file=out)
         _print_summary_block(f"{kernel} [{protocol}]", points_of(rows), failed, out)
+        _print_roofline_and_serving(rows, out)
     if with_best_of or only_best_of:
         for protocol, points in best_of(results).items():
             print(file=out)
             _print_summary_block(f"{BEST_OF} [{protocol}] — {BEST_OF_LABEL}", points, {}, out)
+
+
+def _print_roofline_and_serving(rows: Sequence[dict], out: TextIO) -> None:
+    ok = [r for r in rows if r.get("status") == "ok"]
+    fractions = [(r["roofline_fraction"], r["baseline_roofline_fraction"]) for r in ok
+                 if r.get("roofline_fraction") is not None and r.get("baseline_roofline_fraction") is not None]
+    if fractions:
+        print(f"  fraction of roofline (median): {statistics.median(f for f, _ in fractions):.3f}, torch "
+              f"{statistics.median(b for _, b in fractions):.3f}", file=out)
+    served = [r["served_by"] for r in ok if "served_by" in r]
+    if served:
+        tuned = sum(1 for s in served if s != "torch")
+        print(f"  served by a tuned kernel on {tuned} of {len(served)} shapes, by torch on the rest", file=out)
 
 
 # --------------------------------------------------------------------------------------------- plots
@@ -274,6 +291,38 @@ def plot_grid_heatmaps(points: Sequence[Point], title: str, path: Path) -> Path:
     return path
 
 
+def plot_roofline_vs_m(rows: Sequence[dict], title: str, path: Path) -> Path:
+    """Fraction of roofline (both sides) and speedup against M: median over the weights (N, K) at each M, with
+    the range from the worst to the best weight shaded."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    by_m: Dict[int, List[dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("roofline_fraction") is not None:
+            by_m.setdefault(r["m"], []).append(r)
+    ms = sorted(by_m)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label, style in (("roofline_fraction", "candidate", "-"), ("baseline_roofline_fraction", "torch", "--")):
+        values = [[r[key] for r in by_m[m]] for m in ms]
+        left.plot(ms, [statistics.median(v) for v in values], style, marker="o", label=label)
+        left.fill_between(ms, [min(v) for v in values], [max(v) for v in values], alpha=0.15)
+    speed = [[r["speedup"] for r in by_m[m]] for m in ms]
+    right.plot(ms, [statistics.median(v) for v in speed], marker="o", label="median over weights")
+    right.fill_between(ms, [min(v) for v in speed], [max(v) for v in speed], alpha=0.15, label="worst to best")
+    right.axhline(1.0, color="gray", lw=0.8)
+    for ax, ylabel in ((left, "fraction of roofline"), (right, "speedup over torch")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(results: Results, out_dir: Path, with_best_of: bool = True, only_best_of: bool = False) -> List[Path]:
     """Scatter (and grid heatmap) PNGs per kernel and protocol, and for the best-of combination."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -290,4 +339,8 @@ def write_plots(results: Results, out_dir: Path, with_best_of: bool = True, only
         written.append(plot_scatter(points, title, out_dir / f"{stem}_speedup_vs_flops.png"))
         if is_grid(points):
             written.append(plot_grid_heatmaps(points, title, out_dir / f"{stem}_grid_heatmap.png"))
+    for (kernel, protocol), rows in ({} if only_best_of else results.groups()).items():
+        if any(r.get("roofline_fraction") is not None for r in rows):
+            written.append(plot_roofline_vs_m(rows, f"{kernel} [{protocol}]",
+                                              out_dir / f"{_safe(f'{kernel}_{protocol}')}_roofline_vs_m.png"))
     return written

@@ -173,3 +173,41 @@ def test_several_results_files_read_as_one_with_later_rows_replacing_earlier(tmp
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     assert pngs == ["best-of_kernel_speedup_vs_flops.png"]
     assert main(["report", str(first), str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_offgrid_and_serve_sets_are_fixed_and_hold_what_they_promise():
+    off = load_shapes("offgrid")
+    assert len(off) == len({s.key for s in off}) and len(off) >= 290
+    assert off == load_shapes("offgrid")                         # a fixed seed: the same shapes every time
+    random_part = [s for s in off if s.label == "offgrid"]
+    assert len(random_part) == 240
+    assert all(1 <= s.m <= 16384 and 64 <= s.n <= 16384 and 64 <= s.k <= 16384 and s.n % 8 == s.k % 8 == 0
+               for s in random_part)
+    taken = set(shapes.LLM_TOKENS) | set(shapes.SERVE_TOKENS)
+    assert all(s.m not in taken for s in off if s.label != "offgrid")
+    serve = load_shapes("serve")
+    assert {s.m for s in serve} == set(shapes.SERVE_TOKENS)
+    weights = {(s.n, s.k) for s in serve}
+    assert (4096, 4096) in weights and (28672, 8192) in weights and (14336, 4096) in weights
+    assert (128256, 4096) in weights and (2 * 27648, 5120) in weights      # lm_head; Qwen2.5-32B gate_up
+
+
+def test_roofline_rows_are_summarized_and_plotted_against_m(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rows = [{"type": "env", "gpu": "NVIDIA H200"}]
+    for m in (1, 2, 4, 8):
+        for n in (4096, 14336):
+            rows.append({"type": "result", "kernel": "linear:t.json", "target": "dispatch", "source": "t.json",
+                         "m": m, "n": n, "k": 4096, "batch": 1, "flops": 2 * m * n * 4096, "protocol": "kernel",
+                         "status": "ok", "speedup": 1.1, "roofline_fraction": 0.9, "baseline_roofline_fraction": 0.8,
+                         "served_by": "torch" if m == 8 else "k1"})
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    results = load_results(path)
+    print_summary(results, sys.stdout)
+    text = capsys.readouterr().out
+    assert "fraction of roofline (median): 0.900, torch 0.800" in text
+    assert "served by a tuned kernel on 6 of 8 shapes" in text
+    written = write_plots(results, tmp_path / "plots")
+    roof = [p for p in written if p.name.endswith("_roofline_vs_m.png")]
+    assert len(roof) == 1 and roof[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
