@@ -30,7 +30,7 @@ from .build import call_signature
 from .errors import BuildError, L2Error
 from .knobs import ANY
 from .parser import parse_one
-from .prepare import FAILED, READY, Job, Preparer
+from .prepare import FAILED, QUEUED, READY, Job, Preparer
 from .tuned_table import TableError, TunedEntry, TunedTable, first_bad_entry, load_table
 
 log = logging.getLogger("l2c.dispatch")
@@ -50,6 +50,15 @@ def default_table_path(arch: str) -> Optional[Path]:
         return Path(env)
     shipped = Path(str(resources.files("l2c") / "tuned" / f"{arch}.json"))
     return shipped if shipped.exists() else None
+
+
+def tune_mode() -> str:
+    """`L2C_TUNE`: `off` (default: serve only what the table measured) or `online` (time candidates for shapes the
+    table does not cover, once per GPU, driver and l2c version; l2c.online)."""
+    mode = os.environ.get("L2C_TUNE", "off")
+    if mode not in ("off", "online"):
+        raise ValueError(f"L2C_TUNE={mode!r}: expected off or online")
+    return mode
 
 
 def prepare_mode() -> str:
@@ -105,10 +114,19 @@ def _fallback(a, b, bias, activation, out):
 class Dispatcher:
     """Resolves calls to tuned kernels; one per process (see `default_dispatcher`)."""
 
-    def __init__(self, table: Optional[TunedTable], allow_cpu: bool = False, prepare: Optional[str] = None):
+    def __init__(self, table: Optional[TunedTable], allow_cpu: bool = False, prepare: Optional[str] = None,
+                 online: Optional[bool] = None):
         # allow_cpu: serve CPU tensors too (Triton interpreter, TRITON_INTERPRET=1) — for tests only.
         self.table = table
+        self.online = tune_mode() == "online" if online is None else online
+        self.decisions = None
+        if self.online:
+            from .online import Decisions, identity
+            self.decisions = Decisions(*identity())
+        # (N, K) pairs that may be served: a call outside them goes straight to torch (never with online tuning,
+        # which may serve any shape)
         self.nk = table.nk if table is not None else frozenset()
+        self.any_nk = self.online
         self.allow_cpu = allow_cpu
         self.prepare = prepare or prepare_mode()
         self.preparer = Preparer()
@@ -167,9 +185,9 @@ class Dispatcher:
     def _resolve_signature(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
         """(kernel or None, final): final False means "not yet" (being prepared): ask again on a later call."""
         dtype, layout, m, n, k = sig[:5]
-        entry = self.table.lookup(dtype, layout, m, n, k)
+        entry = self.table.lookup(dtype, layout, m, n, k) if self.table is not None else None
         if entry is None:
-            return None, True
+            return self._resolve_online(sig) if self.online else (None, True)
         job = self._job(entry, sig)
         if job is None:
             return None, True
@@ -187,6 +205,29 @@ class Dispatcher:
             return self._kernel(job), True
         return None, state == FAILED
 
+    def _resolve_online(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
+        """A shape the table does not cover: the persisted decision, or an online-tuning job for the worker."""
+        from .online import candidate_specs
+        dtype, layout, m, n, k, has_bias, activation, device = sig
+        key = self.decisions.signature(dtype, layout, m, n, k, has_bias, activation)
+        decided, spec_text = self.decisions.get(key)
+        if decided:
+            if spec_text is None:
+                return None, True
+            return self._kernel(Job(spec_text, "triton", "sm_90", m, n, k, device)), True
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None, False      # never tuned inside a capture; a later eager call may tune
+        candidates = candidate_specs(dtype, layout, m, n, k, self.table)
+        if not candidates:
+            return None, True
+        job = Job("", "triton", "sm_90", m, n, k, device, tuple(candidates), has_bias, activation)
+        state = self.preparer.request(job)
+        if state == QUEUED:
+            return None, False
+        reply = self.preparer.reply(job) if state == READY else {}
+        self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
+        return self._resolve_online(sig)
+
     def resolve(self, a, b, bias, activation, tensors=None) -> Optional[Callable]:
         """The tuned kernel that serves this call, or None (torch serves it)."""
         if tensors is None:
@@ -195,7 +236,7 @@ class Dispatcher:
         kernel = self._by_call.get(call_key, False)
         if kernel is not False:
             return kernel
-        sig = None if self.table is None else self._signature(a, b, bias, activation)
+        sig = None if self.table is None and not self.online else self._signature(a, b, bias, activation)
         final = True
         kernel = None
         if sig is not None:
@@ -233,7 +274,7 @@ class Dispatcher:
 
     def _unserved(self, a, b, bias, activation, out) -> bool:
         """Whether torch serves the call without a lookup: a shape or autograd need the table cannot meet."""
-        if a.dim() != 2 or b.dim() != 2 or (b.shape[1], a.shape[1]) not in self.nk:
+        if a.dim() != 2 or b.dim() != 2 or (not self.any_nk and (b.shape[1], a.shape[1]) not in self.nk):
             return True
         # a fused activation has no backward here; torch records the graph for those calls
         return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
@@ -338,14 +379,20 @@ def default_dispatcher() -> Dispatcher:
                 if torch.cuda.is_available():
                     major, minor = torch.cuda.get_device_capability()
                     table = table_for_arch(f"sm_{major}{minor}")
-                _default = Dispatcher(table, prepare=mode)
+                try:
+                    online = tune_mode() == "online"
+                except ValueError as err:
+                    log.warning("l2c: %s; online tuning off", err)
+                    online = False
+                _default = Dispatcher(table, prepare=mode, online=online)
     return _default
 
 
-def set_tuned_table(table: Optional[TunedTable], allow_cpu: bool = False, prepare: Optional[str] = None) -> Dispatcher:
-    """Use `table` (or none: always torch) from now on in this process."""
+def set_tuned_table(table: Optional[TunedTable], allow_cpu: bool = False, prepare: Optional[str] = None,
+                    online: Optional[bool] = None) -> Dispatcher:
+    """Use `table` (or none: always torch, unless online tuning) from now on in this process."""
     global _default
-    _default = Dispatcher(table, allow_cpu=allow_cpu, prepare=prepare)
+    _default = Dispatcher(table, allow_cpu=allow_cpu, prepare=prepare, online=online)
     return _default
 
 
@@ -384,7 +431,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     if torch.compiler.is_compiling():
         if out is None and a.dim() == 2 and b.dim() == 2:
             return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
-    elif bias is None and activation is None and a.ndim == 2 and b.ndim == 2 \
+    elif bias is None and activation is None and a.ndim == 2 and b.ndim == 2 and not dispatcher.any_nk \
             and (b.shape[1], a.shape[1]) not in dispatcher.nk:
         # nothing in the table for this (N, K): torch, with no more work than this test
         dispatcher.stats["fallback"] += 1

@@ -32,7 +32,8 @@ QUEUED, READY, FAILED = "queued", "ready", "failed"
 
 @dataclass(frozen=True)
 class Job:
-    """One kernel to build and verify at one call shape."""
+    """One kernel to build and verify at one call shape; or, with `candidates` (an online-tuning job, see
+    l2c.online), the candidate specs to build, verify and time against torch there, `spec_text` empty."""
     spec_text: str
     target: str
     arch: str
@@ -40,13 +41,17 @@ class Job:
     n: int
     k: int
     device: str          # "cuda" or "cpu" (the Triton interpreter, in tests)
+    candidates: Tuple[str, ...] = ()
+    bias: bool = False
+    activation: str = "none"
 
     @property
     def key(self) -> Tuple:
-        return (self.spec_text, self.target, self.arch, self.m, self.n, self.k, self.device)
+        return (self.spec_text, self.target, self.arch, self.m, self.n, self.k, self.device, tuple(self.candidates),
+                self.bias, self.activation)
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__)
+        return json.dumps({**self.__dict__, "candidates": list(self.candidates)})
 
 
 class Preparer:
@@ -62,6 +67,7 @@ class Preparer:
         self._pending = 0
         self._thread: Optional[threading.Thread] = None
         self.seconds: Dict[Tuple, float] = {}   # wall time the worker spent on each job
+        self.replies: Dict[Tuple, dict] = {}    # each finished job's reply (an online job's winner is in it)
 
     def state(self, job: Job) -> Optional[str]:
         return self._state.get(job.key)
@@ -96,8 +102,12 @@ class Preparer:
                 self._idle.wait(left)
         return True
 
-    def _finish(self, job: Job, ok: bool, reason: str, seconds: float) -> None:
+    def reply(self, job: Job) -> dict:
+        return self.replies.get(job.key, {})
+
+    def _finish(self, job: Job, ok: bool, reason: str, seconds: float, reply: Optional[dict] = None) -> None:
         with self._idle:
+            self.replies[job.key] = reply or {}
             self._state[job.key] = READY if ok else FAILED
             if not ok:
                 self._reasons[job.key] = reason
@@ -127,7 +137,8 @@ class Preparer:
                 except (OSError, ValueError) as err:
                     reply = {"ok": False, "reason": f"the preparation worker failed: {err}"}
                     worker = _stop(worker)
-                self._finish(job, bool(reply.get("ok")), str(reply.get("reason", "")), time.monotonic() - start)
+                self._finish(job, bool(reply.get("ok")), str(reply.get("reason", "")), time.monotonic() - start,
+                             reply)
         finally:
             _stop(worker)
             with self._lock:   # a request racing with the idle exit starts a new thread
@@ -178,12 +189,20 @@ def main() -> int:
     for line in sys.stdin:
         if not line.strip():
             continue
+        reply = {}
         try:
-            job = Job(**json.loads(line))
-            ok, reason = prepare_one(job)
+            fields = json.loads(line)
+            job = Job(**{**fields, "candidates": tuple(fields.get("candidates", ()))})
+            if job.candidates:
+                from .online import tune_one
+                spec, speedup, reason = tune_one(list(job.candidates), job.m, job.n, job.k, job.bias,
+                                                 job.activation, job.device)
+                ok, reply = True, {"spec": spec, "speedup": speedup}
+            else:
+                ok, reason = prepare_one(job)
         except Exception as err:  # noqa: BLE001 - every failure is a reply, never a dead worker
             ok, reason = False, f"{type(err).__name__}: {err}"
-        out.write(json.dumps({"ok": ok, "reason": reason}) + "\n")
+        out.write(json.dumps({"ok": ok, "reason": reason, **reply}) + "\n")
         out.flush()
     return 0
 

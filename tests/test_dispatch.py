@@ -275,3 +275,31 @@ def test_out_of_the_wrong_dtype_is_refused_as_torch_refuses_it(activation):
     good = torch.empty(32, 48, dtype=torch.float16)
     assert l2c.matmul(a, w.t(), activation=activation, out=good) is good
     set_tuned_table(None)
+
+
+def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decision(tmp_path, monkeypatch):
+    """L2C_TUNE=online on a shape no table holds: the first call runs torch while the worker (a real process, the
+    Triton interpreter) builds, verifies and times candidates; the decision is persisted per GPU, driver and l2c
+    version, served from then on, reused by a new dispatcher (a later process) without tuning, and not reused
+    under another l2c version. The margin is 0 here: on the CPU no interpreted kernel beats torch."""
+    from l2c.online import Decisions, candidate_specs
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
+    assert candidate_specs("f16", "row,col,row", 2, 48, 64) and not candidate_specs("f16", "row,col,row", 64, 48, 64)
+    dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
+    a = torch.randn(2, 64, dtype=torch.float16)
+    w = torch.randn(48, 64, dtype=torch.float16)
+    expect = a.float() @ w.float().t()
+    torch.testing.assert_close(l2c.matmul(a, w.t()).float(), expect, atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats == {"tuned": 0, "fallback": 1}
+    assert dispatcher.wait(timeout=600)
+    torch.testing.assert_close(l2c.matmul(a, w.t()).float(), expect, atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats == {"tuned": 1, "fallback": 1}
+    decided, spec = Decisions("cpu", "none").get(Decisions.signature("f16", "row,col,row", 2, 48, 64, False, "none"))
+    assert decided and "family=gemv" in spec
+    later = set_tuned_table(None, allow_cpu=True, online=True)          # a new process: the decision is on disk
+    l2c.matmul(a, w.t())
+    assert later.stats == {"tuned": 1, "fallback": 0} and not later.preparer.replies
+    assert not Decisions("cpu", "none", version="0.0.0-other").entries   # another l2c version starts afresh
+    assert not Decisions("cpu", "other-driver").entries
+    set_tuned_table(None)
