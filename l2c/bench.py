@@ -417,13 +417,16 @@ class Settings:
 
 def _base_row(cand: Candidate, shape: Shape, protocol: str, device) -> Dict[str, object]:
     spec = cand.spec
-    return {
+    row = {
         "type": "result", "kernel": cand.id, "name": cand.name, "source": cand.source, "target": cand.target,
         "m": shape.m, "n": shape.n, "k": shape.k, "batch": shape.batch, "shape_label": shape.label,
         "flops": shape.flops, "bucket": bucket(shape.flops), "protocol": protocol, "device": device.kind,
         "dtype": spec.types_a if spec is not None else "f16",
         "layout": f"{spec.layout_a},{spec.layout_b},{spec.layout_c}" if spec is not None else "row,row,row",
     }
+    if spec is not None and cand.target in ("triton", "cutlass") and not str(cand.source).endswith((".l2", ".json")):
+        row["spec"] = spec.to_l2()    # a generated candidate: no file holds its text (l2c table reads it here)
+    return row
 
 
 def _problem(cand: Candidate, shape: Shape):

@@ -308,10 +308,12 @@ def main() -> int:
     shapes = sorted((s for s in load_shapes(args.shapes) if s.m <= args.max_m), key=lambda s: (s.m, s.n * s.k))
     builder = None
     if "cutlass" in stages:
-        pool_file = out / f"cutlass_pool_{args.dtype}.l2"
+        import tempfile
+        work = Path(tempfile.mkdtemp(prefix="serve_sweep_"))   # $OUT returns at most 8 files: logs stay here
+        pool_file = work / f"cutlass_pool_{args.dtype}.l2"
         pool_file.write_text("\n".join(cutlass_pool(args.dtype)))
         builder = subprocess.Popen([sys.executable, "-m", "l2c", "build", str(pool_file), "--target", "cutlass",
-                                    "-j", str(args.build_jobs)], stdout=open(out / "cutlass_build.log", "w"),
+                                    "-j", str(args.build_jobs)], stdout=open(work / "cutlass_build.log", "w"),
                                    stderr=subprocess.STDOUT)
     device.warm_up(3.0)
     top = {m: [(bn, bk, w, "step", waves) for bn, bk, w in GEMV_TILES for waves in (2, 4)] for m in GEMV_M}
@@ -325,8 +327,8 @@ def main() -> int:
     if builder is not None:
         t0 = time.monotonic()
         code = builder.wait()
-        print(f"serve_sweep: CUTLASS pool built (status {code}) after {time.monotonic() - t0:.0f} s more",
-              file=sys.stderr, flush=True)
+        print(f"serve_sweep: CUTLASS pool built (status {code}) after {time.monotonic() - t0:.0f} s more; "
+              + (work / "cutlass_build.log").read_text().strip().splitlines()[-1], file=sys.stderr, flush=True)
         pools = {s.key: _valid(cutlass_specs(cutlass_tile_m(s.m), args.dtype)) for s in shapes}
         sweep(shapes, pools, out / f"serve_cutlass_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
               f"cutlass {args.dtype}")
