@@ -245,7 +245,8 @@ def explore_gemv(shapes, dtype, out, device, args, log, measured=None):
     from l2c.parser import parse_one
     chosen = [s for s in shapes if (s.n, s.k) in EXPLORE_WEIGHTS and s.m in GEMV_M]
     if measured is not None:
-        dtype = json.loads(Path(measured).read_text().split("\n", 2)[1])["dtype"]
+        from l2c.bench import read_rows
+        dtype = next(r["dtype"] for r in read_rows(measured) if r.get("type") == "result")
     configs, pools = {}, {}
     for s in chosen:
         made = [(t, c) for t, c in gemv_configs(s.m, s.n, s.k, dtype, GEMV_EXPLORE, ("step", "end"), WAVES)]
