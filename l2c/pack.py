@@ -290,7 +290,7 @@ def build_pack(kernels: Sequence[RequiredKernel], arch: str, out: Union[str, Pat
                report: Callable[[RequiredKernel, Optional[str], float], None]) -> Tuple[Pack, int]:
     """Compile `kernels` through the build cache (`jobs` nvcc processes; built ones are reused), write the pack
     of those that built to `out`, and return it with the number that failed. `report(kernel, error, seconds)`
-    is called as each finishes. Needs nvcc: the pack records the version that built its libraries."""
+    is called for each kernel, in order. Needs nvcc: the pack records the version that built its libraries."""
     from .build_cutlass import compile_source, cuda_release, find_nvcc, nvcc_version
     from .errors import BuildError
     compiler = nvcc_version(find_nvcc())
