@@ -3,8 +3,12 @@
 Compiling needs only a CPU and nvcc (CI builds kernels without a GPU); calling a loaded kernel needs the GPU.
 Builds are keyed by a content hash of (source, flags, nvcc version, CUTLASS version) in the user cache
 directory, guarded by a file lock and published by atomic rename, so concurrent builders of the same kernel
-compile it once and nobody loads a half-written .so. A compiler failure, or any ptxas C751x warning (the
-wgmma pipeline got serialized), is a `BuildError` carrying the compiler's message.
+compile it once and nobody loads a half-written .so. On a cache miss the prebuilt pack shipped with l2c
+(`l2c.pack`) is asked first: a library built there from the same source, flags and CUTLASS version, by the local
+nvcc's version (or by any nvcc when there is none here), is checked against its sha256 and installed into the
+cache instead of compiling, so a machine without the CUDA toolkit still gets every kernel the pack holds.
+A compiler failure, or any ptxas C751x warning (the wgmma pipeline got serialized), is a `BuildError` carrying
+the compiler's message.
 
 The loaded kernel follows docs/CONTRACTS.md: `kernel(a, b, c=None, bias=None, out=None)`. It checks layouts,
 alignment and shapes up front and raises ValueError (so the dispatcher can fall back to torch), queries the
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import re
 import shutil
@@ -26,13 +31,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from . import cache, cutlass_shim
+from . import cache, cutlass_shim, pack
 from .build import Kernel, call_signature, cuda_accessors
 from .errors import BuildError
 from .knobs import ANY, DTYPE_BYTES
 from .lower import render
 from .validate import ValidSpec
 
+log = logging.getLogger("l2c.build_cutlass")
+
+ARCH = "sm_90"   # what NVCC_FLAGS compile for; names the pack that is asked before compiling
 NVCC_FLAGS: Tuple[str, ...] = (
     "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr",
     "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
@@ -66,7 +74,13 @@ def cutlass_include_dirs() -> List[Path]:
 
 
 def find_nvcc() -> str:
-    """nvcc from PATH, else from $CUDA_HOME/bin or /usr/local/cuda/bin."""
+    """$L2C_NVCC if set (then the only one looked for), else nvcc from PATH, else from $CUDA_HOME/bin or
+    /usr/local/cuda/bin."""
+    chosen = os.environ.get("L2C_NVCC")
+    if chosen:
+        if os.path.isfile(chosen) and os.access(chosen, os.X_OK):
+            return chosen
+        raise BuildError(f"nvcc not found: L2C_NVCC={chosen} is not an executable file")
     found = shutil.which("nvcc")
     if found:
         return found
@@ -79,14 +93,20 @@ def find_nvcc() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _nvcc_version(nvcc: str) -> str:
+def nvcc_version(nvcc: str) -> str:
     done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
     if done.returncode != 0:
         raise BuildError(f"{nvcc} --version failed: {done.stderr.strip()}")
     return done.stdout.strip()
 
 
-def _cutlass_version() -> str:
+def cuda_release(version: str) -> str:
+    """The CUDA release ("13.0") that `nvcc --version` output names, or "unknown"."""
+    found = re.search(r"release (\d+\.\d+)", version)
+    return found.group(1) if found else "unknown"
+
+
+def cutlass_version() -> str:
     try:
         return metadata.version("nvidia-cutlass")
     except metadata.PackageNotFoundError:
@@ -111,20 +131,55 @@ def forbidden_ptxas_warnings(output: str) -> List[str]:
     return [line for line in output.splitlines() if FORBIDDEN_PTXAS_WARNING.search(line)]
 
 
+def pack_key(source: str) -> str:
+    """The key of a library in the prebuilt pack: a hash of what determines it apart from the compiler's build
+    (source, flags, CUTLASS version), so that a machine without nvcc can compute it."""
+    return cache.content_hash(source, " ".join(NVCC_FLAGS), cutlass_version())
+
+
+def _library_digest(source: str, compiler: str) -> str:
+    """The build cache's key of a library: the pack key's parts and the version of the nvcc that built it."""
+    return cache.content_hash(source, " ".join(NVCC_FLAGS), compiler, cutlass_version())[:24]
+
+
 def compile_source(source: str, name: str) -> Path:
     """Compile CUDA source into a cached shared library and return its path; BuildError on failure.
 
-    Failures that the compiler reports (errors, C751x warnings) are cached beside the .so, so a broken
-    candidate costs its compile time once, not once per tuning run.
+    A cache miss installs the library from the prebuilt pack when the pack holds it for this source and the
+    local nvcc's version (whichever version it was built with when there is no nvcc here); nvcc runs only for a
+    real build. Failures that the compiler reports (errors, C751x warnings) are cached beside the .so, so a
+    broken candidate costs its compile time once, not once per tuning run.
     """
-    nvcc = find_nvcc()
-    digest = cache.content_hash(source, " ".join(NVCC_FLAGS), _nvcc_version(nvcc), _cutlass_version())[:24]
+    try:
+        nvcc, no_nvcc = find_nvcc(), ""
+    except BuildError as err:
+        nvcc, no_nvcc = None, str(err)
+    key = pack_key(source)
+    prebuilt = None
+    if nvcc is None:   # the pack entry's nvcc names the cache file that nvcc would have built
+        prebuilt = pack.lookup(ARCH, key, name)
+        if prebuilt is None:
+            raise BuildError(f"{no_nvcc} ({name} is not in l2c's prebuilt pack)")
+        compiler = prebuilt.nvcc_version
+    else:
+        compiler = nvcc_version(nvcc)
+    digest = _library_digest(source, compiler)
     folder = cache.cache_dir("cutlass")
     library = folder / f"{name}_{digest}.so"
     failure = folder / f"{name}_{digest}.failed.txt"
     with cache.locked(library):
         if library.exists():
             return library
+        if nvcc is not None:   # asked only on a miss: reading the pack costs a decompression
+            prebuilt = pack.lookup(ARCH, key, name)
+        if prebuilt is not None and prebuilt.nvcc_version == compiler:
+            try:
+                cache.write_atomic(library, pack.read_library(prebuilt))
+                return library
+            except pack.PackError as err:
+                if nvcc is None:
+                    raise BuildError(f"{name}: the prebuilt pack's library cannot be used ({err}) and {no_nvcc}")
+                log.warning("%s; building %s with nvcc instead", err, name)
         if failure.exists():
             raise BuildError(failure.read_text())
         with tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}_{digest}.") as work:

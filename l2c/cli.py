@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "l2c.commands.report",
     "l2c.commands.tune",
     "l2c.commands.import_results",
+    "l2c.commands.pack",
 ]
 
 

@@ -28,10 +28,9 @@ import torch.nn.functional as F
 
 from .build import call_signature
 from .errors import BuildError, L2Error
-from .knobs import ANY
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
-from .tuned_table import TableError, TunedEntry, TunedTable, first_bad_entry, load_table
+from .tuned_table import TableError, TunedEntry, TunedTable, first_bad_entry, load_table, served_spec
 
 log = logging.getLogger("l2c.dispatch")
 
@@ -160,13 +159,10 @@ class Dispatcher:
         """The kernel to prepare for `sig`: the entry's spec with the call's epilogue, generic in M unless exact."""
         _, _, m, n, k, has_bias, activation, device = sig
         try:
-            spec = parse_one(entry.spec_text, file="<tuned table>")
+            spec = served_spec(entry, m, has_bias, activation)
         except L2Error as err:
             log.warning("bad tuned-table entry %s: %s", entry, err)
             return None
-        if spec.problem_m != m:
-            spec = spec.replace(problem_m=ANY)
-        spec = spec.replace(epilogue_bias="col" if has_bias else "none", epilogue_activation=activation)
         return Job(spec.to_l2(), entry.target, self.table.arch, m, n, k, device)
 
     def _kernel(self, job: Job) -> Optional[Callable]:

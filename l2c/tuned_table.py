@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .ir import KernelSpec
+from .knobs import ANY
+from .parser import parse_one
+
 MAX_TABLE_BYTES = 64 * 2**20
 DTYPES = ("f16", "bf16")
 LAYOUT_WORDS = ("row", "col")
@@ -157,6 +161,38 @@ class TunedTable:
 
     def __len__(self) -> int:
         return len(self.exact)
+
+
+def served_spec(entry: TunedEntry, m: int, has_bias: bool, activation: str) -> KernelSpec:
+    """The spec the dispatcher builds to serve `entry` at a call with M = `m` and this epilogue: the entry's spec,
+    generic in M unless it is fixed at exactly `m`, with the call's bias (per column, as nn.Linear's) and
+    activation fused. The prebuilt pack builds the same specs, so that what it holds is what calls ask for.
+    Raises L2Error for a spec that does not parse."""
+    spec = parse_one(entry.spec_text, file="<tuned table>")
+    if spec.problem_m != m:
+        spec = spec.replace(problem_m=ANY)
+    return spec.replace(epilogue_bias="col" if has_bias else "none", epilogue_activation=activation)
+
+
+def served_ms(entry: TunedEntry) -> List[int]:
+    """Call Ms that between them give every distinct spec `served_spec` makes for the Ms `entry` serves: its own M
+    for an exact entry; for a range, both ends (the kernel generic in M wherever M differs from the spec's fixed
+    M) and the spec's fixed M if the range holds it."""
+    if not entry.serves_range:
+        return [entry.m]
+    ms = {entry.m_lo, entry.m_hi}
+    fixed = parse_one(entry.spec_text, file="<tuned table>").problem_m
+    if fixed != ANY and entry.m_lo <= fixed <= entry.m_hi:
+        ms.add(fixed)
+    return sorted(ms)
+
+
+def served_entries(table: TunedTable) -> List[TunedEntry]:
+    """Every entry of `table` that can serve a call (those the lookup can return), exact ones first."""
+    entries = list(table.exact.values())
+    for group in table.ranges.values():
+        entries += group
+    return entries
 
 
 def load_table(path) -> TunedTable:

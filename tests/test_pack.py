@@ -1,0 +1,282 @@
+"""The prebuilt pack (l2c.pack, `l2c pack`): which kernels it must hold, and, with real nvcc builds, that a
+machine without nvcc is served from it and that a damaged or stale pack is never used.
+
+The nvcc tests build one table entry's two kernels (no bias, per-column bias) into a fresh cache once for the
+module; they are skipped only when nvcc is absent. "Without nvcc" means L2C_NVCC naming nothing and no nvcc on
+PATH: find_nvcc also looks in /usr/local/cuda, so PATH alone cannot hide it.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from l2c import cache, pack
+from l2c.build_cutlass import NVCC_FLAGS, compile_source, find_nvcc, pack_key
+from l2c.cli import main
+from l2c.dispatch import Dispatcher
+from l2c.errors import BuildError
+from l2c.parser import parse_file, parse_one
+from l2c.tuned_table import entry_from_row, load_table
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _nvcc_missing() -> bool:
+    try:
+        find_nvcc()
+        return False
+    except BuildError:
+        return True
+
+
+needs_nvcc = pytest.mark.skipif(_nvcc_missing(), reason="nvcc (CUDA toolkit) is not installed: CUTLASS kernels "
+                                                        "cannot be compiled on this machine")
+
+
+def _example(name: str) -> str:
+    return next(s for s in parse_file(EXAMPLES / "cublas_shapes.l2") if s.name == name).to_l2()
+
+
+def _row(spec_text: str, m: int, n: int = 256, k: int = 1024, **extra) -> dict:
+    return {"m": m, "n": n, "k": k, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "cutlass",
+            "spec": spec_text, "tflops": 2.0, "baseline_tflops": 1.0, **extra}
+
+
+def _write_table(path: Path, rows) -> Path:
+    path.write_text(json.dumps({"format": 1, "arch": "sm_90", "gpu": "test", "protocol": "kernel",
+                                "entries": rows}))
+    return path
+
+
+def _hide_nvcc(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("L2C_NVCC", str(tmp_path / "no-nvcc-here"))
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nvcc").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    with pytest.raises(BuildError):
+        find_nvcc()
+
+
+# ---- which kernels (no compiler)
+
+def test_the_pack_lists_exactly_the_specs_the_dispatcher_builds(tmp_path):
+    generic = _example("small_basic_64x16")
+    fixed_256 = generic.replace("m=any", "m=256", 1)
+    fixed_128 = generic.replace("m=any", "m=128", 1)
+    rows = [_row(generic, 64), _row(fixed_256, 256), _row(fixed_128, 128, n=512, m_range=[64, 192]),
+            _row(_example("tall_swap_192x128"), 64, k=512, tflops=0.5),   # slower than torch: never served
+            dict(_row(generic, 64, n=1024), target="triton")]              # not a CUTLASS kernel
+    table_path = _write_table(tmp_path / "t.json", rows)
+    arch, kernels, problems = pack.required_kernels([table_path])
+    assert arch == "sm_90" and problems == []
+    wanted = {k.spec for k in kernels}
+
+    table = load_table(table_path)
+    dispatcher = Dispatcher(table)
+    asked = set()
+    for row in rows[:3]:
+        entry = entry_from_row(row)
+        lo, hi = row.get("m_range", [row["m"], row["m"]])
+        for m in range(lo, hi + 1, 16):
+            for has_bias in (False, True):
+                job = dispatcher._job(entry, ("f16", "row,row,row", m, entry.n, entry.k, has_bias, "none", "cuda"))
+                asked.add(job.spec_text)
+    assert asked == wanted
+    # generic, fixed at 256, fixed at 128 (the range's spec, generic elsewhere in the range): two epilogues each
+    assert len(kernels) == 3 * 2
+    assert all(parse_one(k.spec).epilogue_activation == "none" for k in kernels)
+    assert {parse_one(k.spec).epilogue_bias for k in kernels} == {"none", "col"}
+
+
+def test_every_shipped_cutlass_kernel_renders_without_a_compiler():
+    arch, kernels, problems = pack.required_kernels(pack.shipped_tables())
+    assert problems == []
+    assert arch == "sm_90" and len(kernels) >= 2
+    assert len({k.key for k in kernels}) == len(kernels)
+
+
+def test_verify_fails_without_a_pack(tmp_path, capsys):
+    table = _write_table(tmp_path / "t.json", [_row(_example("small_basic_64x16"), 64)])
+    assert main(["pack", "verify", "--table", str(table), "--pack", str(tmp_path / "absent.tar.xz")]) == 1
+    assert "cannot read the pack" in capsys.readouterr().out
+
+
+# ---- with real builds
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A pack of one table entry (small_basic_64x16: two kernels), built with nvcc into a fresh cache."""
+    root = tmp_path_factory.mktemp("pack")
+    table = _write_table(root / "tiny.json", [_row(_example("small_basic_64x16"), 256)])
+    os.environ["L2C_CACHE_DIR"] = str(root / "cache")
+    os.environ["L2C_PACK"] = str(root / "no-pack.tar.xz")   # nothing to install from: the build compiles
+    try:
+        start = time.perf_counter()
+        assert main(["pack", "build", "--table", str(table), "-j", "2", "-o", str(root / "sm_90.tar.xz")]) == 0
+        print(f"\npack build: 2 CUTLASS kernels in {time.perf_counter() - start:.0f} s")
+    finally:
+        del os.environ["L2C_CACHE_DIR"], os.environ["L2C_PACK"]
+    _, kernels, _ = pack.required_kernels([table])
+    return root, table, root / "sm_90.tar.xz", kernels
+
+
+@needs_nvcc
+def test_the_pack_records_each_build(built):
+    root, _, pack_path, kernels = built
+    written = pack.read_pack(pack_path)
+    assert written.arch == "sm_90" and written.cutlass_version == metadata.version("nvidia-cutlass")
+    assert set(written.entries) == {k.key for k in kernels} and len(kernels) == 2
+    nvcc_version = subprocess.run([find_nvcc(), "--version"], capture_output=True, text=True).stdout.strip()
+    for kernel in kernels:
+        entry = written.entries[kernel.key]
+        assert entry.key == pack_key(kernel.source) == cache.content_hash(
+            kernel.source, " ".join(NVCC_FLAGS), metadata.version("nvidia-cutlass"))
+        assert entry.name == kernel.name == "small_basic_64x16" and entry.spec == kernel.spec
+        assert entry.nvcc_version == nvcc_version and entry.cuda_version in nvcc_version
+        # the library in the pack is the one the build cache holds, under the cache's unchanged key
+        digest = cache.content_hash(kernel.source, " ".join(NVCC_FLAGS), nvcc_version,
+                                    metadata.version("nvidia-cutlass"))[:24]
+        cached = root / "cache" / "cutlass" / f"{kernel.name}_{digest}.so"
+        assert hashlib.sha256(cached.read_bytes()).hexdigest() == entry.sha256
+        assert pack.read_library(entry) == cached.read_bytes()
+
+
+@needs_nvcc
+def test_verify_passes_without_a_compiler(built, monkeypatch, tmp_path, capsys):
+    _, table, pack_path, _ = built
+    _hide_nvcc(monkeypatch, tmp_path)
+    assert main(["pack", "verify", "--table", str(table), "--pack", str(pack_path)]) == 0
+    assert "ok, holds all 2 kernels" in capsys.readouterr().out
+    # a table naming a kernel the pack lacks fails, and says which
+    more = _write_table(tmp_path / "more.json", [_row(_example("small_basic_64x16"), 256),
+                                                 _row(_example("tall_swap_192x128"), 4096, k=512)])
+    assert main(["pack", "verify", "--table", str(more), "--pack", str(pack_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("missing: tall_swap_192x128") == 2 and "missing: small_basic" not in out
+
+
+@needs_nvcc
+def test_without_nvcc_a_cache_miss_installs_from_the_pack(built, monkeypatch, tmp_path):
+    root, _, pack_path, kernels = built
+    monkeypatch.setenv("L2C_PACK", str(pack_path))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    _hide_nvcc(monkeypatch, tmp_path)
+    for kernel in kernels:
+        start = time.perf_counter()
+        library = compile_source(kernel.source, kernel.name)
+        assert time.perf_counter() - start < 10
+        # the file a local nvcc of the pack's version would have built, byte for byte
+        built_here = root / "cache" / "cutlass" / library.name
+        assert library.parent == tmp_path / "empty-cache" / "cutlass"
+        assert library.read_bytes() == built_here.read_bytes()
+        assert compile_source(kernel.source, kernel.name) == library   # now a plain cache hit
+
+
+@needs_nvcc
+def test_with_nvcc_of_the_same_version_a_cache_miss_installs_from_the_pack(built, monkeypatch, tmp_path):
+    root, _, pack_path, kernels = built
+    monkeypatch.setenv("L2C_PACK", str(pack_path))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    start = time.perf_counter()
+    library = compile_source(kernels[0].source, kernels[0].name)
+    assert time.perf_counter() - start < 10      # an nvcc build takes tens of seconds
+    assert library.read_bytes() == (root / "cache" / "cutlass" / library.name).read_bytes()
+
+
+@needs_nvcc
+def test_a_changed_source_is_not_served_from_the_pack(built, monkeypatch, tmp_path):
+    _, _, pack_path, kernels = built
+    monkeypatch.setenv("L2C_PACK", str(pack_path))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    _hide_nvcc(monkeypatch, tmp_path)
+    changed = kernels[0].source.replace("#include", "// a template change\n#include", 1)
+    assert changed != kernels[0].source
+    with pytest.raises(BuildError, match="not in l2c's prebuilt pack"):
+        compile_source(changed, kernels[0].name)
+    assert list((tmp_path / "empty-cache" / "cutlass").glob("*.so")) == []
+
+
+def _rewrite(pack_path: Path, out: Path, index: int, change) -> None:
+    """Copy the pack with member `index` (0: the manifest, 1: the first library) changed by `change(bytes)`."""
+    with tarfile.open(pack_path, "r:xz") as src, tarfile.open(out, "w:xz") as dst:
+        for i, member in enumerate(src.getmembers()):
+            data = src.extractfile(member).read()
+            if i == index:
+                data = change(data)
+            member.size = len(data)
+            dst.addfile(member, io.BytesIO(data))
+
+
+@needs_nvcc
+def test_a_stale_entry_fails_verify_and_is_not_served(built, monkeypatch, tmp_path, capsys):
+    """An entry for the same spec under another key: what a pack built before a template change holds."""
+    _, table, pack_path, kernels = built
+    first = sorted(pack.read_pack(pack_path).entries.values(), key=lambda e: e.file)[0]
+
+    def old_key(data: bytes) -> bytes:
+        manifest = json.loads(data)
+        manifest["entries"][0]["key"] = "0" * 64
+        return json.dumps(manifest).encode()
+
+    stale = tmp_path / "sm_90.tar.xz"
+    _rewrite(pack_path, stale, 0, old_key)
+    assert main(["pack", "verify", "--table", str(table), "--pack", str(stale)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("stale: small_basic_64x16") == 1 and "missing" not in out
+    monkeypatch.setenv("L2C_PACK", str(stale))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    _hide_nvcc(monkeypatch, tmp_path)
+    kernel = next(k for k in kernels if k.key == first.key)
+    with pytest.raises(BuildError, match="not in l2c's prebuilt pack"):
+        compile_source(kernel.source, kernel.name)
+
+
+@needs_nvcc
+def test_a_library_that_does_not_match_its_sha256_is_refused(built, monkeypatch, tmp_path, capsys):
+    _, table, pack_path, kernels = built
+    bad = tmp_path / "sm_90.tar.xz"
+    _rewrite(pack_path, bad, 1, lambda data: data[:1000] + bytes([data[1000] ^ 1]) + data[1001:])
+    assert main(["pack", "verify", "--table", str(table), "--pack", str(bad)]) == 1
+    assert "corrupt:" in capsys.readouterr().out
+    monkeypatch.setenv("L2C_PACK", str(bad))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    _hide_nvcc(monkeypatch, tmp_path)
+    damaged = sorted(pack.read_pack(bad).entries.values(), key=lambda e: e.file)[0]
+    with pytest.raises(pack.PackError, match="sha256"):
+        pack.read_library(damaged)
+    kernel = next(k for k in kernels if k.key == damaged.key)
+    with pytest.raises(BuildError, match="cannot be used"):
+        compile_source(kernel.source, kernel.name)
+    assert list((tmp_path / "empty-cache" / "cutlass").glob("*.so")) == []
+
+
+@needs_nvcc
+def test_a_corrupt_archive_fails_verify_and_installs_nothing_wrong(built, monkeypatch, tmp_path, capsys):
+    _, table, pack_path, kernels = built
+    data = bytearray(pack_path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad = tmp_path / "sm_90.tar.xz"
+    bad.write_bytes(bytes(data))
+    assert main(["pack", "verify", "--table", str(table), "--pack", str(bad)]) == 1
+    assert "FAILED" in capsys.readouterr().out
+    monkeypatch.setenv("L2C_PACK", str(bad))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    _hide_nvcc(monkeypatch, tmp_path)
+    good = pack.read_pack(pack_path).entries
+    refused = 0
+    for kernel in kernels:
+        try:
+            library = compile_source(kernel.source, kernel.name)
+        except BuildError:
+            refused += 1
+            continue
+        assert hashlib.sha256(library.read_bytes()).hexdigest() == good[kernel.key].sha256
+    assert refused >= 1
