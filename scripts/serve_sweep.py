@@ -281,6 +281,27 @@ def gemv_pool(shape, dtype, top):
     return _valid(list(dict.fromkeys(texts)))
 
 
+def warm_served(table_path: str, shape_sets, dtypes, layout: str, workers: int, log) -> None:
+    """Compile, in a pool of processes, the Triton kernels a table serves on these shapes (as the dispatcher
+    specialises them), so that measuring through the dispatcher waits for no Triton compile."""
+    from l2c.shapes import load_shapes
+    from l2c.tuned_table import load_table, served_spec
+    table = load_table(table_path)
+    pairs = set()
+    for name in shape_sets:
+        for s in load_shapes(name):
+            for dtype in dtypes:
+                entry = table.lookup(dtype, layout, s.m, s.n, s.k)
+                if entry is not None and entry.target == "triton":
+                    pairs.add((served_spec(entry, s.m, False, "none").to_l2(), (s.m, s.n, s.k)))
+    pairs = sorted(pairs)
+    t0 = time.monotonic()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        failed = sum(pool.map(_warm, [pairs[i::workers] for i in range(workers)]))
+    print(f"serve_sweep: warmed {len(pairs)} served Triton (spec, shape) pairs of {table_path} in "
+          f"{time.monotonic() - t0:.0f} s ({failed} failed)", file=log, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -297,7 +318,13 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--build-jobs", type=int, default=8)
     ap.add_argument("--shapes", default="serve")
+    ap.add_argument("--warm-table", metavar="TABLE.json",
+                    help="instead of sweeping: compile the Triton kernels TABLE serves on --shapes (comma-separated "
+                         "sets) in f16 and bf16, nn.Linear's layout, before measuring through the dispatcher")
     args = ap.parse_args()
+    if args.warm_table:
+        warm_served(args.warm_table, args.shapes.split(","), ("f16", "bf16"), "row,col,row", args.workers, sys.stderr)
+        return 0
     import subprocess
     import torch
     from l2c.measure import get_device
