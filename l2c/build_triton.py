@@ -9,8 +9,8 @@ overhead on every launch that, on a slow host, is more than a small kernel takes
 seen before therefore replays the launches of its first, fully checked call straight into the compiled
 kernels' launchers — the same `run(...)` Triton's own dispatch ends in (Triton 3.4 to 3.9 call it alike) —
 after checking only what can change between such calls (pointers' 16-byte alignment, which Triton specializes
-on, and the current device). On by default since it was verified on the H200 (scripts/call_overhead.py,
-scripts/gpu_check.py; benchmarks/NOTES.md, session 4); L2C_TRITON_PLANS=0 turns it off.
+on, and the current device). On by default: on the H200 a planned call costs what torch.matmul's does
+(scripts/call_overhead.py, checked by scripts/gpu_check.py; benchmarks/NOTES.md); L2C_TRITON_PLANS=0 turns it off.
 """
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ class TritonKernel(Kernel):
 
 def launch_hook_set() -> bool:
     """Whether a Triton launch hook (a profiler's) is set: a replayed launch would skip it. Triton >= 3.5 holds
-    the hooks in a HookChain that is never None (empty when none is set: plans were never made on the H200's
-    Triton 3.6 until this checked its `calls`); older versions hold one callable or None."""
+    the hooks in a HookChain that is never None (empty when none is set, so a test against None alone would
+    turn plans off for good); older versions hold one callable or None."""
     runtime = _KNOBS.runtime
     return any(hook is not None and bool(getattr(hook, "calls", True))
                for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
@@ -246,7 +246,7 @@ def compile_ahead(kernel: TritonKernel) -> Dict[str, int]:
     and return each one's cubin size; raise BuildError with the compiler's message if one does not compile.
 
     The Triton interpreter (the CPU tests) checks what a kernel computes but not what the GPU compiler accepts:
-    a loop variable retyped inside a branch ran on the CPU and failed to compile on the H200. The launches
+    a loop variable retyped inside a branch runs in the interpreter and does not compile for the GPU. The launches
     come from `prepare` on small CPU tensors of the spec's types and layouts; the compiled variant is the
     unspecialized one (no divisibility hints), which is enough to find what does not compile.
     """

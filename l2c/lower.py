@@ -45,8 +45,8 @@ SPLITK_REDUCE_DEFAULT = "inkernel"
 
 def triton_splitk_reduce() -> str:
     """How a Triton workspace-mode split-K kernel reduces its slices: `inkernel` (the default: the last slice of
-    each tile to finish reduces it in the GEMM kernel, one launch; verified and faster on the H200,
-    benchmarks/NOTES.md session 4) or `finalize` (a second kernel; L2C_TRITON_SPLITK=finalize). Atomic mode
+    each tile to finish reduces it in the GEMM kernel, one launch; verified on the H200 and cheaper than a
+    second launch, benchmarks/NOTES.md) or `finalize` (a second kernel; L2C_TRITON_SPLITK=finalize). Atomic mode
     always uses the finalize kernel. The generated source differs, so each has its own build-cache entry;
     `l2c tune` refuses the non-default one, because the results store keys results by spec text."""
     value = os.environ.get("L2C_TRITON_SPLITK", SPLITK_REDUCE_DEFAULT)

@@ -1,16 +1,16 @@
 #!/usr/bin/env python
 """Write the learned policy's top proposals for a set of shapes as a `.l2` pool, to prebuild on a CPU machine.
 
-    python scripts/policy_pool.py --shapes benchmarks/tune_shapes_h200_mid_losers.txt --target cutlass -n 4 \
-        --store benchmarks/store/h200.sqlite -o benchmarks/pool_h200_policy.l2
-    l2c build benchmarks/pool_h200_policy.l2 --target cutlass -j 2      # nvcc here, no GPU needed
-    l2c tune ... --seed-specs benchmarks/pool_h200_policy.l2             # the GPU only measures
+    python scripts/policy_pool.py --shapes shapes.txt --target cutlass -n 4 [--store STORE.sqlite] -o pool.l2
+    l2c build pool.l2 --target cutlass -j 2      # nvcc here, no GPU needed
+    l2c tune ... --seed-specs pool.l2             # the GPU only measures
 
 A CUTLASS candidate costs minutes of nvcc. Inside a GPU tune that time is spent while the device waits, so
 the policy's likely picks are compiled ahead on the CPU machine and enter the tune as seed specs. The specs are
 shape-generic and named by their knobs (`config_name`): exactly the text the tuner would build, so the tune
 finds them in the build cache. The policy is the one next to the store (`policy.pt`), or one trained on the
-store here when there is none or `--retrain` is given.
+store here when there is none or `--retrain` is given; without a store, the policy shipped for the architecture
+(l2c/policy/sm_90.pt).
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", required=True, help="grid | llm | square | FILE | MxNxK,...")
-    ap.add_argument("--store", required=True, help="results store the policy is (or was) trained on")
+    ap.add_argument("--store", default=None,
+                    help="results store the policy is (or was) trained on (default: the policy shipped with l2c)")
     ap.add_argument("--target", default="cutlass", choices=["triton", "cutlass"])
     ap.add_argument("--dtype", default="f16")
     ap.add_argument("--layout", default="row,row,row")
@@ -35,18 +36,24 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(ROOT))
     from l2c.ir import print_spec
-    from l2c.search.policy import Policy, default_policy_path
+    from l2c.search.policy import Policy, default_policy_path, shipped_policy_path
     from l2c.search.space import problems, shapes_from_arg, spec_from_params
     from l2c.search.store import Store
 
-    store = Store(args.store)
-    path = default_policy_path(store.path)
-    if path.exists() and not args.retrain:
-        policy = Policy.load(path)
+    if args.store is None:
+        path = shipped_policy_path("sm_90")
+        if path is None:
+            ap.error("no policy is shipped for sm_90: give --store")
+        policy, source = Policy.load(path), str(path)
     else:
-        policy = Policy(seed=0)
-        if policy.fit_store(store) == 0:
-            ap.error(f"{args.store} holds no results to train a policy on")
+        store, source = Store(args.store), args.store
+        path = default_policy_path(store.path)
+        if path.exists() and not args.retrain:
+            policy = Policy.load(path)
+        else:
+            policy = Policy(seed=0)
+            if policy.fit_store(store) == 0:
+                ap.error(f"{args.store} holds no results to train a policy on")
     try:
         shapes = shapes_from_arg(args.shapes)
     except (ValueError, OSError) as err:
@@ -59,7 +66,7 @@ def main(argv=None) -> int:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# The learned policy's top {args.n} {args.target} proposals per shape for {args.shapes} "
-              f"({args.dtype}, {args.layout}),\n# policy trained on {policy.trained_on} results of {args.store}. "
+              f"({args.dtype}, {args.layout}),\n# policy trained on {policy.trained_on} results ({source}). "
               f"Written by scripts/policy_pool.py; prebuild with `l2c build`.\n\n")
     out.write_text(header + "\n".join(print_spec(s) for s in specs.values()))
     print(f"wrote {out}: {len(specs)} distinct spec(s) for {len(shapes)} shape(s)")

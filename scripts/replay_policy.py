@@ -3,8 +3,13 @@
 
     python scripts/replay_policy.py --out benchmarks/results/replay_policy_h200.json
 
-A replay of real H200 measurements, no GPU needed. The `l2c bench` screens in benchmarks/results measured a
-pool of shape-generic kernels on every grid shape (verified, `kernel` protocol). They are imported into a
+A replay of real H200 measurements, no GPU needed. The `l2c bench` screens it reads (`SCREENS`) measured a
+pool of shape-generic kernels on every grid shape (verified, `kernel` protocol). They left the tree with the other
+superseded results; git keeps them (2.3 MB):
+
+    for f in grid_pool_h200 grid_tma_pool_h200 grid_tma2_pool_h200 grid_bf16_top6_h200; do
+        git show cf178e0:benchmarks/results/$f.jsonl.xz > benchmarks/results/$f.jsonl.xz; done
+ They are imported into a
 throwaway results store (`l2c import`'s conversion). The shapes are split into folds. For each fold the policy is
 trained on the other folds' results only, exactly as `l2c tune` trains it on a store (`Policy.fit_store`). It then
 orders each held-out shape's measured candidates by its log-probability. The figure is the best measured speedup
@@ -60,6 +65,10 @@ def main(argv=None) -> int:
     from l2c.search.space import Problem
     from l2c.search.store import Store
 
+    missing = [p for p in args.screens if not (ROOT / p).is_file()]
+    if missing:
+        ap.error(f"{', '.join(missing)}: not found (the committed screens are in git history: see this script's "
+                 "docstring for the `git show` command)")
     results, cache = [], {}
     for path in args.screens:
         rs, counts = results_from_rows(read_rows(ROOT / path), "sm_90", cache)

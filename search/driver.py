@@ -587,10 +587,11 @@ def confirm_leaders(problems: Sequence[Problem], runner, store: Store, since: fl
     """Measure each shape's stored leader again until the leader is a result confirmed at or after `since`, or
     `budget` measurements of that shape were spent; returns each shape's best confirmed result (or None).
 
-    Why: the store's best of a shape is the maximum over every measurement ever made of it (imports from earlier
-    sessions, earlier builds of the same spec text, other machines of the same model), and the tune reuses a
+    Why: the store's best of a shape is the maximum over every measurement ever made of it (imports of earlier
+    runs, earlier builds of the same spec text, other machines of the same model), and the tune reuses a
     stored result rather than measure it again. The maximum of many noisy or stale figures is biased high, and a
-    table exported from it loses when measured apart (session 8: 16384x2048x16384's stored 0.999x measured 0.890x).
+    table exported from it loses when measured apart (on the H200 a stored 0.999x for 16384x2048x16384 measured
+    0.890x apart; benchmarks/NOTES.md).
     A re-measured leader that drops lets the next one lead; a re-measurement that fails to build or verify replaces
     the stored success, so it cannot win. Resumable: a restarted run skips leaders already confirmed since `since`.
     """

@@ -1,4 +1,4 @@
-"""Grammar-constrained LLM proposals of kernel specs (issue #6).
+"""Grammar-constrained LLM proposals of kernel specs.
 
 A language model sees the problem, the hardware facts and the best and worst measured specs (contrastive
 context) and writes new specs in the DSL. Every token it emits is constrained by `grammar/l2.lark`: the

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+from importlib import resources
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -287,6 +288,13 @@ def _extend_heads(state: Dict[str, torch.Tensor], saved: Dict[str, List[str]], n
 def default_policy_path(store_path) -> Path:
     """The policy lives next to the store it was trained on."""
     return Path(str(store_path)).with_name("policy.pt")
+
+
+def shipped_policy_path(arch: str) -> Optional[Path]:
+    """The policy shipped for `arch` (l2c/policy/<arch>.pt, trained on that architecture's measured `kernel`
+    results, benchmarks/NOTES.md), or None: where a tune starts when its own store is too small to train on."""
+    path = Path(str(resources.files("l2c") / "policy" / f"{arch}.pt"))
+    return path if path.is_file() else None
 
 
 class PolicySampler(BaseSampler):

@@ -338,7 +338,7 @@ def test_policy_save_load_and_proposals_are_valid(tmp_path):
 def test_a_policy_saved_before_the_space_grew_loads_as_itself(tmp_path):
     """A policy trained before a knob was added (launch family) and a knob's choices extended (tile m 1, 2, 4) loads
     with the same distribution over what it knew, no mass on what it never saw and the new knob at its default, so it
-    proposes what it proposed before; the committed policy (benchmarks/store/policy.pt) is one of these."""
+    proposes what it proposed before; the shipped policy (l2c/policy/sm_90.pt) is one of these."""
     import torch
     from l2c.search.policy import Policy
     p = Problem(256, 1024, 4096)
@@ -368,8 +368,35 @@ def test_a_policy_saved_before_the_space_grew_loads_as_itself(tmp_path):
     torch.save(blob, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="retrain"):   # a space with choices the current one lacks
         Policy.load(tmp_path / "other.pt")
-    committed = Policy.load(Path(__file__).resolve().parent.parent / "benchmarks" / "store" / "policy.pt")
-    assert committed.mode(Problem(1, 4096, 4096, layout_b="col"), ["triton"])["launch_family"] == "gemm"
+    from l2c.search.policy import shipped_policy_path
+    shipped = Policy.load(shipped_policy_path("sm_90"))
+    assert shipped.mode(Problem(1, 4096, 4096, layout_b="col"), ["triton"])["launch_family"] == "gemm"
+
+
+def test_a_gpu_tune_without_enough_stored_results_starts_from_the_shipped_policy(tmp_path):
+    """The policy for sm_90 ships in the package (package data beside the tuned tables), so a new user's GPU tune,
+    whose store holds nothing to train on, warm-starts from it; the interpreter and model runners, whose figures
+    are not GPU measurements, and an architecture without a shipped policy start without one."""
+    import argparse
+    from l2c.commands.tune import _shipped_policy
+    from l2c.search.driver import warm_start
+    from l2c.search.policy import shipped_policy_path
+    path = shipped_policy_path("sm_90")
+    assert path == ROOT / "l2c" / "policy" / "sm_90.pt"
+    assert shipped_policy_path("sm_80") is None
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"policy/*.pt"' in pyproject
+    said = []
+    policy, used = _shipped_policy(argparse.Namespace(runner="gpu", arch="sm_90"), said.append)
+    assert used == path and policy.trained_on > 1000 and not said
+    for runner, arch in (("model", "sm_90"), ("interpreter", "sm_90"), ("gpu", "sm_80")):
+        assert _shipped_policy(argparse.Namespace(runner=runner, arch=arch), said.append) == (None, None)
+    p = Problem(2048, 4096, 4096)
+    study = optuna.create_study(direction="maximize")
+    added = warm_start(study, p, TuneConfig(n_trials=8, warm_start=4), policy=policy, store=Store(tmp_path / "r.sqlite"))
+    assert added["policy"] == 4
+    for trial in study.get_trials(deepcopy=False):   # every proposal validates for the problem
+        assert trial.user_attrs["source"] == "policy" and check_point(trial.system_attrs["fixed_params"], p)[0]
 
 
 # ------------------------------------------------------------------------------ resume and workers

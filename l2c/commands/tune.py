@@ -31,7 +31,9 @@ def add_parser(sub) -> None:
                    help="CPU processes compiling ahead of measurement (default: up to 8 when CUTLASS is searched on the GPU)")
     p.add_argument("--sampler", default="auto", choices=["auto", "tpe", "random", "policy"])
     p.add_argument("--policy", default="auto",
-                   help="policy file, `auto` (policy.pt next to the store, trained on it) or `off`")
+                   help="policy file, `auto` (policy.pt next to the store, trained on the store once it holds 20 "
+                        "results for this GPU and protocol; until then, on the GPU, the policy shipped for --arch) "
+                        "or `off`")
     p.add_argument("--policy-fraction", type=float, default=0.5, help="share of trials the policy samples")
     p.add_argument("--warm-start", type=int, default=8, help="policy/LLM proposals enqueued per new study")
     p.add_argument("--seed", type=int, default=None)
@@ -56,6 +58,21 @@ def add_parser(sub) -> None:
 
 _CAVEAT = {"model": "; analytic cost MODEL, not a measurement",
            "interpreter": "; CPU interpreter, not a performance figure"}
+
+
+def _shipped_policy(args, log):
+    """(policy, its file) shipped for --arch, for a GPU tune whose store is too small to train on; (None, None)
+    for the interpreter and model runners (their figures are not the GPU measurements it learned from), for an
+    architecture with none, or for one the current search space cannot load (logged)."""
+    from l2c.search.policy import Policy, shipped_policy_path
+    path = shipped_policy_path(args.arch) if args.runner == "gpu" else None
+    if path is None:
+        return None, None
+    try:
+        return Policy.load(path), path
+    except ValueError as err:
+        log(f"policy: the shipped policy does not fit the current search space ({err}); not used")
+        return None, None
 
 
 def _llm(args, targets, log):
@@ -132,22 +149,30 @@ def run(args) -> int:
     else:
         gpu = runner.gpu
 
-    policy, policy_path = None, None
+    # policy_path: the file the policy is read from (worker processes load it); save_path: where the policy
+    # trained on this store is written, after the run as well
+    policy, policy_path, save_path = None, None, None
     if args.policy != "off":
         from l2c.search.policy import Policy, default_policy_path
-        policy_path = default_policy_path(store.path) if args.policy == "auto" else Path(args.policy)
+        save_path = default_policy_path(store.path) if args.policy == "auto" else Path(args.policy)
         n = sum(1 for _ in store.results(gpu=gpu, protocol=args.protocol)) if gpu else 0
-        if args.policy != "auto" and policy_path.exists():
-            policy = Policy.load(policy_path)
-            log(f"policy loaded from {policy_path} (trained on {policy.trained_on} results)")
+        if args.policy != "auto" and save_path.exists():
+            policy, policy_path = Policy.load(save_path), save_path
+            log(f"policy loaded from {save_path} (trained on {policy.trained_on} results)")
         elif n >= 20:
             policy = Policy(seed=args.seed or 0)
             policy.fit_store(store, gpu=gpu, protocol=args.protocol)
-            policy.save(policy_path)
-            log(f"policy trained on {n} stored results for {gpu}/{args.protocol}; saved to {policy_path}")
+            policy.save(save_path)
+            policy_path = save_path
+            log(f"policy trained on {n} stored results for {gpu}/{args.protocol}; saved to {save_path}")
         else:
-            log(f"policy: only {n} stored results for this GPU and protocol; searching with "
-                f"{'TPE' if args.sampler in ('auto', 'policy') else args.sampler} alone until there are more")
+            policy, policy_path = _shipped_policy(args, log) if args.policy == "auto" else (None, None)
+            if policy is not None:
+                log(f"policy: only {n} stored results for this GPU and protocol; starting from the policy shipped "
+                    f"for {args.arch} ({policy_path}, trained on {policy.trained_on} measured results)")
+            else:
+                log(f"policy: only {n} stored results for this GPU and protocol; searching with "
+                    f"{'TPE' if args.sampler in ('auto', 'policy') else args.sampler} alone until there are more")
         if policy is None and cfg.sampler == "policy":
             cfg.sampler = "tpe"
 
@@ -162,13 +187,13 @@ def run(args) -> int:
         log(f"confirming each shape's leader: up to {args.confirm} re-measurement(s) per shape")
         since = confirm(probs, runner, store, args.protocol, args.confirm, workers=args.workers, log=log,
                         compile_workers=compile_workers)
-    if policy_path is not None:   # learn from this run for the next one
+    if save_path is not None:   # learn from this run for the next one
         from l2c.search.policy import Policy
         fresh = Policy(seed=args.seed or 0)
         n = fresh.fit_store(store, gpu=gpu, protocol=args.protocol)
         if n:
-            fresh.save(policy_path)
-            log(f"policy retrained on {n} results; saved to {policy_path}")
+            fresh.save(save_path)
+            log(f"policy retrained on {n} results; saved to {save_path}")
     for p in probs:
         best = store.best(p.key(), gpu, args.protocol, confirmed_since=since)
         if best is None:
