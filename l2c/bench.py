@@ -140,7 +140,8 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
 class DispatchKernel:
     """`l2c.matmul` (or `l2c.nn.Linear`'s path) with one dispatcher, behind the Kernel call convention so that it
     is verified and timed like any candidate. It allocates its output as users' calls do (`writes_out` False:
-    the protocols then let both sides allocate)."""
+    the protocols then let both sides allocate), and `linear` is timed against what torch.nn.Linear runs
+    (F.linear), `matmul` against torch.matmul."""
     writes_out = False
 
     def __init__(self, spec, table_path: Optional[str], via: str, arch: str):
@@ -156,7 +157,8 @@ class DispatchKernel:
         self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background")
         self.valid = SimpleNamespace(spec=spec, name=f"{via}[{self.table_path}]")
         self.via = via
-        self.activation = spec.epilogue_activation
+        self.activation = None if spec.epilogue_activation == "none" else spec.epilogue_activation
+        self.torch_baseline = via
 
     def __call__(self, a, b, c=None, bias=None, out=None):
         if self.via == "linear":
@@ -178,7 +180,7 @@ class DispatchKernel:
         self(a, b, bias=bias)
         self.dispatcher.wait(timeout)
         self(a, b, bias=bias)
-        kernel = self.dispatcher.resolve(a, b, bias, self.activation)
+        kernel = self.dispatcher.resolve(a, b, bias, self.activation or "none")
         return "torch" if kernel is None else kernel.valid.name
 
 
@@ -471,7 +473,7 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
               ceilings=None) -> int:
     """Measure every planned (shape, candidate, protocol) not yet in the file; return rows written. With
     `ceilings` (measure.Ceilings of this run), `kernel` rows carry their fraction of roofline."""
-    from .measure import TorchMatmul, measure, roofline_fields
+    from .measure import TorchLinear, TorchMatmul, measure, roofline_fields
 
     written = 0
     for shape in shapes:
@@ -486,7 +488,7 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
             else:
                 status, extra = _verify(cand, shape, device, settings.seed)
             problem = _problem(cand, shape)
-            baseline = TorchMatmul(problem)
+            baseline = (TorchLinear if getattr(cand._kernel, "torch_baseline", "") == "linear" else TorchMatmul)(problem)
             fn = baseline if cand.target == "torch" else cand.kernel()
             for protocol in todo:
                 row = _base_row(cand, shape, protocol, device)

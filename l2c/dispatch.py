@@ -276,6 +276,11 @@ class Dispatcher:
         return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
 
     def matmul(self, a, b, bias=None, activation=None, out=None):
+        if bias is None and activation is None and not self.any_nk and a.ndim == 2 and b.ndim == 2 \
+                and (b.shape[1], a.shape[1]) not in self.nk:
+            # nothing in the table for this (N, K): torch, with no more work than this test
+            self.stats["fallback"] += 1
+            return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
         activation = check_activation(activation)
         if self._unserved(a, b, bias, activation, out):
             self.stats["fallback"] += 1
@@ -424,13 +429,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
     dispatcher = _default or default_dispatcher()
-    if torch.compiler.is_compiling():
-        if out is None and a.dim() == 2 and b.dim() == 2:
-            return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
-    elif bias is None and activation is None and a.ndim == 2 and b.ndim == 2 and not dispatcher.any_nk \
-            and (b.shape[1], a.shape[1]) not in dispatcher.nk:
-        # nothing in the table for this (N, K): torch, with no more work than this test
-        dispatcher.stats["fallback"] += 1
-        return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+    if torch.compiler.is_compiling() and out is None and a.dim() == 2 and b.dim() == 2:
+        return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
     # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it
     return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out)

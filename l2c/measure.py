@@ -294,6 +294,27 @@ class TorchMatmul:
         return y if y.dtype == self.out_dtype else y.to(self.out_dtype)
 
 
+class TorchLinear(TorchMatmul):
+    """The baseline of `torch.nn.Linear` users: `F.linear(x, weight, bias)` with weight = B transposed (one cuBLAS
+    call, the bias fused), then the activation, as an eager nn.Linear plus activation runs it."""
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        p = self.p
+        if p.beta != 0.0 or p.alpha != 1.0 or p.batch != 1 or p.bias == "row":
+            return super().__call__(a, b, c=c, bias=bias, out=out)
+        y = torch.nn.functional.linear(a, b.mT, bias)
+        if p.activation == "relu":
+            y = torch.relu(y)
+        elif p.activation == "gelu":
+            y = torch.nn.functional.gelu(y)
+        elif p.activation == "silu":
+            y = torch.nn.functional.silu(y)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+
+
 @contextmanager
 def _matmul_precision(problem: Problem):
     """Let torch use tf32 for f32 inputs exactly when the spec does (`types math=tf32`)."""
