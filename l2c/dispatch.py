@@ -249,8 +249,7 @@ class Dispatcher:
         misaligned pointer: this call only) and the caller falls back; counts which path served the call.
         With `grad` the call records an autograd node whose backward runs the dispatcher's GEMMs."""
         if kernel is not None:
-            if torch.cuda.is_available() and a.is_cuda and torch.cuda.is_current_stream_capturing() \
-                    and (tensors, id(kernel)) not in self._ran:
+            if (tensors, id(kernel)) not in self._ran and a.is_cuda and torch.cuda.is_current_stream_capturing():
                 kernel = None    # its first launch may allocate or set attributes: not inside a capture
             else:
                 try:
@@ -270,15 +269,16 @@ class Dispatcher:
 
     def _unserved(self, a, b, bias, activation, out) -> bool:
         """Whether torch serves the call without a lookup: a shape or autograd need the table cannot meet."""
-        if a.dim() != 2 or b.dim() != 2 or (not self.any_nk and (b.shape[1], a.shape[1]) not in self.nk):
+        if a.dim() != 2 or b.dim() != 2 or (not self.any_nk and not (
+                self.table is not None and self.table.may_serve(a.shape[0], b.shape[1], a.shape[1]))):
             return True
         # a fused activation has no backward here; torch records the graph for those calls
         return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
 
     def matmul(self, a, b, bias=None, activation=None, out=None):
         if bias is None and activation is None and not self.any_nk and a.ndim == 2 and b.ndim == 2 \
-                and (b.shape[1], a.shape[1]) not in self.nk:
-            # nothing in the table for this (N, K): torch, with no more work than this test
+                and not (self.table is not None and self.table.may_serve(a.shape[0], b.shape[1], a.shape[1])):
+            # nothing in the table for this (M, N, K): torch, with no more work than this test
             self.stats["fallback"] += 1
             return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
         activation = check_activation(activation)

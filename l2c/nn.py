@@ -34,7 +34,10 @@ class Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():   # eager: straight to the dispatcher (F.linear when unserved)
             dispatcher = dispatch._default or default_dispatcher()
-            if self.activation is None and not dispatcher.any_nk and self.weight.shape not in dispatcher.nk:
+            table = dispatcher.table
+            if self.activation is None and not dispatcher.any_nk and (
+                    table is None or not self.in_features
+                    or not table.may_serve(x.numel() // self.in_features, self.out_features, self.in_features)):
                 dispatcher.stats["fallback"] += 1
                 return F.linear(x, self.weight, self.bias)
             return dispatcher.linear(x, self.weight, self.bias, self.activation)

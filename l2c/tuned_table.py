@@ -143,6 +143,15 @@ class TunedTable:
             group.sort(key=lambda e: (-(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
         # (N, K) pairs with any served entry: a call whose (N, K) is not here goes straight to torch
         self.nk = frozenset((key[2], key[3]) for key in self.exact) | frozenset((k[2], k[3]) for k in self.ranges)
+        # per (N, K), the Ms some entry serves (any dtype or layout): (exact Ms, ranges); a call at another M
+        # goes to torch without computing its full signature
+        exact_ms: Dict[Tuple[int, int], set] = {}
+        for key in self.exact:
+            exact_ms.setdefault((key[2], key[3]), set()).add(key[5])
+        spans: Dict[Tuple[int, int], list] = {}
+        for key, group in self.ranges.items():
+            spans.setdefault((key[2], key[3]), []).extend((e.m_lo, e.m_hi) for e in group)
+        self.served_m = {nk: (frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ()))) for nk in self.nk}
 
     @classmethod
     def load(cls, path) -> "TunedTable":
@@ -158,6 +167,14 @@ class TunedTable:
             if e.m_lo <= m <= e.m_hi:
                 return e
         return None
+
+    def may_serve(self, m: int, n: int, k: int) -> bool:
+        """Whether any entry serves M for this (N, K), whatever the dtype and layouts: False means torch."""
+        served = self.served_m.get((n, k))
+        if served is None:
+            return False
+        exact, spans = served
+        return m in exact or any(lo <= m <= hi for lo, hi in spans)
 
     def __len__(self) -> int:
         return len(self.exact)
