@@ -103,6 +103,12 @@ def test_every_shipped_cutlass_kernel_renders_without_a_compiler():
     assert len({k.key for k in kernels}) == len(kernels)
 
 
+def test_the_shipped_pack_holds_every_kernel_the_shipped_tables_name(capsys):
+    """What a new user's first tuned CUTLASS call installs instead of running nvcc: `l2c pack verify` on the
+    package's own tables and pack (no compiler needed)."""
+    assert main(["pack", "verify"]) == 0, capsys.readouterr().out
+
+
 def test_verify_fails_without_a_pack(tmp_path, capsys):
     table = _write_table(tmp_path / "t.json", [_row(_example("small_basic_64x16"), 64)])
     assert main(["pack", "verify", "--table", str(table), "--pack", str(tmp_path / "absent.tar.xz")]) == 1
