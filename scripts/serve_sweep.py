@@ -1,19 +1,22 @@
 #!/usr/bin/env python
 """Search kernels for the memory-bound `serve` shapes (LLM decoding: a few tokens against a large weight).
 
-    python scripts/serve_sweep.py --out DIR [--dtypes f16,bf16] [--max-m 128] [--budget-s 420]
+    python scripts/serve_sweep.py --out DIR --dtype f16 [--stages explore,gemv,cutlass] [--max-m 128]
+    python scripts/serve_sweep.py --out DIR --dtype bf16 --stages gemv,cutlass --top-from EXPLORE.jsonl.xz
+    python scripts/serve_sweep.py --out /tmp --warm-table TABLE.json --shapes serve    # before measuring a table
 
-For each `serve` shape with M <= --max-m (nn.Linear's layout: B is the weight transposed) it measures a small
-pool of shape-generic Triton specs chosen per shape — the GEMV family for M <= 8 (one row block, the weight
-streamed once) and the tensor-core GEMM family with a narrow tile M above — each at the split-K counts that give
-the shape's grid two to four waves over the SMs. Every candidate is verified, then timed against F.linear's
-cuBLAS call in the `kernel` protocol with cold operands and each row's fraction of roofline (`l2c bench
---roofline`, rates measured in this run). The first dtype is searched over the whole pool; later dtypes
-measure each shape's three best specs of the first.
-
-Triton compiles every (spec, specialization) on first launch; a pool of processes launches each pair once first
-so that the measuring process finds them in Triton's cache. Rows go to DIR/serve_sweep_<dtype>.jsonl in `l2c
-bench`'s format (`l2c table --ranges` and `l2c report` read them).
+nn.Linear's layout (B is the weight transposed). Stages:
+- explore (A): the wide GEMV space — (tile n, tile k, warps) x reduce {step, end} x waves {1, 2, 4, 8} of programs
+  over the SMs, split-K sized per shape — on eight representative weights at M = 1, 2, 4, 8, 16; the best
+  configurations per M (geomean speedup) go on to stage B (`--top-from` ranks an earlier exploration instead);
+- gemv (B): those configurations, and three 16-row tensor-core tiles at M = 4-16, on every weight;
+- cutlass (C): swapped narrow CUTLASS tiles (tile M the smallest of 8-128 that holds the tokens; basic, pingpong,
+  cooperative; split-K serial, stream-K, parallel), built in the background while the Triton stages run.
+Every candidate is verified, then timed against F.linear's cuBLAS call in the `kernel` protocol with cold
+operands and each row's fraction of roofline (`l2c bench --roofline`, rates measured in the same run). Triton
+compiles every (spec, specialization) on first launch; a pool of processes launches each pair once first so that
+the measuring process finds them in Triton's cache. Rows go to DIR/serve_<stage>_<dtype>.jsonl in `l2c bench`'s
+format, each with its spec text (`l2c table --ranges` and `l2c report` read them).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-SMS = 132
+from l2c.online import SMS, split_for
 
 
 GEMV_TILES = ((16, 256, 4), (32, 256, 4), (32, 128, 4), (64, 128, 4), (16, 512, 4), (64, 256, 8))
@@ -35,19 +38,15 @@ GEMV_EXPLORE = tuple((bn, bk, w) for bn in (8, 16, 32, 64, 128) for bk in (128, 
 WAVES = (1, 2, 4, 8)
 
 
-def gemv_specs(m: int, n: int, k: int, dtype: str, tiles=GEMV_TILES, reduces=("step",), waves=(2, 4)):
-    """GEMV candidates: one row block holds every token row, the weight streamed once with evict-first loads.
-    Returns spec texts; `gemv_configs` says which (tile n, tile k, warps, reduce, waves) each came from."""
-    return [text for text, _ in gemv_configs(m, n, k, dtype, tiles, reduces, waves)]
-
-
 def gemv_configs(m: int, n: int, k: int, dtype: str, tiles=GEMV_TILES, reduces=("step",), waves=(2, 4)):
+    """GEMV candidates: one row block holds every token row, the weight streamed once with evict-first loads.
+    Returns (spec text, (tile n, tile k, warps, reduce, waves)) pairs."""
     rows = 1 << max(0, (m - 1).bit_length())
     out, seen = [], set()
     for bn, bk, warps in tiles:
         for reduce in reduces:
             for w in waves:
-                split = _split_for(math.ceil(n / bn), k, bk, w)
+                split = split_for(math.ceil(n / bn), k, bk, w)
                 body = (f"launch family=gemv warps={warps} evict=first reduce={reduce}\n  tile m={rows} n={bn} "
                         f"k={bk}\n  split_k slices={split} mode=workspace")
                 text = _spec(body, dtype, "gemv")
@@ -55,14 +54,6 @@ def gemv_configs(m: int, n: int, k: int, dtype: str, tiles=GEMV_TILES, reduces=(
                     seen.add(text)
                     out.append((text, (bn, bk, warps, reduce, w)))
     return out
-
-
-def _split_for(tiles: int, k: int, bk: int, waves: int) -> int:
-    """The split-K count that gives `waves` waves of programs on the SMs, each slice at least two K tiles."""
-    split = 1
-    while tiles * split < waves * SMS and k // (2 * split * bk) >= 2 and split < 32:
-        split *= 2
-    return split
 
 
 GEMM_TILES = ((64, 128, 4), (128, 64, 4), (64, 64, 6), (128, 128, 3))
@@ -144,18 +135,6 @@ def _valid(texts):
         except L2Error:
             pass
     return out
-
-
-def candidates_for(shape, dtype: str):
-    """The first sweep's pool of one shape: GEMV up to 8 rows, tensor-core tiles above, and two of the other
-    family at 4 to 16 rows (where the two meet)."""
-    m, n, k = shape.m, shape.n, shape.k
-    specs = gemv_specs(m, n, k, dtype) if m <= 8 else gemm_specs(m, n, k, dtype)
-    if 4 <= m <= 8:
-        specs += gemm_specs(m, n, k, dtype, GEMM_TILES[:2])
-    elif m == 16:
-        specs += gemv_specs(m, n, k, dtype, GEMV_TILES[1:3])
-    return _valid(specs)
 
 
 def _warm(pairs):
