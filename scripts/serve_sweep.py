@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from l2c.online import SMS, split_for
+from l2c.online import split_for
 
 
 GEMV_TILES = ((16, 256, 4), (32, 256, 4), (32, 128, 4), (64, 128, 4), (16, 512, 4), (64, 256, 8))
@@ -102,14 +102,7 @@ def cutlass_pool(dtype: str):
 
 def _splits(tiles: int, k: int, bk: int):
     """Split-K counts that put two and four waves of programs on the SMs, each slice at least two K tiles."""
-    out = []
-    for waves in (2, 4):
-        split = 1
-        while tiles * split < waves * SMS and k // (2 * split * bk) >= 2:
-            split *= 2
-        if split not in out and split <= 32:
-            out.append(split)
-    return out
+    return sorted({split_for(tiles, k, bk, waves) for waves in (2, 4)})
 
 
 def _spec(body: str, dtype: str, family: str, target: str = "triton") -> str:
