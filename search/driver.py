@@ -50,13 +50,21 @@ class TuneConfig:
     warm_start: int = 8                # policy proposals enqueued into a fresh study
     seed: Optional[int] = None
     compile_workers: int = 0           # CPU processes building ahead of measurement (GPU runner)
-    # Give up a study after this many asks per budgeted trial. Only 3-12% of uniformly drawn points validate (tiles
+    # Give up a study after this many asks per budgeted trial. Only 1-12% of uniformly drawn points validate (tiles
     # take any multiple of 8, which CUTLASS allows on one side only and Triton not at all, and launch swap=yes
-    # decides which side); an invalid point is pruned before any build, so asking is cheap.
-    max_ask_factor: int = 40
+    # decides which side; the gemv family takes few of them); an invalid point is pruned before any build, so
+    # asking is cheap.
+    max_ask_factor: int = 100
+    min_asks: int = 2000               # ... and never before this many: a small budget on a small problem (where
+                                       # most split-K counts exceed its K tiles) may find only 1 valid point in 500
     share_best: bool = True            # enqueue each study's new best into its sibling studies
     seed_specs: Tuple = ()             # KernelSpecs a user supplies (e.g. a prebuilt pool), enqueued first
     orphan_after_s: float = ORPHAN_AFTER_S
+
+    @property
+    def max_asks(self) -> int:
+        """Asks after which a study gives up on finding its budget of valid points."""
+        return max(self.n_trials * self.max_ask_factor, self.min_asks)
 
 
 def parse_storage(arg: Optional[str], default_dir: Path):
@@ -231,7 +239,7 @@ class StudyWorker:
         counted = sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
                       and t.user_attrs.get("status") in COUNTED)
         running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-        return counted + running >= self.cfg.n_trials or len(trials) >= self.cfg.n_trials * self.cfg.max_ask_factor
+        return counted + running >= self.cfg.n_trials or len(trials) >= self.cfg.max_asks
 
     def _source(self, trial) -> str:
         attrs = trial.user_attrs
@@ -300,7 +308,7 @@ class StudyWorker:
         if self.pending or not self.done():
             return False
         trials = self.study.get_trials(deepcopy=False)
-        if len(trials) >= self.cfg.n_trials * self.cfg.max_ask_factor or not any(_orphan(t) for t in trials):
+        if len(trials) >= self.cfg.max_asks or not any(_orphan(t) for t in trials):
             return True
         now = time.time()
         if now - self._last_reclaim >= 1.0:
