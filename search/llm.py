@@ -428,6 +428,11 @@ class HFBackend:
         import numpy as np
         from transformers import DynamicCache
         torch = self.torch
+        context = getattr(self.model.config, "max_position_embeddings", None) or getattr(self.model.config,
+                                                                                           "n_positions", None)
+        if context and len(prompt) + max_new_tokens > context:   # positions past the model's table: no sample
+            return Sample(None, f"prompt of {len(prompt)} tokens + {max_new_tokens} new exceeds the model's "
+                                f"context of {context}")
         matcher = self.llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
         if matcher.is_error():
             return Sample(None, f"grammar: {matcher.get_error()}")

@@ -170,7 +170,8 @@ def test_tma_loads_match_reference(case, seed):
                                         else [spec.tile_k, spec.tile_n])
 
 
-@settings(max_examples=60, deadline=None)
+# valid_specs filters draws by validation, which refuses most of the grown space: not a slow test
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(valid_specs("triton", launch_loads="pointer", launch_family="gemm", launch_evict="normal"),
        st.sampled_from(TMA_LOADS))
 def test_tma_loads_are_validated_where_the_template_can_serve_them(spec, loads):
