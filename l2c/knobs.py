@@ -118,7 +118,10 @@ KNOBS: Tuple[Knob, ...] = (
          "a few rows against a large weight, as in LLM decoding: tile m of 1-16 rows, each program streams a "
          "BLOCK_N x BLOCK_K slab of B per step and reduces over K in registers; pointer loads, no batch, not "
          "persistent).",
-         choices=("gemm", "gemv"), targets=("triton",), spelled_at_default=False),
+         choices=("gemm", "gemv"), targets=("triton",), spelled_at_default=False,
+         # searched by scripts/serve_sweep.py and online choice, where the token count is small: drawn uniformly
+         # in the tuner's space, gemv points almost never validate and starve its budget
+         searchable=False),
     Knob("launch", "evict", "enum", "normal",
          "L2 eviction hints of the Triton kernels' pointer loads: `first` reads B (the weight, streamed once) "
          "evict-first and A (reused by every column tile) evict-last; `normal` gives no hint.",
@@ -127,7 +130,7 @@ KNOBS: Tuple[Knob, ...] = (
          "When a gemv kernel sums its products over K: `step` reduces each step's slab across the threads (fewest "
          "registers), `end` adds the products per K lane in registers and reduces once after the K loop (no "
          "cross-thread work in the loop; more registers).",
-         choices=("step", "end"), targets=("triton",), spelled_at_default=False),
+         choices=("step", "end"), targets=("triton",), spelled_at_default=False, searchable=False),
     Knob("cluster", "m", "int", 1, "Thread-block cluster size along M (CUTLASS, TMA multicast of B).",
          choices=(1, 2, 4), targets=("cutlass",)),
     Knob("cluster", "n", "int", 1, "Thread-block cluster size along N (CUTLASS, TMA multicast of A).",

@@ -55,7 +55,7 @@ class TuneConfig:
     # decides which side; the gemv family takes few of them); an invalid point is pruned before any build, so
     # asking is cheap.
     max_ask_factor: int = 100
-    min_asks: int = 2000               # ... and never before this many: a small budget on a small problem (where
+    min_asks: int = 600                # ... and never before this many: a small budget on a small problem (where
                                        # most split-K counts exceed its K tiles) may find only 1 valid point in 500
     share_best: bool = True            # enqueue each study's new best into its sibling studies
     seed_specs: Tuple = ()             # KernelSpecs a user supplies (e.g. a prebuilt pool), enqueued first

@@ -97,16 +97,9 @@ PARAMS: Tuple[Param, ...] = (Param(TARGET_PARAM, tuple(TARGETS), tuple(TARGETS))
 PARAMS_BY_NAME = {p.name: p for p in PARAMS}
 
 
-# Knobs that only the Triton gemv family reads: sampled only on points of that family (define-by-run), so that
-# gemm-family points are not spent on values their validation refuses.
-GEMV_ONLY = ("launch_reduce",)
-
-
-def params_for(target: str, family: Optional[str] = None) -> Tuple[Param, ...]:
-    """The knob parameters sampled once `target` (and, for Triton, the kernel family) is chosen; with family
-    None, every parameter the target may read."""
-    return tuple(p for p in KNOB_PARAMS if target in p.targets
-                 and (family is None or family == "gemv" or p.name not in GEMV_ONLY))
+def params_for(target: str) -> Tuple[Param, ...]:
+    """The knob parameters sampled once `target` is chosen."""
+    return tuple(p for p in KNOB_PARAMS if target in p.targets)
 
 
 def check_targets(targets: Sequence[str]) -> Tuple[str, ...]:
@@ -121,8 +114,6 @@ def suggest_params(trial, targets: Sequence[str]) -> Dict[str, object]:
     targets = check_targets(targets)
     params = {TARGET_PARAM: trial.suggest_categorical(TARGET_PARAM, list(targets))}
     for p in params_for(params[TARGET_PARAM]):
-        if p.name in GEMV_ONLY and params.get("launch_family") != "gemv":
-            continue    # the family is sampled first (knob-table order): a gemm point keeps the default
         params[p.name] = trial.suggest_categorical(p.name, list(p.choices))
     return params
 
@@ -158,7 +149,7 @@ def params_from_spec(spec: KernelSpec, target: Optional[str] = None) -> Dict[str
     if target is None:
         raise ValueError("the spec does not name a target; pass one")
     params: Dict[str, object] = {TARGET_PARAM: target}
-    for p in params_for(target, getattr(spec, "launch_family", None)):
+    for p in params_for(target):
         value = getattr(spec, p.name)
         if value not in p.choices:
             raise ValueError(f"{p.name}={value!r} is outside the search space {p.choices}")

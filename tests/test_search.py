@@ -336,13 +336,13 @@ def test_policy_save_load_and_proposals_are_valid(tmp_path):
 
 
 def test_a_policy_saved_before_the_space_grew_loads_as_itself(tmp_path):
-    """A policy trained before a knob was added (launch family) and a knob's choices extended (tile m 1, 2, 4) loads
+    """A policy trained before a knob was added (launch evict) and a knob's choices extended (tile m 1, 2, 4) loads
     with the same distribution over what it knew, no mass on what it never saw and the new knob at its default, so it
     proposes what it proposed before; the shipped policy (l2c/policy/sm_90.pt) is one of these."""
     import torch
     from l2c.search.policy import Policy
     p = Problem(256, 1024, 4096)
-    samples = [(p, {"target": "triton", "tile_m": tm, "tile_n": 64, "tile_k": 64, "launch_family": "gemm"},
+    samples = [(p, {"target": "triton", "tile_m": tm, "tile_n": 64, "tile_k": 64, "launch_evict": "normal"},
                 math.log(2.0 if tm == 64 else 0.5)) for tm in (16, 32, 64, 128)]
     pol = Policy(seed=0)
     pol.fit(samples, epochs=100)
@@ -351,9 +351,9 @@ def test_a_policy_saved_before_the_space_grew_loads_as_itself(tmp_path):
     space = dict(blob["space"])
     keep = [i for i, c in enumerate(space["tile_m"]) if c not in ("1", "2", "4")]
     blob["space"] = [(name, [space["tile_m"][i] for i in keep] if name == "tile_m" else choices)
-                     for name, choices in blob["space"] if name != "launch_family"]
+                     for name, choices in blob["space"] if name != "launch_evict"]
     for part in ("weight", "bias"):
-        del blob["state"][f"heads.launch_family.{part}"]
+        del blob["state"][f"heads.launch_evict.{part}"]
         blob["state"][f"heads.tile_m.{part}"] = blob["state"][f"heads.tile_m.{part}"][keep]
     torch.save(blob, tmp_path / "old.pt")
     old = Policy.load(tmp_path / "old.pt")
@@ -362,15 +362,15 @@ def test_a_policy_saved_before_the_space_grew_loads_as_itself(tmp_path):
         now = old.probabilities(q, "triton")
         assert abs(now["tile_m"][keep] - was / was.sum()).max() < 1e-6
         assert max(x for i, x in enumerate(now["tile_m"]) if i not in keep) < 1e-9
-        family = next(x for x in KNOB_PARAMS if x.name == "launch_family")
-        assert now["launch_family"][family.choices.index("gemm")] > 1 - 1e-6
+        evict = next(x for x in KNOB_PARAMS if x.name == "launch_evict")
+        assert now["launch_evict"][evict.choices.index("normal")] > 1 - 1e-6
     blob["space"] = [(name, choices + ["1024"] if name == "tile_k" else choices) for name, choices in blob["space"]]
     torch.save(blob, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="retrain"):   # a space with choices the current one lacks
         Policy.load(tmp_path / "other.pt")
     from l2c.search.policy import shipped_policy_path
     shipped = Policy.load(shipped_policy_path("sm_90"))
-    assert shipped.mode(Problem(1, 4096, 4096, layout_b="col"), ["triton"])["launch_family"] == "gemm"
+    assert shipped.mode(Problem(1, 4096, 4096, layout_b="col"), ["triton"])["launch_evict"] == "normal"
 
 
 def test_a_gpu_tune_without_enough_stored_results_starts_from_the_shipped_policy(tmp_path):
