@@ -282,6 +282,11 @@ class TorchMatmul:
                 y.add_(bias.to(y.dtype).unsqueeze(-1))
             elif p.bias == "col":
                 y.add_(bias.to(y.dtype))
+        return self._finish(y, out)
+
+    def _finish(self, y, out):
+        """The activation as an eager user applies it after the GEMM, then the result into `out` or returned."""
+        p = self.p
         if p.activation == "relu":
             y.relu_()
         elif p.activation == "gelu":
@@ -302,17 +307,7 @@ class TorchLinear(TorchMatmul):
         p = self.p
         if p.beta != 0.0 or p.alpha != 1.0 or p.batch != 1 or p.bias == "row":
             return super().__call__(a, b, c=c, bias=bias, out=out)
-        y = torch.nn.functional.linear(a, b.mT, bias)
-        if p.activation == "relu":
-            y = torch.relu(y)
-        elif p.activation == "gelu":
-            y = torch.nn.functional.gelu(y)
-        elif p.activation == "silu":
-            y = torch.nn.functional.silu(y)
-        if out is not None:
-            out.copy_(y)
-            return out
-        return y
+        return self._finish(torch.nn.functional.linear(a, b.mT, bias), out)
 
 
 @contextmanager

@@ -16,24 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from l2c.build_cutlass import (CutlassKernel, _compile_in_worker, build_many, compile_source, find_nvcc,
-                               forbidden_ptxas_warnings)
+from l2c.build_cutlass import CutlassKernel, _compile_in_worker, build_many, compile_source, forbidden_ptxas_warnings
 from l2c.errors import BuildError
 from l2c.ir import KernelSpec
 from l2c.lower import render
 from l2c.validate import cutlass_gemm_spec, validate
+from tests.toolchain import needs_nvcc
 
 
-def _nvcc_missing() -> bool:
-    try:
-        find_nvcc()
-        return False
-    except BuildError:
-        return True
-
-
-pytestmark = pytest.mark.skipif(_nvcc_missing(), reason="nvcc (CUDA toolkit) is not installed: CUTLASS kernels "
-                                                        "cannot be compiled on this machine")
+pytestmark = needs_nvcc
 
 SPECS = [
     # cooperative, cluster 1x2, fused C + per-column bias + GELU, CUTLASS-sized stages

@@ -26,20 +26,9 @@ from l2c.dispatch import Dispatcher
 from l2c.errors import BuildError
 from l2c.parser import parse_file, parse_one
 from l2c.tuned_table import entry_from_row, load_table
+from tests.toolchain import needs_nvcc
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def _nvcc_missing() -> bool:
-    try:
-        find_nvcc()
-        return False
-    except BuildError:
-        return True
-
-
-needs_nvcc = pytest.mark.skipif(_nvcc_missing(), reason="nvcc (CUDA toolkit) is not installed: CUTLASS kernels "
-                                                        "cannot be compiled on this machine")
 
 
 def _example(name: str) -> str:
