@@ -2,8 +2,9 @@
 beats torch for the call's shape, and torch everywhere else.
 
 For a call the dispatcher:
-1. goes straight to torch unless l2c could serve it at all: CUDA tensors, f16/bf16, 2-D, layouts a kernel
-   reads, no autograd graph to record, and an (N, K) the table has entries for;
+1. goes straight to torch unless l2c could serve it at all: an (M, N, K) some entry serves
+   (`TunedTable.may_serve`), 2-D, no fused activation while autograd records; then CUDA tensors, f16/bf16 and
+   layouts a kernel reads;
 2. asks the table (`l2c.tuned_table`: the dispatch rule) for the entry that serves exactly this call;
 3. specialises the entry's spec for the requested epilogue (bias per column, activation) and hands it to the
    `Preparer`, which builds and verifies it in a background process; torch serves the call meanwhile;
@@ -12,7 +13,7 @@ For a call the dispatcher:
 
 A table that cannot be read is warned about once and the dispatcher runs torch. The resolution of a call
 signature is cached, so the steady-state call path is one dict lookup plus the kernel launch, and a call
-l2c does not serve costs one set lookup on top of torch.
+whose shape no entry serves costs one set lookup on top of torch.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from .build import call_signature
 from .errors import BuildError, L2Error
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
-from .tuned_table import TableError, TunedEntry, TunedTable, first_bad_entry, load_table, served_spec
+from .tuned_table import TableError, TunedEntry, TunedTable, load_table, served_spec
 
 log = logging.getLogger("l2c.dispatch")
 
@@ -82,6 +83,11 @@ def _needs_grad(a, b, bias) -> bool:
                                         or (bias is not None and bias.requires_grad))
 
 
+def _graph_needs_torch(activation, out, a, b, bias) -> bool:
+    """A fused activation (or `out=`) has no backward here: where autograd records, torch serves the call."""
+    return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
+
+
 def _activate(y, activation):
     if activation == "relu":
         return F.relu(y)
@@ -122,17 +128,12 @@ class Dispatcher:
         if self.online:
             from .online import Decisions, identity
             self.decisions = Decisions(*identity())
-        # (N, K) pairs that may be served: a call outside them goes straight to torch (never with online tuning,
-        # which may serve any shape)
-        self.nk = table.nk if table is not None else frozenset()
-        self.any_nk = self.online
         self.allow_cpu = allow_cpu
         self.prepare = prepare or prepare_mode()
         self.preparer = Preparer()
         self._by_call: Dict[Tuple, Optional[Callable]] = {}
         self._kernels: Dict[Tuple, Optional[Callable]] = {}
         self._ran: set = set()          # (call signature, kernel) pairs that ran eagerly: may serve in a capture
-        self._inline: Dict[Tuple, bool] = {}   # prepare="inline": job key -> built and verified
         self._lock = threading.Lock()
         self.stats = {"tuned": 0, "fallback": 0}
 
@@ -188,14 +189,14 @@ class Dispatcher:
         if job is None:
             return None, True
         if self.prepare == "inline":
-            from .prepare import prepare_one
-            key = job.key
-            if key not in self._inline:
-                ok, reason = prepare_one(job)
-                self._inline[key] = ok
+            key = (job.spec_text, job.target, job.arch)
+            if key not in self._kernels:   # built and verified here, on the calling thread
+                from .prepare import prepare_one
+                ok, reason, kernel = prepare_one(job)
                 if not ok:
                     log.warning("tuned kernel not served (torch runs this call): %s", reason)
-            return (self._kernel(job) if self._inline[key] else None), True
+                self._kernels[key] = kernel if ok else None
+            return self._kernels[key], True
         state = self.preparer.request(job)
         if state == READY:
             return self._kernel(job), True
@@ -267,22 +268,18 @@ class Dispatcher:
         self.stats["fallback"] += 1
         return None
 
-    def _unserved(self, a, b, bias, activation, out) -> bool:
-        """Whether torch serves the call without a lookup: a shape or autograd need the table cannot meet."""
-        if a.dim() != 2 or b.dim() != 2 or (not self.any_nk and not (
-                self.table is not None and self.table.may_serve(a.shape[0], b.shape[1], a.shape[1]))):
-            return True
-        # a fused activation has no backward here; torch records the graph for those calls
-        return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
+    def may_serve(self, m: int, n: int, k: int) -> bool:
+        """Whether any kernel may serve this shape: False sends the call to torch before any lookup."""
+        return self.online or (self.table is not None and self.table.may_serve(m, n, k))
 
     def matmul(self, a, b, bias=None, activation=None, out=None):
-        if bias is None and activation is None and not self.any_nk and a.ndim == 2 and b.ndim == 2 \
-                and not (self.table is not None and self.table.may_serve(a.shape[0], b.shape[1], a.shape[1])):
-            # nothing in the table for this (M, N, K): torch, with no more work than this test
+        if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]):
             self.stats["fallback"] += 1
-            return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+            if bias is None and activation is None:   # the hot unserved path: one torch call
+                return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+            return _fallback(a, b, bias, check_activation(activation), out)
         activation = check_activation(activation)
-        if self._unserved(a, b, bias, activation, out):
+        if _graph_needs_torch(activation, out, a, b, bias):
             self.stats["fallback"] += 1
             return _fallback(a, b, bias, activation, out)
         tensors = call_signature(a, b, bias)
@@ -296,12 +293,17 @@ class Dispatcher:
         Where no tuned kernel serves the call, this is exactly what `torch.nn.Linear` runs (`F.linear`,
         one cuBLAS call with the bias fused) plus the activation.
         """
+        n, k = weight.shape if weight.ndim == 2 else (0, 0)
+        if not (k and x.ndim and self.may_serve(x.numel() // k, n, k)):   # the hot unserved path: F.linear
+            self.stats["fallback"] += 1
+            y = F.linear(x, weight, bias)
+            return y if activation is None else _activate(y, check_activation(activation))
         activation = check_activation(activation)
-        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-        w_t = weight.t() if weight.dim() == 2 else weight
-        if self._unserved(x2, w_t, bias, activation, None):
+        if _graph_needs_torch(activation, None, x, weight, bias):
             self.stats["fallback"] += 1
             return _activate(F.linear(x, weight, bias), activation)
+        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        w_t = weight.t()
         tensors = call_signature(x2, w_t, bias)
         y = self._run_tuned(self.resolve(x2, w_t, bias, activation, tensors), x2, w_t, bias, None, tensors,
                             _needs_grad(x2, w_t, bias))
@@ -361,7 +363,7 @@ def table_for_arch(arch: str) -> Optional[TunedTable]:
         return None
     if table.skipped:
         log.warning("l2c: %s: %d malformed entr%s skipped (first: %s)", path, table.skipped,
-                    "y" if table.skipped == 1 else "ies", first_bad_entry(path))
+                    "y" if table.skipped == 1 else "ies", table.first_skipped)
     return table
 
 

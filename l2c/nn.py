@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-
 import torch.nn.functional as F
 
 from . import dispatch
@@ -34,11 +33,9 @@ class Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():   # eager: straight to the dispatcher (F.linear when unserved)
             dispatcher = dispatch._default or default_dispatcher()
-            table = dispatcher.table
-            if self.activation is None and not dispatcher.any_nk and (
-                    table is None or not self.in_features
-                    or not table.may_serve(x.numel() // self.in_features, self.out_features, self.in_features)):
-                dispatcher.stats["fallback"] += 1
+            if self.activation is None and self.in_features \
+                    and not dispatcher.may_serve(x.numel() // self.in_features, self.out_features, self.in_features):
+                dispatcher.stats["fallback"] += 1   # dispatcher.linear's first test, without its call: the hot path
                 return F.linear(x, self.weight, self.bias)
             return dispatcher.linear(x, self.weight, self.bias, self.activation)
         lead = x.shape[:-1]

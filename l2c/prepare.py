@@ -167,8 +167,9 @@ def _stop(worker: Optional[subprocess.Popen]) -> None:
     return None
 
 
-def prepare_one(job: Job) -> Tuple[bool, str]:
-    """Build `job`'s kernel and verify it at its shape (what the worker does for each request)."""
+def prepare_one(job: Job) -> Tuple[bool, str, Optional[object]]:
+    """Build `job`'s kernel and verify it at its shape (what the worker does for each request): (ok, why not,
+    the built kernel or None)."""
     from .build import build
     from .errors import BuildError, L2Error
     from .parser import parse_one
@@ -177,9 +178,9 @@ def prepare_one(job: Job) -> Tuple[bool, str]:
     try:
         kernel = build(validate(parse_one(job.spec_text, file="<tuned table>"), job.target, job.arch))
     except (L2Error, BuildError) as err:
-        return False, f"build failed: {err}"
+        return False, f"build failed: {err}", None
     result = verify(kernel, job.m, job.n, job.k, device=job.device)
-    return result.ok, "" if result.ok else f"verification failed: {result.reason}"
+    return result.ok, "" if result.ok else f"verification failed: {result.reason}", kernel
 
 
 def main() -> int:
@@ -199,7 +200,7 @@ def main() -> int:
                                                  job.activation, job.device)
                 ok, reply = True, {"spec": spec, "speedup": speedup}
             else:
-                ok, reason = prepare_one(job)
+                ok, reason, _ = prepare_one(job)
         except Exception as err:  # noqa: BLE001 - every failure is a reply, never a dead worker
             ok, reason = False, f"{type(err).__name__}: {err}"
         out.write(json.dumps({"ok": ok, "reason": reason, **reply}) + "\n")

@@ -123,10 +123,12 @@ def entry_from_row(row) -> TunedEntry:
 class TunedTable:
     """The served entries of one architecture's table, indexed by the dispatch rule (module docstring)."""
 
-    def __init__(self, entries: List[TunedEntry], arch: str = "sm_90", source: str = "<memory>", skipped: int = 0):
+    def __init__(self, entries: List[TunedEntry], arch: str = "sm_90", source: str = "<memory>", skipped: int = 0,
+                 first_skipped: str = ""):
         self.arch = arch
         self.source = source
         self.skipped = skipped          # malformed rows left out when the table was read
+        self.first_skipped = first_skipped   # the first of them and what is wrong with it
         self.exact: Dict[Tuple, TunedEntry] = {}
         self.ranges: Dict[Tuple, List[TunedEntry]] = {}
         for e in entries:
@@ -141,8 +143,6 @@ class TunedTable:
                 self.exact[key + (e.m,)] = e
         for group in self.ranges.values():   # the range with the best worst-case first, then the narrowest
             group.sort(key=lambda e: (-(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
-        # (N, K) pairs with any served entry: a call whose (N, K) is not here goes straight to torch
-        self.nk = frozenset((key[2], key[3]) for key in self.exact) | frozenset((k[2], k[3]) for k in self.ranges)
         # per (N, K), the Ms some entry serves (any dtype or layout): (exact Ms, ranges); a call at another M
         # goes to torch without computing its full signature
         exact_ms: Dict[Tuple[int, int], set] = {}
@@ -151,7 +151,8 @@ class TunedTable:
         spans: Dict[Tuple[int, int], list] = {}
         for key, group in self.ranges.items():
             spans.setdefault((key[2], key[3]), []).extend((e.m_lo, e.m_hi) for e in group)
-        self.served_m = {nk: (frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ()))) for nk in self.nk}
+        self.served_m = {nk: (frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
+                         for nk in exact_ms.keys() | spans.keys()}
 
     @classmethod
     def load(cls, path) -> "TunedTable":
@@ -230,21 +231,11 @@ def load_table(path) -> TunedTable:
     arch = data.get("arch", "sm_90")
     if not isinstance(arch, str):
         raise TableError(f"{path}: 'arch' must be a string, got {arch!r}")
-    entries, skipped = [], 0
-    for row in data["entries"]:
+    entries, skipped, first = [], 0, ""
+    for i, row in enumerate(data["entries"]):
         try:
             entries.append(entry_from_row(row))
-        except (ValueError, TypeError):
-            skipped += 1
-    return TunedTable(entries, arch=arch, source=str(path), skipped=skipped)
-
-
-def first_bad_entry(path) -> Optional[str]:
-    """The first malformed entry's index and reason, for a warning that says what to fix."""
-    data = json.loads(Path(path).read_text())
-    for i, row in enumerate(data.get("entries", [])):
-        try:
-            entry_from_row(row)
         except (ValueError, TypeError) as err:
-            return f"entries[{i}]: {err}"
-    return None
+            skipped += 1
+            first = first or f"entries[{i}]: {err}"
+    return TunedTable(entries, arch=arch, source=str(path), skipped=skipped, first_skipped=first)
