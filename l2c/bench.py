@@ -257,7 +257,8 @@ def _version(dist: str) -> Optional[str]:
         return None
 
 
-def _driver_version() -> Optional[str]:
+def driver_version() -> Optional[str]:
+    """The NVIDIA driver's version (nvidia-smi), or None where there is none."""
     try:
         res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
@@ -276,7 +277,7 @@ def environment(device, protocols: List[str], command: str, settings: Dict[str, 
         triton_version = None
     row: Dict[str, object] = {
         "type": "env", "device": device.kind, "gpu": device.name,
-        "driver": _driver_version() if device.kind == "cuda" else None,
+        "driver": driver_version() if device.kind == "cuda" else None,
         "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton_version,
         "cutlass": _version("nvidia-cutlass"), "python": platform.python_version(),
         "protocols": protocols, "command": command,

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from . import cache
@@ -98,13 +96,9 @@ def identity() -> Tuple[str, str]:
     import torch
     if not torch.cuda.is_available():
         return "cpu", "none"
+    from .bench import driver_version
     name = torch.cuda.get_device_name()
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20)
-        driver = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        driver = "unknown"
+    driver = driver_version() or "unknown"
     return name, driver
 
 

@@ -124,13 +124,18 @@ def llm_layers() -> List[Tuple[str, int, int]]:
     return layers
 
 
-def llm_shapes() -> List[Shape]:
-    """Every (tokens, layer) of the LLM set; a shape shared by several layers is listed once."""
+def _at_token_counts(tokens: Tuple[int, ...], layers: List[Tuple[str, int, int]]) -> List[Shape]:
+    """Every (tokens, layer); a shape shared by several layers is listed once, labelled with all of them."""
     by_key: Dict[Tuple[int, int, int], List[str]] = {}
-    for tokens in LLM_TOKENS:
-        for label, n, k in llm_layers():
-            by_key.setdefault((tokens, n, k), []).append(f"{label} T={tokens}")
+    for m in tokens:
+        for label, n, k in layers:
+            by_key.setdefault((m, n, k), []).append(f"{label} T={m}")
     return [Shape(m, n, k, label="; ".join(labels)) for (m, n, k), labels in by_key.items()]
+
+
+def llm_shapes() -> List[Shape]:
+    """Every (tokens, layer) of the LLM set."""
+    return _at_token_counts(LLM_TOKENS, llm_layers())
 
 
 def serve_layers() -> List[Tuple[str, int, int]]:
@@ -151,12 +156,8 @@ def serve_layers() -> List[Tuple[str, int, int]]:
 
 
 def serve_shapes() -> List[Shape]:
-    """Every (tokens, weight) of the decoding set; a shape shared by several weights is listed once."""
-    by_key: Dict[Tuple[int, int, int], List[str]] = {}
-    for tokens in SERVE_TOKENS:
-        for label, n, k in serve_layers():
-            by_key.setdefault((tokens, n, k), []).append(f"{label} T={tokens}")
-    return [Shape(m, n, k, label="; ".join(labels)) for (m, n, k), labels in by_key.items()]
+    """Every (tokens, weight) of the decoding set."""
+    return _at_token_counts(SERVE_TOKENS, serve_layers())
 
 
 def offgrid_shapes() -> List[Shape]:

@@ -73,6 +73,13 @@ def _split_k(spec_text: str):
     return spec.target == "triton" and spec.split_k_slices > 1, spec.split_k_mode == "atomic"
 
 
+@functools.lru_cache(maxsize=None)
+def _problem_m(spec_text: str):
+    """A spec text's problem M (`any` for a kernel generic in M): parsed once per text, not once per row."""
+    from ..parser import parse_one
+    return parse_one(spec_text).problem_m
+
+
 def launches(spec_text: str) -> int:
     """Kernel launches of one call of a spec as l2c builds it now: a Triton atomic split-K call also clears its
     buffer and runs the finalize kernel; workspace mode runs the finalize kernel only under
@@ -155,7 +162,6 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None):
     """Token-count ranges (module docstring): (row of the run's best point, first M, last M, worst speedup) for
     each maximal run of >= MIN_RANGE_POINTS consecutive measured M at which one M-generic spec won by
     `min_speedup`. Consecutive means among every M the results measured for that (N, K, batch, dtype, layout)."""
-    from ..parser import parse_one
     cache = {} if cache is None else cache
     measured, by_spec = {}, {}
     for r in rows:
@@ -166,7 +172,7 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None):
         if r.get("kernel") == "torch" or r.get("speedup") is None:
             continue
         text = spec_text(r, cache)
-        if not text or parse_one(text).problem_m != "any":
+        if not text or _problem_m(text) != "any":
             continue
         r = dict(r, spec=text)
         slot = by_spec.setdefault((group, text), {})
