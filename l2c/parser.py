@@ -49,14 +49,19 @@ def _split_number(tok: Token, text: str) -> int:
         return 0
     while pos > 0 and text[pos - 1].isdigit():
         pos -= 1
+    if pos > 0 and (text[pos - 1].isalnum() or text[pos - 1] in "_."):
+        return 0  # the digits end a name or a number such as `f16` or `1.5`, not a number of their own
     return pos
 
 
 def _accepted_after(prefix: str):
-    """The terminals the grammar accepts after `prefix`."""
-    interactive = lark_parser().parse_interactive(prefix)
-    interactive.exhaust_lexer()
-    return interactive.accepts()
+    """The terminals the grammar accepts after `prefix` (None where the prefix itself does not parse)."""
+    try:
+        interactive = lark_parser().parse_interactive(prefix)
+        interactive.exhaust_lexer()
+        return interactive.accepts()
+    except LarkError:
+        return None
 
 
 def _end_position(text: str) -> Tuple[int, int]:
@@ -75,7 +80,8 @@ def _syntax_error(err: UnexpectedInput, text: str, file: str) -> L2SyntaxError:
     elif isinstance(err, UnexpectedEOF):
         line, col = _end_position(text)
         msg = f"unexpected end of file; expected {_expected(err.expected)}"
-    elif isinstance(err, UnexpectedToken) and _split_number(err.token, text):
+    elif isinstance(err, UnexpectedToken) and _split_number(err.token, text) \
+            and _accepted_after(text[:_split_number(err.token, text)]) is not None:
         start = _split_number(err.token, text)
         end = start
         while end < len(text) and text[end].isdigit():

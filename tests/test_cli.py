@@ -40,6 +40,7 @@ def test_check_lists_rules():
     ("kernel a {\n  launch warp=8\n}\n", "bad.l2:2:10: error: unexpected 'warp'"),
     ("kernel a {\n  tile m=32\n  target cutlass\n}\n", "bad.l2:2:10: error: [tile.m]"),
     ("kernel a { split_k slices=1000 }", "bad.l2:1:27: error: [split_k.slices] 1000 is above the maximum"),
+    ("kernel a { types a=f160 }", "bad.l2:1:23: error: unexpected '0'"),   # digits that end a name
 ])
 def test_bad_specs_exit_2_with_location(tmp_path, command, text, fragment):
     spec = tmp_path / "bad.l2"
