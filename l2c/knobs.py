@@ -150,6 +150,13 @@ KNOBS: Tuple[Knob, ...] = (
          "`stream_k` (CUTLASS stream-K scheduler; slices ignored), `parallel` (CUTLASS: the slices run as one "
          "batched GEMM into fp32 partials, summed in slice order by a second kernel that applies the epilogue).",
          choices=("workspace", "atomic", "stream_k", "parallel")),
+    Knob("split_k", "reduce", "enum", "inkernel",
+         "How a Triton workspace-mode split-K kernel sums its slices: `inkernel` (the last program of each tile to "
+         "finish its slice sums the tile's partials, counted by a per-tile semaphore: one launch) or `finalize` (a "
+         "second kernel sums them). Atomic mode always sums in a second kernel.",
+         choices=("inkernel", "finalize"), targets=("triton",), spelled_at_default=False,
+         # measured cheaper on the H200 (one launch fewer, benchmarks/NOTES.md): searching it would spend budget
+         searchable=False),
     # epilogue
     Knob("epilogue", "alpha", "float", 1.0, "D = activation(alpha * A@B + beta * C + bias).", searchable=False),
     Knob("epilogue", "beta", "float", 0.0, "Scale of the C input; 0 means no C input is read.", searchable=False),

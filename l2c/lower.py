@@ -6,7 +6,6 @@ names; they never see parse trees or user text other than the canonical spec pri
 from __future__ import annotations
 
 import functools
-import os
 
 import jinja2
 
@@ -33,26 +32,9 @@ def environment() -> jinja2.Environment:
 def render(valid: ValidSpec) -> str:
     """Source text of the kernel module (Triton .py or CUTLASS .cu) for one validated spec."""
     template = environment().get_template(TEMPLATES[valid.target, valid.spec.launch_family])
-    if valid.target == "triton":
-        extra = {"splitk_reduce": triton_splitk_reduce()}
-    else:   # the GEMM CUTLASS instantiates (transposed under launch swap=yes)
-        extra = {"gemm": cutlass_gemm_spec(valid.spec)}
+    # CUTLASS also reads the GEMM it instantiates (transposed under launch swap=yes)
+    extra = {} if valid.target == "triton" else {"gemm": cutlass_gemm_spec(valid.spec)}
     return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES, **extra)
-
-
-SPLITK_REDUCE_DEFAULT = "inkernel"
-
-
-def triton_splitk_reduce() -> str:
-    """How a Triton workspace-mode split-K kernel reduces its slices: `inkernel` (the default: the last slice of
-    each tile to finish reduces it in the GEMM kernel, one launch; verified on the H200 and cheaper than a
-    second launch, benchmarks/NOTES.md) or `finalize` (a second kernel; L2C_TRITON_SPLITK=finalize). Atomic mode
-    always uses the finalize kernel. The generated source differs, so each has its own build-cache entry;
-    `l2c tune` refuses the non-default one, because the results store keys results by spec text."""
-    value = os.environ.get("L2C_TRITON_SPLITK", SPLITK_REDUCE_DEFAULT)
-    if value not in ("finalize", "inkernel"):
-        raise ValueError(f"L2C_TRITON_SPLITK={value!r}: expected finalize or inkernel")
-    return value
 
 
 def file_name(valid: ValidSpec) -> str:

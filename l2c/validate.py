@@ -75,6 +75,8 @@ RULES = {
                         "scheduler, which needs the cooperative schedule",
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
+    "split-k-reduce": "`split_k reduce=finalize` chooses how workspace-mode split-K sums its slices: it needs "
+                      "split_k slices > 1 and mode=workspace (atomic mode always sums in a second kernel)",
     "gemv-reduce": "`launch reduce` chooses how a gemv kernel sums over K; the gemm family reduces in tl.dot",
     "evict-loads": "`launch evict=first` hints Triton's pointer loads; TMA descriptor loads take no eviction hint",
     "gemv-target": "`launch family=gemv` is a Triton kernel family (CUDA-core multiply-adds, no tl.dot)",
@@ -255,6 +257,9 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise _fail(spec, "split_k_mode", "parallel-split-k-target", "split_k mode=parallel on Triton")
     if spec.launch_evict != "normal" and spec.launch_loads in TMA_LOADS:
         raise _fail(spec, "launch_evict", "evict-loads", f"evict={spec.launch_evict} with loads={spec.launch_loads}")
+    if spec.split_k_reduce != "inkernel" and (spec.split_k_slices == 1 or spec.split_k_mode != "workspace"):
+        raise _fail(spec, "split_k_reduce", "split-k-reduce",
+                    f"reduce={spec.split_k_reduce} with split_k slices={spec.split_k_slices} mode={spec.split_k_mode}")
     if spec.launch_family == "gemv":
         return _validate_triton_gemv(spec, arch)
     if spec.launch_reduce != "step":

@@ -10,7 +10,7 @@ For each kernel and small shape it measures, side by side in one process:
 - `call_us`: mean of synchronized single calls (the `call` protocol's measurement, same inputs).
 Sides: torch.matmul; the kernel called directly (its steady-state path: a replayed call plan); the path
 without plans (CUTLASS: the fully checked `_checked_call`; Triton: the module's `launch` through Triton's JIT
-dispatch); the direct kernel is built with the finalize split-K reduction (L2C_TRITON_SPLITK=finalize: two
+dispatch); the direct kernel is built with the finalize split-K reduction (`split_k reduce=finalize`: two
 launches), and for a Triton workspace split-K kernel `kernel_inkernel` is the same spec with the in-kernel
 reduction (the default: one launch); for a Triton spec `kernel_tma` and `kernel_tma_device` are the same spec
 with `launch loads=tma` (descriptors encoded on the host per launch) and `loads=tma_device` (built by each program);
@@ -105,12 +105,11 @@ def main(argv=None) -> int:
 
     for kname in KERNELS:
         spec = specs[kname]
-        os.environ["L2C_TRITON_SPLITK"] = "finalize"   # `kernel`: split-K reduced by a second kernel
-        kernel = build(validate(spec, spec.target, "sm_90"))
-        os.environ["L2C_TRITON_SPLITK"] = "inkernel"   # the default, as l2c.matmul builds it
-        inkernel = None
+        inkernel, direct = None, spec
         if spec.target == "triton" and spec.split_k_slices > 1 and spec.split_k_mode == "workspace":
-            inkernel = build(validate(spec, spec.target, "sm_90"))   # the same spec, reduced in the GEMM kernel
+            inkernel = build(validate(spec, spec.target, "sm_90"))   # the default: reduced in the GEMM kernel
+            direct = spec.replace(split_k_reduce="finalize")         # `kernel`: split-K reduced by a second kernel
+        kernel = build(validate(direct, spec.target, "sm_90"))
         tmas = {}
         if spec.target == "triton":   # the same spec with TMA loads (in-kernel split-K where split)
             for loads in ("tma", "tma_device"):

@@ -11,7 +11,7 @@
   on shapes whose rows they accept; `tma_device` launches on two streams at once and in a CUDA graph;
 - N random valid Triton specs drawn from the knob table (tiles of any size);
 - the call path: a split-K kernel called again with `out` given allocates no device memory;
-- split-K under both reductions (L2C_TRITON_SPLITK: a finalize kernel, or in the GEMM kernel through per-tile
+- split-K under both reductions (knob `split_k reduce`: a finalize kernel, or in the GEMM kernel through per-tile
   semaphores), and, for the in-kernel one, races between SMs: a deterministic (workspace) split-K result on
   thousands of programs must be bitwise equal to the finalize kernel's, call after call;
 - one speed sanity line (4096^3 f16) against torch.matmul, for orientation only (use `l2c bench` to measure).
@@ -119,13 +119,17 @@ def random_specs(count: int, rng: random.Random):
 RECORDS = []   # one row per (spec, shape): written to --out as JSON
 
 
-def set_reduce(reduce: str) -> None:
-    """The split-K reduction the next Triton build renders (l2c.lower.triton_splitk_reduce)."""
-    os.environ["L2C_TRITON_SPLITK"] = reduce
+def with_reduce(valid, reduce: str):
+    """`valid` with its workspace-mode Triton split-K slices summed by `reduce` (knob split_k reduce); other
+    specs, which have no such choice, unchanged."""
+    spec = valid.spec
+    if valid.target != "triton" or spec.split_k_slices == 1 or spec.split_k_mode != "workspace":
+        return valid
+    return validate(spec.replace(split_k_reduce=reduce), valid.target, valid.arch.name)
 
 
 def run_check(valid, shapes, batch, seed, failures, reduce="finalize"):
-    set_reduce(reduce)
+    valid = with_reduce(valid, reduce)
     try:
         kernel = build(valid)
     except BuildError as err:
@@ -152,10 +156,9 @@ def run_check(valid, shapes, batch, seed, failures, reduce="finalize"):
 def check_no_allocation(failures, reduce="finalize"):
     """A split-K kernel called again with `out` given allocates no device memory: atomic mode (always reduced by
     the finalize kernel) and workspace mode (reduced as `reduce` says: the in-kernel one adds its semaphores)."""
-    set_reduce(reduce)
     for mode in ("atomic", "workspace"):
-        valid = validate(parse_one(f"kernel alloc_{mode} {{ types a=f16 b=f16 c=f16 tile m=64 n=64 k=64 "
-                                   f"split_k slices=4 mode={mode} }}"), "triton")
+        valid = with_reduce(validate(parse_one(f"kernel alloc_{mode} {{ types a=f16 b=f16 c=f16 tile m=64 n=64 "
+                                               f"k=64 split_k slices=4 mode={mode} }}"), "triton"), reduce)
         kernel = build(valid)
         a = torch.randn(300, 5000, device="cuda", dtype=torch.float16)
         b = torch.randn(5000, 200, device="cuda", dtype=torch.float16)
@@ -183,8 +186,8 @@ def check_inkernel_matches_finalize(failures, calls=20):
         bias = torch.randn(2048, device="cuda", dtype=torch.float16)
         kernels = {}
         for reduce in ("finalize", "inkernel"):
-            set_reduce(reduce)
-            kernels[reduce] = build(validate(parse_one(f"kernel race_{persistent} {{ {body} }}"), "triton"))
+            kernels[reduce] = build(with_reduce(validate(parse_one(f"kernel race_{persistent} {{ {body} }}"), "triton"),
+                                                reduce))
         want = kernels["finalize"](a, b, bias=bias)
         differ = sum(not torch.equal(kernels["inkernel"](a, b, bias=bias), want) for _ in range(calls))
         torch.cuda.synchronize()
@@ -299,7 +302,6 @@ def main(argv=None) -> int:
     check_device_descriptors_on_streams_and_graphs(failures)
     if "inkernel" in reduces:
         check_inkernel_matches_finalize(failures)
-    set_reduce("finalize")
     speed_line()
     if args.out:
         import json

@@ -2,7 +2,7 @@
 leaves every existing kernel's code (and so its build-cache key and its measurements) as it was.
 
 The corpus is every spec in examples/*.l2, benchmarks/*.l2 and the entries of l2c/tuned/*.json, plus a feature
-matrix that reaches every branch of the GEMM templates (`feature_matrix`), rendered for each target it validates for (Triton split-K kernels under both L2C_TRITON_SPLITK reductions).
+matrix that reaches every branch of the GEMM templates (`feature_matrix`), rendered for each target it validates for (Triton split-K kernels under both `split_k reduce` reductions).
 `python scripts/render_manifest.py --write` records the hashes in tests/data/rendered_sources.json;
 tests/test_rendered_corpus.py checks that rendering still gives them.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Dict
@@ -62,27 +61,20 @@ def rendered_hashes() -> Dict[str, str]:
     from l2c.parser import parse
     from l2c.validate import targets_for, validate
     hashes: Dict[str, str] = {}
-    before = os.environ.get("L2C_TRITON_SPLITK")
     corpus = [(where, spec) for where, text in corpus_texts() for spec in parse(text, where)]
     corpus += [("matrix", spec) for spec in feature_matrix()]
-    try:
-        for where, spec in corpus:
-            for target in targets_for(spec):
-                try:
-                    valid = validate(spec, target)
-                except L2ValidationError:
-                    continue
-                reduces = ("inkernel", "finalize") if target == "triton" and spec.split_k_slices > 1 else ("",)
-                for reduce in reduces:
-                    if reduce:
-                        os.environ["L2C_TRITON_SPLITK"] = reduce
-                    key = ":".join(x for x in (where, spec.name, target, reduce) if x)
-                    hashes[key] = hashlib.sha256(render(valid).encode()).hexdigest()
-    finally:
-        if before is None:
-            os.environ.pop("L2C_TRITON_SPLITK", None)
-        else:
-            os.environ["L2C_TRITON_SPLITK"] = before
+    for where, spec in corpus:
+        for target in targets_for(spec):
+            try:
+                valid = validate(spec, target)
+            except L2ValidationError:
+                continue
+            reduces = ("inkernel", "finalize") if target == "triton" and spec.split_k_slices > 1 else ("",)
+            for reduce in reduces:
+                if reduce and spec.split_k_mode == "workspace":
+                    valid = validate(spec.replace(split_k_reduce=reduce), target)
+                key = ":".join(x for x in (where, spec.name, target, reduce) if x)
+                hashes[key] = hashlib.sha256(render(valid).encode()).hexdigest()
     return hashes
 
 

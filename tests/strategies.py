@@ -1,6 +1,8 @@
 """Hypothesis strategies for kernel specs, drawn from the knob table (never a hand-kept list)."""
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import strategies as st
 
 from l2c.errors import L2ValidationError
@@ -58,6 +60,8 @@ def valid_specs(draw, target: str, arch: str = "sm_90", **fixed) -> KernelSpec:
         if dim not in pins:
             pins[dim] = draw(st.one_of(st.just(ANY), st.integers(1, 4096 // align).map(lambda x: x * align)))
     pins.setdefault("split_k_slices", draw(st.sampled_from((1, 1, 2, 3, 4))))
+    if pins["split_k_slices"] == 1:   # rule split-k-reduce: the reduction is a choice of split-K only
+        pins.setdefault("split_k_reduce", "inkernel")
     if target == "cutlass":
         # CUTLASS's tile M (the spec's tile N under launch swap=yes) is 64, 128 or 256
         if pins["target"] == target:
@@ -77,6 +81,14 @@ def valid_specs(draw, target: str, arch: str = "sm_90", **fixed) -> KernelSpec:
     spec = draw(specs(**pins))
     from hypothesis import assume
     assume(_validates(spec, target, arch))
+    return spec
+
+
+def with_reduce(spec: KernelSpec, reduce: str) -> KernelSpec:
+    """`spec` with its split-K slices summed by `reduce` (knob split_k reduce) where it is a workspace-mode
+    Triton split-K spec, for which the choice exists; other specs unchanged."""
+    if spec.split_k_slices > 1 and spec.split_k_mode == "workspace" and spec.target in ("any", "triton"):
+        return dataclasses.replace(spec, split_k_reduce=reduce)
     return spec
 
 

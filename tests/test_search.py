@@ -700,18 +700,3 @@ def test_policy_pool_script_writes_buildable_generic_specs(tmp_path):
         assert spec.target == "cutlass" and spec.name == config_name(spec)
         assert (spec.problem_m, spec.problem_n, spec.problem_k) == ("any", "any", "any")
         validate(spec, "cutlass", "sm_90")
-
-
-def test_tune_refuses_a_triton_split_k_reduction_the_store_cannot_tell_apart(tmp_path, monkeypatch, capsys):
-    """The results store keys results by spec text, which L2C_TRITON_SPLITK does not change: a tune with it set
-    would mix two builds' measurements under one key, so it is refused with the reason (exit status 2)."""
-    from l2c.cli import main
-    args = ["tune", "--runner", "model", "--shapes", "64x64x64", "--trials", "2", "--store",
-            str(tmp_path / "r.sqlite"), "--storage", ":memory:", "--policy", "off", "--no-llm"]
-    monkeypatch.setenv("L2C_TRITON_SPLITK", "finalize")   # the default is inkernel
-    assert main(args) == 2
-    assert "results store keys results by spec text" in capsys.readouterr().err
-    assert main(args + ["--target", "cutlass"]) == 0        # CUTLASS builds do not read it
-    monkeypatch.setenv("L2C_TRITON_SPLITK", "sideways")
-    assert main(args) == 2
-    assert "expected finalize or inkernel" in capsys.readouterr().err

@@ -1,6 +1,5 @@
 """`l2c table`: a tuned table from recorded bench rows — the per-shape best verified candidate above a margin."""
 import json
-import os
 import subprocess
 import sys
 
@@ -37,9 +36,10 @@ def test_table_keeps_the_best_verified_candidate_above_the_margin(tmp_path):
 def test_host_overhead_charge_drops_wins_that_a_launch_would_eat(tmp_path):
     """With --host-overhead, a kernel-protocol win must survive the extra host time of each launch: a 3 us
     problem won by 10% is dropped, a 300 us one kept; a Triton split-K spec pays for a finalize launch only when
-    L2C_TRITON_SPLITK=finalize builds one.
+    it has one (`split_k reduce=finalize`).
     The margin (1.05) still applies to the uncharged speedup."""
     split = KernelSpec(name="s", target="triton", tile_m=64, split_k_slices=4).to_l2()
+    finalized = KernelSpec(name="f", target="triton", tile_m=64, split_k_slices=4, split_k_reduce="finalize").to_l2()
 
     def timed(kernel, m, cand, base, spec=None, target="triton"):
         r = row(kernel, m, base / cand, spec=spec)
@@ -50,24 +50,22 @@ def test_host_overhead_charge_drops_wins_that_a_launch_would_eat(tmp_path):
             timed("large", 128, 300e-6, 330e-6),         # 1.10x -> 330 / 320 = 1.03 >= 1: kept
             timed("tie", 256, 300e-6, 312e-6),           # 1.04x: under the margin
             timed("one", 512, 200e-6, 240e-6),           # 1 launch: 240 / 220 = 1.09: kept
-            timed("split", 1024, 200e-6, 225e-6, spec=split),   # 1.125x, 1 launch: kept (2 under finalize: dropped)
+            timed("split", 1024, 200e-6, 225e-6, spec=split),   # 1.125x, 1 launch: kept
+            timed("finalized", 4096, 200e-6, 225e-6, spec=finalized),   # the same, 2 launches: dropped
             timed("cut", 2048, 3.0e-6, 3.6e-6, target="cutlass")]   # cutlass charged 0.1 us: 3.6 / 3.1
     results = tmp_path / "r.jsonl"
     results.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "t.json"
     cmd = [sys.executable, "-m", "l2c", "table", str(results), "-o", str(out),
            "--host-overhead", "triton=20e-6,cutlass=0.1e-6"]
-    env = {k: v for k, v in os.environ.items() if k != "L2C_TRITON_SPLITK"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     table = json.loads(out.read_text())
     assert {e["m"] for e in table["entries"]} == {128, 512, 1024, 2048}   # split-K reduced in one launch
     assert table["host_overhead_s"] == {"triton": 20e-6, "cutlass": 0.1e-6}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, L2C_TRITON_SPLITK="finalize"))
-    assert {e["m"] for e in json.loads(out.read_text())["entries"]} == {128, 512, 2048}   # + a finalize launch
     # without the charge all but the tie clear 1.05
     done = subprocess.run(cmd[:-2], capture_output=True, text=True)
-    assert {e["m"] for e in json.loads(out.read_text())["entries"]} == {64, 128, 512, 1024, 2048}
+    assert {e["m"] for e in json.loads(out.read_text())["entries"]} == {64, 128, 512, 1024, 2048, 4096}
     bad = subprocess.run(cmd[:-1] + ["gpu=1e-6"], capture_output=True, text=True)
     assert bad.returncode == 2 and "TARGET=SECONDS" in bad.stderr and "Traceback" not in bad.stderr
 

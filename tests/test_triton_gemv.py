@@ -5,7 +5,6 @@ Unlike tl.dot, the gemv kernel's multiply-adds run right in the interpreter for 
 Shapes are small and examples few: the interpreter is slow.
 """
 import os
-import re
 import subprocess
 import sys
 
@@ -23,7 +22,7 @@ from l2c.lower import render
 from l2c.validate import validate
 from l2c.verify import make_inputs, verify
 
-from .strategies import valid_specs
+from .strategies import valid_specs, with_reduce
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -67,11 +66,7 @@ def cases(draw):
 @given(cases(), st.integers(0, 2 ** 31), st.sampled_from(["inkernel", "finalize"]))
 def test_random_gemv_specs_match_reference(case, seed, reduce):
     spec, m, n, k = case
-    os.environ["L2C_TRITON_SPLITK"] = reduce
-    try:
-        kernel = build(validate(spec, "triton"))
-    finally:
-        del os.environ["L2C_TRITON_SPLITK"]
+    kernel = build(validate(with_reduce(spec, reduce), "triton"))
     assert "tl.dot" not in kernel.source
     result = verify(kernel, m, n, k, device="cpu", seed=seed)
     assert result.ok, (result, spec.to_l2())

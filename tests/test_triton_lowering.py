@@ -5,7 +5,6 @@ float64 reference (l2c.verify). Inputs are f16 or f32 only: bf16 `tl.dot` is bro
 interpreter, so bf16 inputs are verified on the GPU by scripts/gpu_check.py. (bf16 *outputs* and C inputs
 are covered here.) Tiles are pinned to 16/32 so the interpreter stays fast.
 """
-import contextlib
 import os
 import re
 
@@ -25,7 +24,7 @@ from l2c.lower import render
 from l2c.validate import TMA_LOADS, validate
 from l2c.verify import make_inputs, verify
 
-from .strategies import valid_specs
+from .strategies import valid_specs, with_reduce
 
 SMALL_TILES = (16, 32)
 
@@ -35,25 +34,6 @@ def _cache_in_tmp(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
         yield
-
-
-@contextlib.contextmanager
-def setting(name: str, value: str):
-    """Render Triton kernels with this l2c.lower setting (an environment variable) inside the block."""
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
-
-
-def splitk_reduce(mode: str):
-    """Render Triton split-K kernels with this reduction (l2c.lower.triton_splitk_reduce) inside the block."""
-    return setting("L2C_TRITON_SPLITK", mode)
 
 
 def kernel_for(**knobs) -> Kernel:
@@ -106,8 +86,7 @@ def cases(draw, align: int = 1, **fixed):
 @given(cases(), st.integers(0, 2 ** 31), st.sampled_from(["finalize", "inkernel"]))
 def test_random_specs_match_reference(case, seed, reduce):
     spec, m, n, k, batch = case
-    with splitk_reduce(reduce):
-        kernel = build(validate(spec, "triton"))
+    kernel = build(validate(with_reduce(spec, reduce), "triton"))
     check(kernel, m, n, k, batch, seed=seed)
 
 
@@ -119,8 +98,7 @@ def test_prepare_describes_launches_a_plan_can_replay(case, reduce):
     plan (l2c.build_triton._LaunchPlan) replays into Triton's compiled launcher. The call's own tensors
     appear as themselves, so a plan can put a later call's tensors in their place."""
     spec, m, n, k, batch = case
-    with splitk_reduce(reduce):
-        kernel = build(validate(spec, "triton"))
+    kernel = build(validate(with_reduce(spec, reduce), "triton"))
     a, b, c, bias, _ = make_inputs(spec, m, n, k, batch, "cpu", torch.Generator().manual_seed(0))
     out, zero, launches = kernel.module.prepare(a, b, c, bias)
     finalize = spec.split_k_slices > 1 and (reduce == "finalize" or spec.split_k_mode == "atomic")
@@ -236,9 +214,9 @@ def test_input_and_accumulator_types(types_a, acc, math):
 @pytest.mark.parametrize("persistent", ["no", "yes"])
 @pytest.mark.parametrize("reduce", ["finalize", "inkernel"])
 def test_split_k(mode, persistent, reduce):
-    with splitk_reduce(reduce):
-        kernel = kernel_for(split_k_slices=3, split_k_mode=mode, launch_persistent=persistent, problem_batch=ANY,
-                            epilogue_beta=0.5, epilogue_bias="row", epilogue_activation="silu")
+    kernel = kernel_for(split_k_slices=3, split_k_mode=mode, launch_persistent=persistent, problem_batch=ANY,
+                        epilogue_beta=0.5, epilogue_bias="row", epilogue_activation="silu",
+                        split_k_reduce=reduce if mode == "workspace" else "inkernel")
     check(kernel, 30, 21, 75, batch=2)
     check(kernel, 30, 21, 75, batch=2, seed=1)   # atomic: the buffer is cleared again on every call
     check(kernel, 17, 9, 20, batch=1, seed=2)    # K shorter than the slices: empty slices add nothing
@@ -248,10 +226,18 @@ def test_split_k(mode, persistent, reduce):
     assert hasattr(kernel.module, "_locks") == (reduce == "inkernel" and mode == "workspace")
 
 
-def test_split_k_reduce_setting_is_checked(monkeypatch):
-    monkeypatch.setenv("L2C_TRITON_SPLITK", "sideways")
-    with pytest.raises(BuildError, match="L2C_TRITON_SPLITK"):
-        kernel_for(split_k_slices=2)
+def test_split_k_reduce_is_part_of_the_spec_and_only_where_it_chooses_something():
+    """The reduction changes the generated code, so it is a knob: two reductions are two spec texts (two keys
+    for the results store and the build cache), and a spec that could not use it is refused before any build."""
+    inkernel = KernelSpec(name="r", split_k_slices=2)
+    finalize = inkernel.replace(split_k_reduce="finalize")
+    assert "reduce=" not in inkernel.to_l2() and "reduce=finalize" in finalize.to_l2()
+    assert render(validate(inkernel, "triton")) != render(validate(finalize, "triton"))
+    for bad in (finalize.replace(split_k_slices=1), finalize.replace(split_k_mode="atomic")):
+        with pytest.raises(L2ValidationError, match="split-k-reduce"):
+            validate(bad, "triton")
+    with pytest.raises(L2ValidationError, match="target-knob"):
+        validate(finalize.replace(target="cutlass", tile_m=128, tile_n=128, tile_k=64), "cutlass")
 
 
 def test_split_k_workspace_is_cached_and_deterministic():
@@ -336,8 +322,8 @@ def test_verify_turns_kernel_exceptions_into_failures():
 @given(valid_specs("triton"), st.sampled_from(["finalize", "inkernel"]))
 def test_module_text(spec, reduce):
     """The module carries the canonical spec, compiles, and every named constant it defines is used."""
-    with splitk_reduce(reduce):
-        source = render(validate(spec, "triton"))
+    spec = with_reduce(spec, reduce)
+    source = render(validate(spec, "triton"))
     assert spec.to_l2() in "\n".join(line[4:] for line in source.splitlines())
     compile(source, f"{spec.name}.py", "exec")
     for name in re.findall(r"^([A-Z_]+) = ", source, flags=re.M):
@@ -400,13 +386,13 @@ def test_call_planned_is_the_allocating_call():
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("build_settings", [{"L2C_TRITON_SPLITK": "inkernel"}, {"L2C_TRITON_SPLITK": "finalize"}])
+@pytest.mark.parametrize("reduce", ["inkernel", "finalize"])
 @settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                                                 HealthCheck.function_scoped_fixture])
 @given(st.lists(valid_specs("triton"), min_size=10, max_size=10))
-def test_generated_kernels_compile_for_the_gpu(tmp_path, build_settings, specs):
+def test_generated_kernels_compile_for_the_gpu(tmp_path, reduce, specs):
     """Triton's GPU compiler, run ahead of time on this CPU by `l2c build` (no interpreter), accepts every kernel
-    the template generates, under each build setting. The interpreter the other tests use checks what a kernel
+    the template generates, under each split-K reduction. The interpreter the other tests use checks what a kernel
     computes, not what the compiler accepts: a loop variable retyped in a branch (in-kernel split-K with TMA)
     passed them and failed to compile on the H200."""
     import subprocess
@@ -419,11 +405,11 @@ def test_generated_kernels_compile_for_the_gpu(tmp_path, build_settings, specs):
               for persistent in ("no", "yes") for layout, batch, loads in
               (("row", 1, "pointer"), ("row", 1, "tma"), ("row", 1, "tma_device"), ("row", ANY, "pointer"),
                ("col", 1, "pointer"), ("col", 1, "tma"), ("col", 1, "tma_device"), ("col", ANY, "pointer"))]
-    specs = specs + matrix
+    specs = [with_reduce(s, reduce) for s in specs + matrix]
     path = tmp_path / f"specs_{len(list(tmp_path.iterdir()))}.l2"
     path.write_text("\n".join(s.replace(name=f"k{i}").to_l2() for i, s in enumerate(specs)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(build_settings, L2C_CACHE_DIR=str(tmp_path / "cache"))
+    env.update(L2C_CACHE_DIR=str(tmp_path / "cache"))
     done = subprocess.run([sys.executable, "-m", "l2c", "build", str(path), "--target", "triton", "-j", "2"],
                           capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

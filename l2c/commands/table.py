@@ -15,7 +15,7 @@ every M in between, measured or not.
 candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
 (measured by scripts/call_overhead.py), times its launches (a Triton atomic split-K kernel also clears its
 buffer and launches a finalize kernel; workspace mode reduces in the GEMM kernel unless
-L2C_TRITON_SPLITK=finalize), and must not lose after the charge:
+`split_k reduce=finalize`), and must not lose after the charge:
 baseline_s / (candidate_s + charge) >= 1, besides clearing the margin uncharged. A kernel 10% faster on a 3 µs
 problem does not make a synchronized call faster when its launch costs 20 µs more. The per-shape winner is the
 best charged candidate.
@@ -66,11 +66,16 @@ def parse_overhead(text: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _split_k(spec_text: str):
-    """(target is Triton and split-K, atomic mode) of a spec text."""
+def launches(spec_text: str) -> int:
+    """Kernel launches of one call of a spec: a Triton atomic split-K call also clears its buffer and runs the
+    finalize kernel; workspace mode runs the finalize kernel only under `split_k reduce=finalize`."""
     from ..parser import parse_one
     spec = parse_one(spec_text)
-    return spec.target == "triton" and spec.split_k_slices > 1, spec.split_k_mode == "atomic"
+    if spec.target != "triton" or spec.split_k_slices == 1:
+        return 1
+    if spec.split_k_mode == "atomic":
+        return 3
+    return 2 if spec.split_k_reduce == "finalize" else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,19 +83,6 @@ def _problem_m(spec_text: str):
     """A spec text's problem M (`any` for a kernel generic in M): parsed once per text, not once per row."""
     from ..parser import parse_one
     return parse_one(spec_text).problem_m
-
-
-def launches(spec_text: str) -> int:
-    """Kernel launches of one call of a spec as l2c builds it now: a Triton atomic split-K call also clears its
-    buffer and runs the finalize kernel; workspace mode runs the finalize kernel only under
-    L2C_TRITON_SPLITK=finalize (the default reduces in the GEMM kernel)."""
-    from ..lower import triton_splitk_reduce
-    split, atomic = _split_k(spec_text)
-    if not split:
-        return 1
-    if atomic:
-        return 3
-    return 1 if triton_splitk_reduce() == "inkernel" else 2
 
 
 def charged_speedup(row, charges) -> float:

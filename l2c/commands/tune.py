@@ -107,15 +107,6 @@ def run(args) -> int:
         raise UsageError("--trials and --workers must be at least 1")
     if args.confirm < 0:
         raise UsageError("--confirm must be 0 or more")
-    from ..lower import SPLITK_REDUCE_DEFAULT, triton_splitk_reduce
-    try:
-        reduce = triton_splitk_reduce()
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    # a setting that changes how a Triton spec is built but not its text, which the results store keys results by
-    if reduce != SPLITK_REDUCE_DEFAULT and "triton" in targets:
-        raise UsageError(f"L2C_TRITON_SPLITK={reduce} changes how Triton specs are built, but the results store keys "
-                         "results by spec text: unset it for l2c tune (measure it with l2c bench)")
     if args.runner == "gpu":
         import torch
         if not torch.cuda.is_available():
