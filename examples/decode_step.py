@@ -21,7 +21,8 @@ import sys
 import torch
 
 import l2c
-from l2c.measure import get_device, measure_ceilings
+from l2c.devices import get_device
+from l2c.roofline import measure_ceilings
 
 HIDDEN, MLP, KV = 4096, 14336, 8 * 128
 LAYERS = {"q": (HIDDEN, HIDDEN), "k": (KV, HIDDEN), "v": (KV, HIDDEN), "o": (HIDDEN, HIDDEN),

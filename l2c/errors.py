@@ -54,3 +54,7 @@ def describe_os_error(err: OSError) -> str:
     if err.filename is not None:
         return f"{err.filename}: {what}"
     return what
+
+
+class BenchError(Exception):
+    """A problem with what `l2c bench` was asked to do (no GPU, nothing to measure, bad table)."""

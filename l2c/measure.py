@@ -15,16 +15,14 @@ Every protocol warms both sides up first and never times the warm-up. Both sides
 the same Kernel call convention (docs/CONTRACTS.md), so whatever a call launches (split-K reductions,
 workspace clears, epilogue kernels) is timed on both sides.
 
-The clock, synchronization and sleep go through a `Device`: `CudaDevice` on the GPU, `CpuDevice`
-(no-op synchronize, `time.perf_counter`) for exercising the same scheduling and statistics on CPU with
-interpreter-run Triton kernels. CPU figures say nothing about performance.
+The clock, synchronization and sleep go through a device of `l2c.devices` (CUDA events on the GPU; the host
+clock on CPU, where figures say nothing about performance); the roofline lives in `l2c.roofline`.
 """
 from __future__ import annotations
 
 import math
 import random
 import statistics
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -37,107 +35,6 @@ TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float
 
 # A kernel per the contract: fn(a, b, c=None, bias=None, out=None) -> Tensor.
 KernelFn = Callable[..., torch.Tensor]
-
-
-# --------------------------------------------------------------------------------------------- devices
-
-class CpuDevice:
-    """Host-only device: the interpreter runs kernels synchronously, so synchronize is a no-op.
-
-    `l2_bytes` sizes buffer rotation in the `kernel` protocol (0: no rotation); tests set it to
-    exercise rotation.
-    """
-    kind = "cpu"
-
-    def __init__(self, l2_bytes: int = 0):
-        self.torch_device = torch.device("cpu")
-        self.l2_bytes = l2_bytes
-        self.name = "CPU (Triton interpreter)"
-
-    def synchronize(self) -> None:
-        pass
-
-    def clock(self) -> float:
-        return time.perf_counter()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def prepare(self, runners: Dict[str, Callable[[], None]], graphs: bool = True):
-        return dict(runners), "eager"
-
-    def time_runner(self, runner: Callable[[], None]) -> float:
-        t0 = time.perf_counter()
-        runner()
-        return time.perf_counter() - t0
-
-    def warm_up(self, seconds: float) -> None:
-        pass
-
-
-class CudaDevice:
-    """One CUDA GPU: CUDA events for device time, torch.cuda.synchronize, CUDA-graph replay."""
-    kind = "cuda"
-
-    def __init__(self, index: int = 0):
-        self.torch_device = torch.device("cuda", index)
-        props = torch.cuda.get_device_properties(self.torch_device)
-        self.name = props.name
-        self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize(self.torch_device)
-
-    def clock(self) -> float:
-        return time.perf_counter()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def prepare(self, runners: Dict[str, Callable[[], None]], graphs: bool = True):
-        """Capture each runner in a CUDA graph; if any capture fails, every side runs eagerly (same method)."""
-        if not graphs:
-            return dict(runners), "eager"
-        replays = {}
-        try:
-            for name, run in runners.items():
-                side = torch.cuda.Stream(self.torch_device)
-                side.wait_stream(torch.cuda.current_stream(self.torch_device))
-                with torch.cuda.stream(side):
-                    run()  # settle lazily created state (cuBLAS workspace, Triton compile) outside capture
-                torch.cuda.current_stream(self.torch_device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    run()
-                replays[name] = graph.replay
-        except Exception:  # noqa: BLE001 - a kernel that cannot be captured is timed eagerly, both sides alike
-            self.synchronize()
-            return dict(runners), "eager"
-        return replays, "graph"
-
-    def time_runner(self, runner: Callable[[], None]) -> float:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        runner()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-
-    def warm_up(self, seconds: float) -> None:
-        """Run large fp16 matmuls for `seconds` so clocks settle before the first figure."""
-        if seconds <= 0:
-            return
-        a = torch.randn(4096, 4096, device=self.torch_device, dtype=torch.float16)
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            for _ in range(10):
-                torch.matmul(a, a)
-            self.synchronize()
-
-
-def get_device(kind: str):
-    return CudaDevice() if kind == "cuda" else CpuDevice()
 
 
 # --------------------------------------------------------------------------------------------- problems
@@ -492,67 +389,3 @@ def parse_protocols(text: str) -> List[str]:
         raise ValueError(f"unknown protocol(s) {', '.join(bad) or repr(text)}; expected a comma-separated "
                          f"subset of {', '.join(PROTOCOLS)}")
     return list(dict.fromkeys(names))
-
-
-
-# --------------------------------------------------------------------------------------------- roofline
-
-@dataclass(frozen=True)
-class Ceilings:
-    """The GPU's two rates, measured in the run that uses them: HBM read bandwidth (bytes/s, the better of a large
-    GEMV through cuBLAS and a sum over 1 GiB) and the dense matrix rate per input dtype (FLOP/s, an 8192^3 product
-    through cuBLAS)."""
-    read_bytes_per_s: float
-    dense_flops_per_s: Dict[str, float]
-
-    def roofline_s(self, problem: Problem) -> float:
-        """The floor on one call: max(bytes it must move / bandwidth, FLOPs / dense rate)."""
-        return max(problem.footprint_bytes() / self.read_bytes_per_s,
-                   problem.flops / self.dense_flops_per_s[problem.dtype])
-
-    def as_row(self) -> Dict[str, object]:
-        return {"read_bytes_per_s": self.read_bytes_per_s, "dense_flops_per_s": dict(self.dense_flops_per_s)}
-
-
-def measure_ceilings(device, dtypes=("f16", "bf16"), reps: int = 10) -> Optional[Ceilings]:
-    """Both ceilings on a CUDA device (None elsewhere): medians of `reps` timed batches after a warm-up."""
-    if device.kind != "cuda":
-        return None
-    dev = device.torch_device
-    weight = torch.randn(16384, 16384, device=dev, dtype=torch.float16)   # 512 MiB: far beyond the L2
-    x = torch.randn(1, 16384, device=dev, dtype=torch.float16)
-
-    def median_time(fn, per_batch: int) -> float:
-        for _ in range(3):
-            fn()
-        device.synchronize()
-        times = []
-        for _ in range(reps):
-            def batch():
-                for _ in range(per_batch):
-                    fn()
-            times.append(device.time_runner(batch) / per_batch)
-        return statistics.median(times)
-
-    # The read rate is the best of two pure streams: cuBLAS's GEMV and a sum over 1 GiB (either alone can sit a
-    # few percent under what a good kernel reaches, and a fraction of roofline above 1 says the ceiling was low).
-    gemv = weight.numel() * weight.element_size() / median_time(lambda: torch.nn.functional.linear(x, weight), 5)
-    del weight, x
-    flat = torch.randn(2**29, device=dev, dtype=torch.float16)
-    summed = flat.numel() * flat.element_size() / median_time(lambda: flat.sum(), 5)
-    del flat
-    bandwidth = max(gemv, summed)
-    rates = {}
-    for dtype in dtypes:
-        a = torch.randn(8192, 8192, device=dev, dtype=TORCH_DTYPES[dtype])
-        rates[dtype] = 2 * 8192 ** 3 / median_time(lambda: torch.matmul(a, a), 3)
-        del a
-    return Ceilings(bandwidth, rates)
-
-
-def roofline_fields(problem: Problem, timing: "Timing", ceilings: Ceilings) -> Dict[str, object]:
-    """Fraction of the roofline each side reached in a `kernel` measurement (1.0: at the floor)."""
-    floor = ceilings.roofline_s(problem)
-    return {"roofline_s": floor, "bytes": problem.footprint_bytes(),
-            "roofline_fraction": floor / timing.candidate_s if timing.candidate_s > 0 else None,
-            "baseline_roofline_fraction": floor / timing.baseline_s if timing.baseline_s > 0 else None}

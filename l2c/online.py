@@ -96,7 +96,7 @@ def identity() -> Tuple[str, str]:
     import torch
     if not torch.cuda.is_available():
         return "cpu", "none"
-    from .bench import driver_version
+    from .results_file import driver_version
     name = torch.cuda.get_device_name()
     driver = driver_version() or "unknown"
     return name, driver
@@ -150,7 +150,8 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
 
     from .build import build
     from .errors import BuildError, L2Error
-    from .measure import Problem, TorchMatmul, get_device, measure_kernel
+    from .measure import Problem, TorchMatmul, measure_kernel
+    from .devices import get_device
     from .parser import parse_one
     from .validate import validate
     from .verify import verify

@@ -112,7 +112,7 @@ def table_or_kernel(row: dict) -> str:
 def load_results(*paths) -> Results:
     """The rows of one or more results files. Where several files measured the same kernel on the same shape
     under the same protocol, the later file's row stands (a re-measurement replaces, never doubles, a point)."""
-    from .bench import read_rows
+    from .results_file import read_rows
     envs: List[dict] = []
     by_key: Dict[Tuple, dict] = {}
     for path in paths:

@@ -79,10 +79,10 @@ def main(argv=None) -> int:
 
     import torch
     import l2c
-    from l2c.bench import environment
+    from l2c.results_file import environment
     from l2c.build import build
     from l2c.dispatch import TunedEntry, TunedTable, set_tuned_table
-    from l2c.measure import get_device
+    from l2c.devices import get_device
     from l2c.parser import parse_file
     from l2c.validate import validate
 

@@ -65,8 +65,8 @@ def main(argv=None) -> int:
             print(f"{'ok  ' if ok else 'FAIL'} {spec.name:<28} {m:>5}x{n:>5}x{k:>5}  triton {err['triton']:.2e}  "
                   f"cutlass {err['cutlass']:.2e}  between {between:.2e}  tol {tol:.1e}")
     if args.out:
-        from l2c.bench import environment
-        from l2c.measure import get_device
+        from l2c.results_file import environment
+        from l2c.devices import get_device
         env = environment(get_device("cuda"), [], " ".join(["python"] + sys.argv), {"seed": args.seed})
         with open(args.out, "w") as f:
             json.dump({"environment": env, "checks": rows}, f, indent=1, default=str)

@@ -187,8 +187,8 @@ def time_one(kernel, m, n, k, seed):
 
 def environment(settings):
     """The environment row every result file carries (l2c.bench's: GPU, driver, CUDA, torch, triton, CUTLASS)."""
-    from l2c.bench import environment as bench_environment
-    from l2c.measure import get_device
+    from l2c.results_file import environment as bench_environment
+    from l2c.devices import get_device
     return bench_environment(get_device("cuda"), ["kernel"], " ".join(["python"] + sys.argv), settings)
 
 

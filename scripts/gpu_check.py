@@ -305,8 +305,8 @@ def main(argv=None) -> int:
     speed_line()
     if args.out:
         import json
-        from l2c.bench import environment
-        from l2c.measure import get_device
+        from l2c.results_file import environment
+        from l2c.devices import get_device
         env = environment(get_device("cuda"), [], " ".join(["python"] + sys.argv), {"seed": args.seed})
         with open(args.out, "w") as f:
             json.dump({"environment": env, "checks": RECORDS,

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--screens", nargs="+", default=SCREENS)
     args = ap.parse_args(argv)
 
-    from l2c.bench import read_rows
+    from l2c.results_file import read_rows
     from l2c.commands.import_results import results_from_rows
     from l2c.search.policy import Policy
     from l2c.search.space import Problem

@@ -36,8 +36,8 @@ def environment(runner_kind: str) -> dict:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])}
     if runner_kind == "gpu":   # the GPU, driver, CUDA, triton and CUTLASS versions, as l2c bench records them
-        from l2c.bench import environment as bench_environment
-        from l2c.measure import get_device
+        from l2c.results_file import environment as bench_environment
+        from l2c.devices import get_device
         env.update({k: v for k, v in bench_environment(get_device("cuda"), [], env["command"], {}).items()
                     if k in ("gpu", "driver", "cuda", "triton", "cutlass", "sm", "sm_count")})
     else:

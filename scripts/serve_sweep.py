@@ -157,8 +157,10 @@ def _warm(pairs):
 def sweep(shapes, pools, out_path, device, budget_s, workers, log, label):
     """Verify and time every (shape, spec) of `pools` (shape key -> spec texts) into `out_path`."""
     import l2c.verify
-    from l2c.bench import Candidate, ResultsWriter, Settings, environment, run_bench
-    from l2c.measure import measure_ceilings
+    from l2c.bench import Settings, run_bench
+    from l2c.candidates import Candidate
+    from l2c.results_file import ResultsWriter, environment
+    from l2c.roofline import measure_ceilings
     from l2c.parser import parse_one
     from l2c.validate import validate
     # every check against the float32 GPU reference: a float64 CPU one would copy each weight to the host
@@ -198,7 +200,7 @@ def sweep(shapes, pools, out_path, device, budget_s, workers, log, label):
 
 def speedups(path):
     """(m, n, k) -> {spec name: speedup} of a sweep file's verified rows."""
-    from l2c.bench import read_rows
+    from l2c.results_file import read_rows
     out = {}
     for r in read_rows(path):
         if r.get("type") == "result" and r.get("status") == "ok":
@@ -217,7 +219,7 @@ def explore_gemv(shapes, dtype, out, device, args, log, measured=None):
     from l2c.parser import parse_one
     chosen = [s for s in shapes if (s.n, s.k) in EXPLORE_WEIGHTS and s.m in GEMV_M]
     if measured is not None:
-        from l2c.bench import read_rows
+        from l2c.results_file import read_rows
         dtype = next(r["dtype"] for r in read_rows(measured) if r.get("type") == "result")
     configs, pools = {}, {}
     for s in chosen:
@@ -299,7 +301,7 @@ def main() -> int:
         return 0
     import subprocess
     import torch
-    from l2c.measure import get_device
+    from l2c.devices import get_device
     from l2c.shapes import load_shapes
     device = get_device("cuda" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)

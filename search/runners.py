@@ -128,9 +128,9 @@ class PipelineRunner:
     measure_options: Dict[str, object] = {}
 
     def _measure(self, kernel, problem: Problem):
-        from .. import measure
+        from .. import devices, measure
         mp = measure.Problem.from_spec(kernel.valid.spec, problem.m, problem.n, problem.k, problem.batch)
-        device = measure.get_device(self.device)
+        device = devices.get_device(self.device)
         return measure.measure(self.protocol, kernel, measure.TorchMatmul(mp), mp, device, **self.measure_options)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from l2c.bench import read_rows, row_key
+from l2c.results_file import read_rows, row_key
 from l2c.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -241,7 +241,8 @@ def test_bench_measures_what_users_call_through_the_dispatcher(tmp_path):
 
 def test_cold_rotation_reads_every_operand_from_memory():
     """--roofline rotates at least two operand sets, with three L2s of other operands between two uses of one."""
-    from l2c.measure import Ceilings, Problem, rotation_sets, roofline_fields
+    from l2c.measure import Problem, rotation_sets
+    from l2c.roofline import Ceilings, roofline_fields
     l2 = 60 * 2**20
     for n, k in ((4096, 4096), (14336, 4096), (28672, 8192), (1024, 1024)):
         p = Problem(1, n, k, layout_b="col")

@@ -8,7 +8,7 @@ import optuna
 import pytest
 import torch
 
-from l2c.bench import read_rows
+from l2c.results_file import read_rows
 from l2c.cli import main
 from l2c.parser import parse_file
 from l2c.search.driver import StudyWorker, TuneConfig, run_studies, warm_start

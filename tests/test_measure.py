@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from l2c.build import build
-from l2c.measure import CpuDevice, Problem, TorchMatmul, measure, measure_call, measure_kernel, parse_protocols
+from l2c.measure import Problem, TorchMatmul, measure, measure_call, measure_kernel, parse_protocols
+from l2c.devices import CpuDevice
 from l2c.parser import parse_one
 from l2c.validate import validate
 

@@ -66,13 +66,15 @@ def _device(kind: str):
     elif os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "yes", "on"):
         raise UsageError("TRITON_INTERPRET is set: Triton kernels would run in the CPU interpreter and be "
                          "timed as such; unset it to measure on the GPU")
-    from ..measure import get_device
+    from ..devices import get_device
     return get_device(kind)
 
 
 def run(args) -> int:
-    from ..bench import (CPU_NOTE, BenchError, Progress, ResultsWriter, Settings, command_line,
-                         environment, load_candidates, plan, remaining_shapes, run_bench)
+    from ..bench import Progress, Settings, remaining_shapes, run_bench
+    from ..candidates import load_candidates, plan
+    from ..errors import BenchError
+    from ..results_file import CPU_NOTE, ResultsWriter, command_line, environment
     from ..cli import UsageError
     from ..measure import parse_protocols
     from ..shapes import ShapeFileError, load_shapes
@@ -117,7 +119,7 @@ def run(args) -> int:
         env = environment(device, protocols, command_line(), settings.as_dict())
         ceilings = None
         if args.roofline:
-            from ..measure import measure_ceilings
+            from ..roofline import measure_ceilings
             ceilings = measure_ceilings(device)
             env["ceilings"] = ceilings.as_row() if ceilings is not None else None
             if ceilings is None:

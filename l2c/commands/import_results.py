@@ -87,7 +87,8 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
 
 
 def run(args) -> int:
-    from ..bench import BenchError, read_rows
+    from ..errors import BenchError
+    from ..results_file import read_rows
     from ..cli import UsageError
     from l2c.search.store import Store, default_store_path
 

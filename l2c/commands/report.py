@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..bench import BenchError
+    from ..errors import BenchError
     from ..cli import UsageError
     from ..report import load_results, print_summary, write_plots
 

@@ -199,7 +199,7 @@ def won_again(rows, protocol: str):
 
 
 def run(args) -> int:
-    from ..bench import read_rows
+    from ..results_file import read_rows
     from ..cli import UsageError
     rows, gpus = [], set()
     for path in args.results:

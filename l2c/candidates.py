@@ -1,0 +1,215 @@
+"""What `l2c bench` measures: candidates from `.l2` files, tuned tables, `torch` and the user-facing entry points
+(`dispatch[:TABLE]`, `linear[:TABLE]`), and the plan of which candidate runs on which shape."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .errors import BenchError
+from .shapes import Shape
+
+
+@dataclass
+class Candidate:
+    """One kernel to measure. `shapes` None: shape-generic, measured on the whole set."""
+    id: str                                 # stable across runs: the resume key
+    source: str
+    target: str                             # triton | cutlass | torch
+    spec: object = None                     # KernelSpec, None for torch
+    valid: object = None                    # ValidSpec
+    shapes: Optional[List[Shape]] = None
+    failure: Optional[Tuple[str, str]] = None   # (status, reason) when it cannot run at all
+    _kernel: object = field(default=None, repr=False)
+
+    def accepts(self, shape: Shape) -> bool:
+        """Whether the spec's fixed problem dims (if any) match `shape`; `any` matches everything."""
+        if self.spec is None:
+            return True
+        from .knobs import ANY
+        for dim, value in (("m", shape.m), ("n", shape.n), ("k", shape.k), ("batch", shape.batch)):
+            fixed = getattr(self.spec, f"problem_{dim}")
+            if fixed != ANY and int(fixed) != value:
+                return False
+        return True
+
+    @property
+    def name(self) -> str:
+        return self.spec.name if self.spec is not None else "torch.matmul"
+
+    def kernel(self):
+        """The built kernel (built on first use, then reused for every shape: compile once, measure many)."""
+        if self._kernel is None and self.failure is None:
+            from .build import build  # lazily: build pulls in the Triton / nvcc toolchains
+            try:
+                self._kernel = build(self.valid)
+            except Exception as err:  # noqa: BLE001 - a build failure is a failed candidate, not a crash
+                self.failure = ("build_failed", f"{type(err).__name__}: {err}")
+        return self._kernel
+
+
+def _spec_candidates(path: str, target: str, arch: str) -> List[Candidate]:
+    from .errors import L2Error
+    from .parser import parse_file
+    from .validate import targets_for, validate
+
+    out = []
+    for spec in parse_file(path):
+        targets = targets_for(spec) if target == "all" else (target,)
+        for t in targets:
+            cand = Candidate(id=f"{path}:{spec.name}@{t}", source=path, target=t, spec=spec)
+            try:
+                cand.valid = validate(spec, t, arch)
+            except L2Error as err:
+                cand.failure = ("invalid", err.render())
+            fixed = spec.fixed_shape
+            if fixed is not None:
+                batch = 1 if spec.problem_batch == "any" else int(spec.problem_batch)
+                cand.shapes = [Shape(*fixed, batch=batch, label="spec")]
+            out.append(cand)
+    return out
+
+
+def _table_candidates(path: str, arch: str) -> List[Candidate]:
+    from .errors import L2Error
+    from .parser import parse_one
+    from .validate import validate
+
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise BenchError(f"{path}: cannot read tuned table: {err}") from None
+    entries = table.get("entries") if isinstance(table, dict) else None
+    if not isinstance(entries, list):
+        raise BenchError(f"{path}: not a tuned table (no 'entries' list; see docs/CONTRACTS.md)")
+    table_arch = table.get("arch", arch)
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"{path}#entries[{i}]"
+        try:
+            shape = Shape(int(entry["m"]), int(entry["n"]), int(entry["k"]), int(entry.get("batch", 1)),
+                          label="table")
+            spec_text, target = entry["spec"], entry["target"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise BenchError(f"{where}: malformed entry ({err!r})") from None
+        spec = parse_one(spec_text, file=where)
+        cand = Candidate(id=f"{path}#{i}:{spec.name}@{target}", source=path, target=target, spec=spec,
+                         shapes=[shape])
+        try:
+            cand.valid = validate(spec, target, table_arch)
+        except L2Error as err:
+            cand.failure = ("invalid", err.render())
+        out.append(cand)
+    return out
+
+
+class DispatchKernel:
+    """`l2c.matmul` (or `l2c.nn.Linear`'s path) with one dispatcher, behind the Kernel call convention so that it
+    is verified and timed like any candidate. It allocates its output as users' calls do (`writes_out` False:
+    the protocols then let both sides allocate), and `linear` is timed against what torch.nn.Linear runs
+    (F.linear), `matmul` against torch.matmul."""
+    writes_out = False
+
+    def __init__(self, spec, table_path: Optional[str], via: str, arch: str):
+        from types import SimpleNamespace
+        from .dispatch import Dispatcher, default_table_path
+        from .tuned_table import TableError, load_table
+        path = table_path or default_table_path(arch)
+        try:
+            table = load_table(path) if path is not None else None
+        except TableError as err:
+            raise BenchError(str(err)) from None
+        self.table_path = str(path) if path is not None else None
+        self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background")
+        self.valid = SimpleNamespace(spec=spec, name=f"{via}[{self.table_path}]")
+        self.via = via
+        self.activation = None if spec.epilogue_activation == "none" else spec.epilogue_activation
+        self.torch_baseline = via
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        if self.via == "linear":
+            y = self.dispatcher.linear(a, b.t(), bias, self.activation)
+        else:
+            y = self.dispatcher.matmul(a, b, bias=bias, activation=self.activation)
+        if out is not None:
+            out.copy_(y)
+            return out
+        return y
+
+    def prime(self, shape: Shape, device, timeout: float = 900.0) -> str:
+        """Call once on this shape, let the dispatcher prepare the kernel it serves, call again; return what
+        serves the call from now on (the kernel's name, or `torch`)."""
+        import torch
+        from .verify import make_inputs
+        gen = torch.Generator(device=device.torch_device).manual_seed(0)
+        a, b, _, bias, _ = make_inputs(self.valid.spec, shape.m, shape.n, shape.k, 1, device.torch_device, gen)
+        self(a, b, bias=bias)
+        self.dispatcher.wait(timeout)
+        self(a, b, bias=bias)
+        kernel = self.dispatcher.resolve(a, b, bias, self.activation or "none")
+        return "torch" if kernel is None else kernel.valid.name
+
+
+def _user_spec(dtype: str, layout: str):
+    """The types and layouts a torch or dispatch candidate is measured with (no kernel knobs)."""
+    from .ir import KernelSpec
+    la, lb, lc = layout.split(",")
+    return KernelSpec(name="user_call", types_a=dtype, types_b=dtype, types_c=dtype, layout_a=la, layout_b=lb,
+                      layout_c=lc)
+
+
+def load_candidates(paths: Iterable[str], target: str = "all", arch: str = "sm_90", dtype: str = "f16",
+                    layout: str = "row,row,row") -> List[Candidate]:
+    """Candidates from `.l2` files, tuned-table `.json` files, `torch`, `dispatch[:TABLE]` and `linear[:TABLE]`
+    (those three measured in `dtype` and `layout`)."""
+    out: List[Candidate] = []
+    for p in paths:
+        via = p.split(":", 1)[0]
+        if p == "torch":
+            spec = None if (dtype, layout) == ("f16", "row,row,row") else _user_spec(dtype, layout)
+            out.append(Candidate(id="torch", source="torch", target="torch", spec=spec))
+        elif via in ("dispatch", "linear"):
+            table = p.split(":", 1)[1] if ":" in p else None
+            spec = _user_spec(dtype, layout)
+            if via == "linear" and spec.layout_c != "row":
+                raise BenchError("linear: nn.Linear writes a row-major output (layout c=row)")
+            kernel = DispatchKernel(spec, table, via, arch)
+            cand = Candidate(id=f"{via}:{kernel.table_path}", source=kernel.table_path or "no table",
+                             target="dispatch", spec=spec, valid=kernel.valid)
+            cand._kernel = kernel
+            out.append(cand)
+        elif p.endswith(".json"):
+            out.extend(_table_candidates(p, arch))
+        else:
+            if not Path(p).exists():
+                raise BenchError(f"{p}: no such file")
+            out.extend(_spec_candidates(p, target, arch))
+    if not out:
+        raise BenchError("nothing to measure: give .l2 spec files, tuned-table .json files or `torch`")
+    return out
+
+
+def plan(candidates: List[Candidate], shape_set: Optional[List[Shape]]) -> Tuple[List[Shape], Dict, int]:
+    """Shapes in measuring order and, per shape key, the candidates to run there; plus how many fixed-shape
+    candidates were left out because their shape is not in the given set."""
+    in_set = None if shape_set is None else {s.key for s in shape_set}
+    jobs: Dict[Tuple[int, int, int, int], List[Candidate]] = {}
+    shapes: Dict[Tuple[int, int, int, int], Shape] = {}
+    skipped = 0
+    if shape_set is not None:
+        for s in shape_set:
+            shapes.setdefault(s.key, s)
+    for cand in candidates:
+        if cand.shapes is None:
+            if shape_set is None:
+                raise BenchError(f"{cand.id} is shape-generic (problem m/n/k = any): give --shapes")
+            targets = [s for s in shape_set if cand.accepts(s)]
+        else:
+            targets = [s for s in cand.shapes if in_set is None or s.key in in_set]
+            skipped += len(cand.shapes) - len(targets)
+        for s in targets:
+            shapes.setdefault(s.key, s)
+            jobs.setdefault(s.key, []).append(cand)
+    ordered = [shapes[k] for k in shapes if k in jobs]
+    return ordered, jobs, skipped

@@ -1,0 +1,140 @@
+"""The `l2c bench` results file: its environment row (what every result is recorded with, BENCHMARKING.md), and
+JSON rows read whole (a torn last line ignored or repaired, `.xz` read through lzma) and appended one flushed line
+at a time."""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import lzma
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Set, TextIO, Tuple
+
+from .errors import BenchError
+
+CPU_NOTE = ("CPU mode: kernels run in the Triton interpreter and torch on the CPU; these figures exercise the "
+            "benchmark machinery only and say nothing about GPU performance")
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def driver_version() -> Optional[str]:
+    """The NVIDIA driver's version (nvidia-smi), or None where there is none."""
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip().splitlines()[0] if res.returncode == 0 and res.stdout.strip() else None
+
+
+def environment(device, protocols: List[str], command: str, settings: Dict[str, object]) -> Dict[str, object]:
+    """The header row every results file carries (BENCHMARKING.md: what to record with every result)."""
+    import torch
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        triton_version = None
+    row: Dict[str, object] = {
+        "type": "env", "device": device.kind, "gpu": device.name,
+        "driver": driver_version() if device.kind == "cuda" else None,
+        "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton_version,
+        "cutlass": _version("nvidia-cutlass"), "python": platform.python_version(),
+        "protocols": protocols, "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": socket.gethostname(), "cwd": os.getcwd(), "settings": settings,
+        # how l2c built the Triton kernels measured here (the spec texts do not say)
+        "build_settings": {name: os.environ[name] for name in sorted(os.environ) if name.startswith("L2C_TRITON_")},
+    }
+    if device.kind == "cuda":
+        props = torch.cuda.get_device_properties(device.torch_device)
+        row.update(sm=f"sm_{props.major}{props.minor}", sm_count=props.multi_processor_count,
+                   l2_bytes=device.l2_bytes)
+    else:
+        row["note"] = CPU_NOTE
+        row["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    return row
+
+
+def row_key(row: Dict[str, object]) -> Tuple:
+    return (row["kernel"], row["m"], row["n"], row["k"], row.get("batch", 1), row["protocol"])
+
+
+def read_rows(path: str | Path, repair: bool = False) -> List[Dict[str, object]]:
+    """All complete JSON rows of a results file. A torn last line (a run killed mid-write) is ignored, and
+    with `repair` cut off so that appending continues on a clean line. A bad line elsewhere is an error.
+    A `.xz` file (a large finished results file, compressed to keep the repository small) is read through lzma."""
+    path = Path(path)
+    if path.suffix == ".xz":
+        if repair:
+            raise BenchError(f"{path} is compressed: results are appended to a plain .jsonl (decompress it first)")
+        try:
+            data = lzma.decompress(path.read_bytes())
+        except lzma.LZMAError as err:
+            raise BenchError(f"{path}: not an xz file ({err})") from None
+    else:
+        data = path.read_bytes()
+    rows, good_end, pos = [], 0, 0
+    lines = data.split(b"\n")
+    for i, line in enumerate(lines):
+        end = pos + len(line) + 1
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+                good_end = min(end, len(data))
+            except ValueError:
+                if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1:]):
+                    raise BenchError(f"{path}:{i + 1}: not a JSON row") from None
+                break
+        else:
+            good_end = min(end, len(data))
+        pos = end
+    if repair and good_end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    if repair and good_end > 0 and not data[:good_end].endswith(b"\n"):
+        with open(path, "ab") as f:
+            f.write(b"\n")
+    return rows
+
+
+class ResultsWriter:
+    """Appends JSON rows, each written whole and flushed at once."""
+
+    def __init__(self, path: Path, resume: bool):
+        self.path = path
+        self.done: Set[Tuple] = set()
+        if path.suffix == ".xz":
+            raise BenchError(f"{path}: results are written to a plain .jsonl (compress it with xz when it is done)")
+        if path.exists() and path.stat().st_size > 0:
+            if not resume:
+                raise BenchError(f"{path} already exists: pass --resume to continue it, or choose another -o")
+            self.done = {row_key(r) for r in read_rows(path, repair=True) if r.get("type") == "result"}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.f: TextIO = open(path, "a")
+
+    def write(self, row: Dict[str, object]) -> None:
+        self.f.write(json.dumps(row, allow_nan=True) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def command_line(argv: Optional[List[str]] = None) -> str:
+    argv = list(sys.argv if argv is None else argv)
+    if argv and os.path.basename(argv[0]) in ("l2c", "__main__.py", "cli.py"):
+        argv[0] = "l2c"
+    return shlex.join(argv)
