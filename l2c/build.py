@@ -1,84 +1,20 @@
-"""Build: a ValidSpec -> a Kernel object callable on torch tensors, for whichever target it was validated for.
+"""Build: a ValidSpec -> a Kernel object callable on torch tensors, through the target it was validated for.
 
-The Kernel call convention and attributes are the contract in docs/CONTRACTS.md; every target returns a
-subclass of `Kernel`. Any failure to generate, write, import or compile a kernel is raised as
-`l2c.errors.BuildError` carrying the underlying message, so a tuner records a failed candidate instead of
-crashing.
+Any failure to generate, write, import or compile a kernel is raised as `l2c.errors.BuildError` carrying the
+underlying message, so a tuner records a failed candidate instead of crashing.
 """
 from __future__ import annotations
 
+from . import targets
 from .errors import BuildError
-from .validate import ValidSpec
-
-
-def call_signature(a, b, bias=None):
-    """What a call's checks depend on apart from its pointers: shapes, strides, dtypes and devices of `a`, `b`
-    and `bias` (None when an argument is not a tensor). CUTLASS kernels key their call plans by it and the
-    dispatcher its resolutions, so one steady-state call reads these attributes the same way in both."""
-    try:
-        return (a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
-                None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))
-    except (AttributeError, TypeError):
-        return None
-
-
-def cuda_accessors():
-    """(current device index, raw cudaStream_t of a device's current stream) for the planned call paths: torch's
-    private accessors, which Triton's launcher also uses (no Stream object built per call), else the public API."""
-    import torch
-    get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-    get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get_stream is None:
-        def get_stream(device_index: int) -> int:
-            return torch.cuda.current_stream(device_index).cuda_stream
-    return get_device, get_stream
-
-
-class Kernel:
-    """A built GEMM kernel: `kernel(a, b, c=None, bias=None, out=None) -> out` (see docs/CONTRACTS.md)."""
-
-    target: str = ""
-
-    def __init__(self, valid: ValidSpec, source: str):
-        self.valid = valid
-        self.source = source
-
-    @property
-    def spec(self):
-        return self.valid.spec
-
-    def flops(self, m: int, n: int, k: int, batch: int = 1) -> int:
-        """Floating-point operations of one call: 2*M*N*K multiply-adds per batch (the epilogue is not counted)."""
-        return 2 * m * n * k * batch
-
-    def call_planned(self, key, a, b, bias=None):
-        """`self(a, b, bias=bias)` (a call that allocates its output) with `key = call_signature(a, b, bias)`
-        already computed: the dispatcher has it from its own lookup, and the planned fast paths key by it too."""
-        return self(a, b, bias=bias)
-
-    def __call__(self, a, b, c=None, bias=None, out=None):
-        """Launch the kernel (docs/CONTRACTS.md). Each target's subclass implements it; the base never runs."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement the launch")
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.valid.name} ({self.target})>"
+from .kernel import Kernel
+from .rules import ValidSpec
 
 
 def build(valid: ValidSpec) -> Kernel:
     """Build `valid` for its target; raise BuildError on any failure."""
-    if valid.target == "triton":
-        from .build_triton import build_triton
-        builder = build_triton
-    elif valid.target == "cutlass":
-        try:
-            from .build_cutlass import build_cutlass
-        except ImportError as err:
-            raise BuildError(f"the CUTLASS builder is unavailable: {err}") from err
-        builder = build_cutlass
-    else:
-        raise BuildError(f"unknown target {valid.target!r}")
     try:
-        return builder(valid)
+        return targets.get(valid.target).build(valid)
     except BuildError:
         raise
     except Exception as err:  # noqa: BLE001 - any failure of a builder is a failed candidate
@@ -87,15 +23,10 @@ def build(valid: ValidSpec) -> Kernel:
 
 def prebuild(valid: ValidSpec) -> str:
     """Fill the build cache for `valid` with no GPU and return the cached file (`l2c build`, the tuner's compile
-    pool): CUTLASS compiled with nvcc; Triton generated, imported and, unless Triton is interpreting, compiled for
-    the spec's arch with Triton's own compiler, so a kernel the GPU compiler rejects fails here. BuildError on
-    any failure."""
-    if valid.target == "cutlass":
-        from .build_cutlass import compile_source
-        from .lower import render
-        return str(compile_source(render(valid), valid.name))
-    kernel = build(valid)
-    from .build_triton import compile_ahead, interpreting
-    if not interpreting():
-        compile_ahead(kernel)
-    return str(kernel.path)
+    pool); BuildError on any failure. Each target says what that takes (`Target.prebuild`)."""
+    try:
+        return targets.get(valid.target).prebuild(valid)
+    except BuildError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        raise BuildError(f"{valid.target} build of {valid.name} failed: {type(err).__name__}: {err}") from err

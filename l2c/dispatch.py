@@ -27,7 +27,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .build import call_signature
+from .kernel import call_signature
 from .errors import BuildError, L2Error
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer

@@ -9,13 +9,9 @@ import functools
 
 import jinja2
 
+from . import targets
 from .knobs import DTYPE_BYTES
-from .validate import ValidSpec, cutlass_gemm_spec
-
-# One template per (target, kernel family); the family is the Triton knob `launch family` (CUTLASS has one).
-TEMPLATES = {("triton", "gemm"): "triton/gemm.py.j2", ("triton", "gemv"): "triton/gemv.py.j2",
-             ("cutlass", "gemm"): "cutlass/gemm.cu.j2"}
-SUFFIX_FOR_TARGET = {"triton": ".py", "cutlass": ".cu"}
+from .rules import ValidSpec
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,11 +27,11 @@ def environment() -> jinja2.Environment:
 
 def render(valid: ValidSpec) -> str:
     """Source text of the kernel module (Triton .py or CUTLASS .cu) for one validated spec."""
-    template = environment().get_template(TEMPLATES[valid.target, valid.spec.launch_family])
-    # CUTLASS also reads the GEMM it instantiates (transposed under launch swap=yes)
-    extra = {} if valid.target == "triton" else {"gemm": cutlass_gemm_spec(valid.spec)}
-    return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES, **extra)
+    target = targets.get(valid.target)
+    template = environment().get_template(target.template(valid.spec))
+    return template.render(v=valid, s=valid.spec, spec_text=valid.spec.to_l2(), dtype_bytes=DTYPE_BYTES,
+                           **target.context(valid))
 
 
 def file_name(valid: ValidSpec) -> str:
-    return valid.spec.name + SUFFIX_FOR_TARGET[valid.target]
+    return valid.spec.name + targets.get(valid.target).suffix

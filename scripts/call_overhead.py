@@ -15,7 +15,7 @@ launches), and for a Triton workspace split-K kernel `kernel_inkernel` is the sa
 reduction (the default: one launch); for a Triton spec `kernel_tma` and `kernel_tma_device` are the same spec
 with `launch loads=tma` (descriptors encoded on the host per launch) and `loads=tma_device` (built by each program);
 for a CUTLASS kernel `kernel_ctypes20` replays its plans through the 20-argument entry instead of the call-plan
-shim (l2c.cutlass_shim); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
+shim (l2c.targets.cutlass.shim); and `l2c.matmul` through the dispatcher with a one-entry tuned table for that shape.
 
 Correctness (exits 1 on any failure): each side's result equals torch.matmul's; after a call plan exists, a
 16-byte-misaligned view of the same shape and strides is still rejected (ValueError) by the kernel and
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     def check_plan(name, kernel):
         """A Triton kernel made a launch plan for the signature it was just called with."""
         if not any(kernel._plans.values()):
-            from l2c.build_triton import launch_hook_set
+            from l2c.targets.triton.build import launch_hook_set
             failures.append(f"{name}: no launch plan was made (refusals {set(kernel.plan_refusals.values())}, "
                             f"launch hook set: {launch_hook_set()})")
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
                                              spec.target, "sm_90"))
         ctypes20 = None
         if spec.target == "cutlass":   # the same library, planned calls through the 20-argument entry (no shim)
-            from l2c.build_cutlass import load_cutlass
+            from l2c.targets.cutlass.kernel import load_cutlass
             ctypes20 = load_cutlass(kernel.valid, kernel.path, kernel.source)
             if kernel._run_planned is None:
                 failures.append(f"{kname}: the CUTLASS call-plan shim did not build (no host C compiler?)")

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
-from l2c.validate import parallel_split_k, validate
+from l2c.targets.cutlass.rules import parallel_split_k
+from l2c.validate import validate
 
 HEADLINE = KernelSpec(name="headline_coop_128x256x64_c1x2", tile_m=128, tile_n=256, tile_k=64, cluster_m=1,
                       cluster_n=2, launch_schedule="cooperative")
@@ -206,7 +207,8 @@ def main(argv=None) -> int:
     if not args.compile_only and not args.out:
         parser.error("--out is required unless --compile-only")
 
-    from l2c.build_cutlass import build_many, load_cutlass
+    from l2c.targets.cutlass.build import build_many
+    from l2c.targets.cutlass.kernel import load_cutlass
     from l2c.parser import parse_one
 
     started = time.perf_counter()

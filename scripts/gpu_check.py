@@ -37,7 +37,8 @@ from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
 from l2c.knobs import ANY, AUTO, KNOBS
 from l2c.parser import parse_one
-from l2c.validate import TMA_LOADS, validate
+from l2c.targets.triton.rules import TMA_LOADS
+from l2c.validate import validate
 from l2c.verify import verify
 
 ODD_SHAPES = [(1, 1, 1), (127, 255, 129), (1000, 1000, 1000), (333, 4097, 77)]

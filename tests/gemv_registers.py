@@ -3,7 +3,7 @@
 `python -m tests.gemv_registers "1,32,256,4;4,16,256,4"` prints, per (tile m, tile n, tile k, warps) of an fp16
 nn.Linear-layout spec: registers per thread, spilled bytes (stack + local) and the count of 16-byte global loads.
 The kernel is specialized as a call on the GPU would specialize it (Triton turns an integer argument equal to 1
-into a constant and marks pointers and 16-divisible integers as such), unlike l2c.build_triton.compile_ahead,
+into a constant and marks pointers and 16-divisible integers as such), unlike l2c.targets.triton.build.compile_ahead,
 which compiles the unspecialized variant to check that a kernel compiles at all.
 """
 from __future__ import annotations

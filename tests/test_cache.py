@@ -67,7 +67,7 @@ def test_write_atomic_replaces_whole_file(tmp_path):
 def test_an_edited_cached_triton_module_is_rewritten_before_import(tmp_path, monkeypatch):
     """The cache file is named by its content's hash: a file whose content differs is never imported."""
     monkeypatch.setenv(cache.ENV_VAR, str(tmp_path))
-    from l2c.build_triton import load_module
+    from l2c.targets.triton.build import load_module
     source = "def launch(*a):\n    return 'generated'\n\n\ndef prepare(*a):\n    return None\n"
     _, path = load_module(source, "edited")
     path.write_text(source.replace("'generated'", "'edited on disk'"))

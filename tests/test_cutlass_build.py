@@ -16,11 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from l2c.build_cutlass import CutlassKernel, _compile_in_worker, build_many, compile_source, forbidden_ptxas_warnings
+from l2c.targets.cutlass.build import _compile_in_worker, build_many, compile_source
+from l2c.targets.cutlass.kernel import CutlassKernel
+from l2c.targets.cutlass.toolchain import forbidden_ptxas_warnings
 from l2c.errors import BuildError
 from l2c.ir import KernelSpec
 from l2c.lower import render
-from l2c.validate import cutlass_gemm_spec, validate
+from l2c.targets.cutlass.rules import cutlass_gemm_spec
+from l2c.validate import validate
 from tests.toolchain import needs_nvcc
 
 
@@ -114,12 +117,12 @@ def test_c751x_ptxas_warnings_are_detected():
 
 
 def test_planned_calls_reach_the_real_entry_point_through_the_shim(built):
-    """The call-plan shim (l2c.cutlass_shim) against a real generated library: the same statuses and messages as
+    """The call-plan shim (l2c.targets.cutlass.shim) against a real generated library: the same statuses and messages as
     the 20-argument entry called directly (no GPU here: a bad shape fails in check_shape, a good one at the
     first CUDA call)."""
     import ctypes
 
-    from l2c import cutlass_shim
+    from l2c.targets.cutlass import shim as cutlass_shim
     if cutlass_shim.planned_call() is None:
         pytest.skip("no host C compiler for the shim")
     kernel = built[1][0]

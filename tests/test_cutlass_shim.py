@@ -1,4 +1,4 @@
-"""The CUTLASS call-plan shim (l2c.cutlass_shim), compiled with the real host C compiler.
+"""The CUTLASS call-plan shim (l2c.targets.cutlass.shim), compiled with the real host C compiler.
 
 The shim forwards a plan's 14 fixed arguments plus five per-call ones to a 20-argument entry point with the
 ABI of `l2c_<name>_run` (templates/cutlass/gemm.cu.j2). Here the entry point is a real C function compiled
@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from l2c import cutlass_shim
+from l2c.targets.cutlass import shim as cutlass_shim
 
 pytestmark = pytest.mark.skipif(cutlass_shim.find_c_compiler() is None, reason="no host C compiler")
 

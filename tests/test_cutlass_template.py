@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 
 from l2c.ir import KernelSpec
 from l2c.lower import render
-from l2c.validate import cutlass_epilogue_smem, cutlass_gemm_spec, validate
+from l2c.targets.cutlass.rules import cutlass_epilogue_smem, cutlass_gemm_spec
+from l2c.validate import validate
 from tests.strategies import valid_specs
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from l2c import cache, pack
-from l2c.build_cutlass import NVCC_FLAGS, compile_source, find_nvcc, pack_key
+from l2c.targets.cutlass import pack as pack_format
+from l2c.targets.cutlass.build import compile_source
+from l2c.targets.cutlass.toolchain import NVCC_FLAGS, find_nvcc, pack_key
 from l2c.cli import main
 from l2c.dispatch import Dispatcher
 from l2c.errors import BuildError
@@ -126,7 +128,7 @@ def built(tmp_path_factory):
 @needs_nvcc
 def test_the_pack_records_each_build(built):
     root, _, pack_path, kernels = built
-    written = pack.read_pack(pack_path)
+    written = pack_format.read_pack(pack_path)
     assert written.arch == "sm_90" and written.cutlass_version == metadata.version("nvidia-cutlass")
     assert set(written.entries) == {k.key for k in kernels} and len(kernels) == 2
     nvcc_version = subprocess.run([find_nvcc(), "--version"], capture_output=True, text=True).stdout.strip()
@@ -141,7 +143,7 @@ def test_the_pack_records_each_build(built):
                                     metadata.version("nvidia-cutlass"))[:24]
         cached = root / "cache" / "cutlass" / f"{kernel.name}_{digest}.so"
         assert hashlib.sha256(cached.read_bytes()).hexdigest() == entry.sha256
-        assert pack.read_library(entry) == cached.read_bytes()
+        assert pack_format.read_library(entry) == cached.read_bytes()
 
 
 @needs_nvcc
@@ -214,7 +216,7 @@ def _rewrite(pack_path: Path, out: Path, index: int, change) -> None:
 def test_a_stale_entry_fails_verify_and_is_not_served(built, monkeypatch, tmp_path, capsys):
     """An entry for the same spec under another key: what a pack built before a template change holds."""
     _, table, pack_path, kernels = built
-    first = sorted(pack.read_pack(pack_path).entries.values(), key=lambda e: e.file)[0]
+    first = sorted(pack_format.read_pack(pack_path).entries.values(), key=lambda e: e.file)[0]
 
     def old_key(data: bytes) -> bytes:
         manifest = json.loads(data)
@@ -244,9 +246,9 @@ def test_a_library_that_does_not_match_its_sha256_is_refused(built, monkeypatch,
     monkeypatch.setenv("L2C_PACK", str(bad))
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
     _hide_nvcc(monkeypatch, tmp_path)
-    damaged = sorted(pack.read_pack(bad).entries.values(), key=lambda e: e.file)[0]
-    with pytest.raises(pack.PackError, match="sha256"):
-        pack.read_library(damaged)
+    damaged = sorted(pack_format.read_pack(bad).entries.values(), key=lambda e: e.file)[0]
+    with pytest.raises(pack_format.PackError, match="sha256"):
+        pack_format.read_library(damaged)
     kernel = next(k for k in kernels if k.key == damaged.key)
     with pytest.raises(BuildError, match="cannot be used"):
         compile_source(kernel.source, kernel.name)
@@ -265,7 +267,7 @@ def test_a_corrupt_archive_fails_verify_and_installs_nothing_wrong(built, monkey
     monkeypatch.setenv("L2C_PACK", str(bad))
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
     _hide_nvcc(monkeypatch, tmp_path)
-    good = pack.read_pack(pack_path).entries
+    good = pack_format.read_pack(pack_path).entries
     refused = 0
     for kernel in kernels:
         try:

@@ -87,7 +87,7 @@ def test_split_k_is_deterministic_and_leaves_the_semaphores_clear():
 
 def test_verify_catches_a_dropped_k_tail():
     """The tests can fail: a kernel that skips the partial last K tile is caught."""
-    from l2c.build_triton import TritonKernel, load_module
+    from l2c.targets.triton.build import TritonKernel, load_module
     kernel = build(validate(gemv(name="tail"), "triton"))
     old = "    if k_full * BLOCK_K < K:"
     assert old in kernel.source
@@ -100,7 +100,7 @@ def test_verify_catches_a_dropped_k_tail():
 
 
 def test_prepare_keeps_the_gemm_interface():
-    """`prepare` hands launches exactly as the gemm module does (l2c.build_triton replays them): the kernel's
+    """`prepare` hands launches exactly as the gemm module does (l2c.targets.triton.build replays them): the kernel's
     leading parameters by position, its constexprs and launch options by name, the call's own tensors as themselves."""
     spec = gemv(tile_m=4, split_k_slices=2, split_k_mode="atomic", epilogue_beta=0.5)
     kernel = build(validate(spec, "triton"))

@@ -15,13 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from l2c import cache
-from l2c.build import Kernel, build
-from l2c.build_triton import TritonKernel, load_module
+from l2c.build import build
+from l2c.kernel import Kernel
+from l2c.targets.triton.build import TritonKernel, load_module
 from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
 from l2c.knobs import ANY, DTYPE_BYTES
 from l2c.lower import render
-from l2c.validate import TMA_LOADS, validate
+from l2c.targets.triton.rules import TMA_LOADS
+from l2c.validate import validate
 from l2c.verify import make_inputs, verify
 
 from .strategies import valid_specs, with_reduce
@@ -95,7 +97,7 @@ def test_random_specs_match_reference(case, seed, reduce):
 def test_prepare_describes_launches_a_plan_can_replay(case, reduce):
     """`prepare` hands every launch's arguments as the kernel's leading parameters by position plus its
     constexprs and launch options by name: exactly the kernel's parameter list, which is what a GPU launch
-    plan (l2c.build_triton._LaunchPlan) replays into Triton's compiled launcher. The call's own tensors
+    plan (l2c.targets.triton.build._LaunchPlan) replays into Triton's compiled launcher. The call's own tensors
     appear as themselves, so a plan can put a later call's tensors in their place."""
     spec, m, n, k, batch = case
     kernel = build(validate(with_reduce(spec, reduce), "triton"))
@@ -350,7 +352,7 @@ def test_broken_source_is_a_build_error(source, message):
 def test_launch_hook_set_reads_triton_hook_chains():
     """Plans step aside while a profiler's launch hook is set, and only then: Triton >= 3.5 keeps an empty
     HookChain (never None) when no hook is set, which once kept every plan from being made on the H200."""
-    from l2c.build_triton import launch_hook_set
+    from l2c.targets.triton.build import launch_hook_set
     runtime = triton.knobs.runtime
     assert not launch_hook_set()
 
@@ -375,7 +377,7 @@ def test_launch_hook_set_reads_triton_hook_chains():
 def test_call_planned_is_the_allocating_call():
     """The dispatcher hands a kernel the call signature it computed for its own lookup (`call_planned`); the
     result is the allocating call's, bit for bit, under every target's path (CPU: the checked launch)."""
-    from l2c.build import call_signature
+    from l2c.kernel import call_signature
     kernel = kernel_for(epilogue_bias="col", epilogue_activation="relu")
     g = torch.Generator().manual_seed(3)
     a = torch.randn(20, 24, generator=g).half()
@@ -423,7 +425,7 @@ def test_tuner_compile_pool_compiles_triton_candidates_ahead(tmp_path):
     import sys
     spec = KernelSpec(name="pool", target="triton", tile_m=64, tile_n=64, tile_k=32, split_k_slices=2).to_l2()
     code = ("import sys; from l2c.search.runners import precompile; "
-            "from l2c.build_triton import interpreting; assert not interpreting(); "
+            "from l2c.targets.triton.build import interpreting; assert not interpreting(); "
             "print(repr(precompile(sys.argv[1], 'triton', 'sm_90')))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["L2C_CACHE_DIR"] = str(tmp_path)

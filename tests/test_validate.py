@@ -7,7 +7,9 @@ from l2c.errors import L2ValidationError
 from l2c.ir import KernelSpec
 from l2c.knobs import AUTO
 from l2c.parser import parse_one
-from l2c.validate import ARCHS, RULES, cutlass_epilogue_smem, validate
+from l2c.arch import ARCHS
+from l2c.targets.cutlass.rules import cutlass_epilogue_smem
+from l2c.validate import RULES, validate
 
 from .strategies import valid_specs
 
@@ -159,10 +161,10 @@ def _view(buffer, rows, cols, layout, ld):
        lb=st.sampled_from(("row", "col")), lc=st.sampled_from(("row", "col")),
        bias=st.sampled_from(("none", "row", "col")), seed=st.integers(0, 2**16))
 def test_swapped_operands_describe_the_same_product_in_the_same_memory(m, n, k, la, lb, lc, bias, seed):
-    """What `launch swap=yes` hands CUTLASS (l2c.validate.swapped_operands) reads A's and B's buffers as B^T and
+    """What `launch swap=yes` hands CUTLASS (l2c.targets.cutlass.rules.swapped_operands) reads A's and B's buffers as B^T and
     A^T and writes D^T into D's buffer: the same bytes as D = A @ B (+ bias), in every storage order."""
     import numpy as np
-    from l2c.validate import swapped_operands
+    from l2c.targets.cutlass.rules import swapped_operands
     rng = np.random.default_rng(seed)
     a, b = rng.integers(-4, 5, (m, k)), rng.integers(-4, 5, (k, n))
     vec = rng.integers(-4, 5, m if bias == "row" else n)

@@ -1,7 +1,7 @@
 """Markers for tests that need a tool of the machine: skipped only when the tool is truly missing."""
 import pytest
 
-from l2c.build_cutlass import find_nvcc
+from l2c.targets.cutlass.toolchain import find_nvcc
 from l2c.errors import BuildError
 
 

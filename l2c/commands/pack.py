@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from .. import pack
+from ..targets.cutlass.pack import PackError, default_pack_path
 
 
 def add_parser(sub) -> None:
@@ -36,14 +37,14 @@ def _kernels(args):
     tables = args.table or pack.shipped_tables()
     try:
         arch, kernels, problems = pack.required_kernels(tables)
-    except (TableError, pack.PackError) as err:
+    except (TableError, PackError) as err:
         raise UsageError(str(err)) from None
     print(f"{len(kernels)} CUTLASS kernels for {arch} in {', '.join(Path(t).name for t in tables)}")
     return arch, kernels, problems
 
 
 def run_build(args) -> int:
-    from ..build_cutlass import find_nvcc
+    from ..targets.cutlass.toolchain import find_nvcc
     from ..cli import UsageError
     from ..errors import BuildError
     try:
@@ -60,7 +61,7 @@ def run_build(args) -> int:
         else:
             print(f"FAILED {kernel.name} after {seconds:.0f}s: {kernel.label}: {error}", flush=True)
 
-    out = args.out or pack.default_pack_path(arch)
+    out = args.out or default_pack_path(arch)
     written, failed = pack.build_pack(kernels, arch, out, args.jobs, report)
     size = Path(written.path).stat().st_size
     print(f"wrote {written.path}: {len(written.entries)} libraries, {size / 2**20:.2f} MiB; "
@@ -70,7 +71,7 @@ def run_build(args) -> int:
 
 def run_verify(args) -> int:
     arch, kernels, problems = _kernels(args)
-    path = args.pack or pack.default_pack_path(arch)
+    path = args.pack or default_pack_path(arch)
     found, unused = pack.verify_pack(path, arch, kernels)
     problems += found
     for problem in problems:

@@ -1,218 +1,28 @@
-"""The CUTLASS target's builder: render the .cu file, compile it with nvcc into a cached .so, load it with ctypes.
+"""A compiled CUTLASS sm90 GEMM loaded from its .so with ctypes, called per docs/CONTRACTS.md.
 
-Compiling needs only a CPU and nvcc (CI builds kernels without a GPU); calling a loaded kernel needs the GPU.
-Builds are keyed by a content hash of (source, flags, nvcc version, CUTLASS version) in the user cache
-directory, guarded by a file lock and published by atomic rename, so concurrent builders of the same kernel
-compile it once and nobody loads a half-written .so. On a cache miss the prebuilt pack shipped with l2c
-(`l2c.pack`) is asked first: a library built there from the same source, flags and CUTLASS version, by the local
-nvcc's version (or by any nvcc when there is none here), is checked against its sha256 and installed into the
-cache instead of compiling, so a machine without the CUDA toolkit still gets every kernel the pack holds.
-A compiler failure, or any ptxas C751x warning (the wgmma pipeline got serialized), is a `BuildError` carrying
-the compiler's message.
-
-The loaded kernel follows docs/CONTRACTS.md: `kernel(a, b, c=None, bias=None, out=None)`. It checks layouts,
-alignment and shapes up front and raises ValueError (so the dispatcher can fall back to torch), queries the
-workspace size once per problem size into one buffer per device grown to the largest size seen, and launches on
-torch's current stream.
+It checks layouts, alignment and shapes up front and raises ValueError (so the dispatcher can fall back to
+torch), queries the workspace size once per problem size into one buffer per device grown to the largest size
+seen, replays call plans through the C shim (`shim.py`), and launches on torch's current stream.
 """
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
-import os
-import re
-import shutil
-import subprocess
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from . import cache, cutlass_shim, pack
-from .build import Kernel, call_signature, cuda_accessors
-from .errors import BuildError
-from .knobs import ANY, DTYPE_BYTES
-from .lower import render
-from .validate import ValidSpec
-
-log = logging.getLogger("l2c.build_cutlass")
-
-ARCH = "sm_90"   # what NVCC_FLAGS compile for; names the pack that is asked before compiling
-NVCC_FLAGS: Tuple[str, ...] = (
-    "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr",
-    "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
-)
-# ptxas C7510-C7519: performance warnings such as "wgmma.mma_async instructions are serialized". A kernel
-# built with one runs, but up to 40% slower than it should: for a tuner that is a broken candidate.
-FORBIDDEN_PTXAS_WARNING = re.compile(r"\bC751\d\b")
-# Compiler output kept in a BuildError; CUTLASS template errors run to megabytes.
-MAX_MESSAGE_CHARS = 20_000
+from ...errors import BuildError
+from ...kernel import Kernel, call_signature, cuda_accessors
+from ...knobs import ANY
+from ...lower import render
+from ...rules import ValidSpec
+from . import shim
 
 # Status codes of the generated entry points (templates/cutlass/gemm.cu.j2).
 _STATUS = {1: "bad shape", 2: "cannot implement", 3: "workspace too small", 4: "initialize failed",
            5: "launch failed", 6: "CUDA error"}
 _ARGUMENT_ERRORS = (1, 2)   # raised as ValueError: the call, not the kernel, is at fault
 
-
-# ---- toolchain ------------------------------------------------------------------------------------------
-
-def cutlass_include_dirs() -> List[Path]:
-    """CUTLASS and CUTLASS-util headers shipped inside the pinned `nvidia-cutlass` wheel (cutlass_library)."""
-    try:
-        import cutlass_library
-    except ImportError as err:
-        raise BuildError("the CUTLASS headers come from the `nvidia-cutlass` wheel: "
-                         "pip install nvidia-cutlass==4.2.0.0") from err
-    source = Path(cutlass_library.__file__).resolve().parent / "source"
-    dirs = [source / "include", source / "tools" / "util" / "include"]
-    if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
-        raise BuildError(f"the installed cutlass_library has no headers under {dirs[0]}; reinstall nvidia-cutlass")
-    return dirs
-
-
-def find_nvcc() -> str:
-    """$L2C_NVCC if set (then the only one looked for), else nvcc from PATH, else from $CUDA_HOME/bin or
-    /usr/local/cuda/bin."""
-    chosen = os.environ.get("L2C_NVCC")
-    if chosen:
-        if os.path.isfile(chosen) and os.access(chosen, os.X_OK):
-            return chosen
-        raise BuildError(f"nvcc not found: L2C_NVCC={chosen} is not an executable file")
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
-            return str(Path(root) / "bin" / "nvcc")
-    raise BuildError("nvcc not found: the CUTLASS target compiles with the CUDA toolkit's nvcc (12.3 or newer, "
-                     "for sm_90a). Install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or "
-                     "put its bin/ folder on PATH.")
-
-
-@functools.lru_cache(maxsize=None)
-def nvcc_version(nvcc: str) -> str:
-    done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise BuildError(f"{nvcc} --version failed: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
-def cuda_release(version: str) -> str:
-    """The CUDA release ("13.0") that `nvcc --version` output names, or "unknown"."""
-    found = re.search(r"release (\d+\.\d+)", version)
-    return found.group(1) if found else "unknown"
-
-
-def cutlass_version() -> str:
-    try:
-        return metadata.version("nvidia-cutlass")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def nvcc_command(nvcc: str, source: Path, output: Path) -> List[str]:
-    includes = [f"-I{d}" for d in cutlass_include_dirs()]
-    return [nvcc, *NVCC_FLAGS, *includes, str(source), "-o", str(output)]
-
-
-# ---- compile (CPU only) ---------------------------------------------------------------------------------
-
-def _clip(text: str) -> str:
-    if len(text) <= MAX_MESSAGE_CHARS:
-        return text
-    return text[:MAX_MESSAGE_CHARS] + f"\n... ({len(text) - MAX_MESSAGE_CHARS} more characters of compiler output)"
-
-
-def forbidden_ptxas_warnings(output: str) -> List[str]:
-    """The lines of compiler output that carry a C751x ptxas performance warning."""
-    return [line for line in output.splitlines() if FORBIDDEN_PTXAS_WARNING.search(line)]
-
-
-def pack_key(source: str) -> str:
-    """The key of a library in the prebuilt pack: a hash of what determines it apart from the compiler's build
-    (source, flags, CUTLASS version), so that a machine without nvcc can compute it."""
-    return cache.content_hash(source, " ".join(NVCC_FLAGS), cutlass_version())
-
-
-def _library_digest(source: str, compiler: str) -> str:
-    """The build cache's key of a library: the pack key's parts and the version of the nvcc that built it."""
-    return cache.content_hash(source, " ".join(NVCC_FLAGS), compiler, cutlass_version())[:24]
-
-
-def compile_source(source: str, name: str) -> Path:
-    """Compile CUDA source into a cached shared library and return its path; BuildError on failure.
-
-    A cache miss installs the library from the prebuilt pack when the pack holds it for this source and the
-    local nvcc's version (whichever version it was built with when there is no nvcc here); nvcc runs only for a
-    real build. Failures that the compiler reports (errors, C751x warnings) are cached beside the .so, so a
-    broken candidate costs its compile time once, not once per tuning run.
-    """
-    try:
-        nvcc, no_nvcc = find_nvcc(), ""
-    except BuildError as err:
-        nvcc, no_nvcc = None, str(err)
-    key = pack_key(source)
-    prebuilt = None
-    if nvcc is None:   # the pack entry's nvcc names the cache file that nvcc would have built
-        prebuilt = pack.lookup(ARCH, key, name)
-        if prebuilt is None:
-            raise BuildError(f"{no_nvcc} ({name} is not in l2c's prebuilt pack)")
-        compiler = prebuilt.nvcc_version
-    else:
-        compiler = nvcc_version(nvcc)
-    digest = _library_digest(source, compiler)
-    folder = cache.cache_dir("cutlass")
-    library = folder / f"{name}_{digest}.so"
-    failure = folder / f"{name}_{digest}.failed.txt"
-    with cache.locked(library):
-        if library.exists():
-            return library
-        if nvcc is not None:   # asked only on a miss: reading the pack costs a decompression
-            prebuilt = pack.lookup(ARCH, key, name)
-        if prebuilt is not None and prebuilt.nvcc_version == compiler:
-            try:
-                cache.write_atomic(library, pack.read_library(prebuilt))
-                return library
-            except pack.PackError as err:
-                if nvcc is None:
-                    raise BuildError(f"{name}: the prebuilt pack's library cannot be used ({err}) and {no_nvcc}")
-                log.warning("%s; building %s with nvcc instead", err, name)
-        if failure.exists():
-            raise BuildError(failure.read_text())
-        with tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}_{digest}.") as work:
-            work = Path(work)
-            cu, so = work / f"{name}.cu", work / f"{name}.so"
-            cu.write_text(source)
-            command = nvcc_command(nvcc, cu, so)
-            done = subprocess.run(command, capture_output=True, text=True, cwd=work)
-            output = (done.stdout + done.stderr).strip()
-            if done.returncode != 0:
-                message = _clip(f"nvcc failed (exit {done.returncode}) building {name}:\n"
-                                f"{' '.join(command)}\n{output}")
-                if done.returncode > 0:   # the compiler's verdict, not a signal (e.g. out of memory)
-                    cache.write_atomic(failure, message)
-                raise BuildError(message)
-            bad = forbidden_ptxas_warnings(output)
-            if bad:
-                message = _clip(f"ptxas reported a C751x performance warning building {name} (treated as a "
-                                f"failure: the wgmma pipeline would be serialized):\n" + "\n".join(bad))
-                cache.write_atomic(failure, message)
-                raise BuildError(message)
-            os.replace(so, library)   # same filesystem: an atomic publish
-    return library
-
-
-def compile_cutlass(valid: ValidSpec) -> Path:
-    """Render and compile one validated spec; return the .so path. Needs nvcc, not a GPU."""
-    if valid.target != "cutlass":
-        raise BuildError(f"{valid.name} was validated for {valid.target}, not cutlass")
-    return compile_source(render(valid), valid.name)
-
-
-# ---- load and call (GPU) --------------------------------------------------------------------------------
 
 _I64 = ctypes.c_int64
 _RUN_ARGTYPES = (
@@ -248,7 +58,7 @@ class CutlassKernel(Kernel):
         self._fixed = (spec.problem_m, spec.problem_n, spec.problem_k, spec.problem_batch)
         # Call plans: the fully checked, shape-derived part of a call, per call signature (see __call__).
         self._plans: Dict[tuple, _CallPlan] = {}
-        self._run_planned = cutlass_shim.planned_call()   # None: planned calls use the 20-argument entry
+        self._run_planned = shim.planned_call()   # None: planned calls use the 20-argument entry
         self._get_device, self._get_stream = cuda_accessors()
 
     @property
@@ -302,7 +112,7 @@ class CutlassKernel(Kernel):
         (shapes, strides, dtypes, devices of a, b and bias) was checked before reuses that call's plan, so
         only what can change between such calls is looked at again: the pointers' 16-byte alignment and
         the current device. Everything else goes through the full checks in `_checked_call`. The plan's fixed
-        arguments sit in a C struct that a six-argument shim forwards (`cutlass_shim`): ctypes converts each
+        arguments sit in a C struct that a six-argument shim forwards (`shim.py`): ctypes converts each
         argument in Python, and the 20-argument entry would cost ~3 µs more host time per call.
         """
         if out is None and c is None:
@@ -395,7 +205,7 @@ class CutlassKernel(Kernel):
             workspace = self._workspace(device, m, n, k, batch)
             arguments = (m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace.data_ptr(),
                          workspace.numel())
-            native = cutlass_shim.make_plan(self._run, arguments) if self._run_planned is not None else None
+            native = shim.make_plan(self._run, arguments) if self._run_planned is not None else None
             plan = _CallPlan(
                 device=device.index, dtype=out.dtype, transposed=spec.layout_c == "col",
                 stored_shape=tuple(out.mT.shape) if spec.layout_c == "col" else tuple(out.shape),
@@ -423,7 +233,7 @@ class _CallPlan:
     stored_shape: Tuple[int, ...]  # the output as allocated (transposed back when layout c=col)
     transposed: bool
     arguments: Tuple[int, ...]     # M, N, K, L, the leading dims and batch strides, workspace pointer and bytes
-    native: object = None          # the same arguments in the shim's C struct (cutlass_shim), kept alive here
+    native: object = None          # the same arguments in the shim's C struct (shim.py), kept alive here
     native_address: int = 0        # its address, passed to the shim per call; 0: use the 20-argument entry
 
 
@@ -471,62 +281,9 @@ def _leading_dims(name: str, t, layout: str) -> Tuple[int, int]:
     return ld, batch_stride
 
 
-# ---- build --------------------------------------------------------------------------------------------
-
 def load_cutlass(valid: ValidSpec, library_path: Union[str, Path], source: Optional[str] = None) -> CutlassKernel:
     """Wrap a compiled .so as a CutlassKernel (ctypes load; calling it needs a GPU)."""
     try:
         return CutlassKernel(valid, source if source is not None else render(valid), library_path)
     except (OSError, AttributeError) as err:
         raise BuildError(f"loading {library_path} for {valid.name} failed: {err}") from err
-
-
-def build_cutlass(valid: ValidSpec) -> CutlassKernel:
-    """Compile (cached) and load one spec; raise BuildError on any failure."""
-    if valid.target != "cutlass":
-        raise BuildError(f"{valid.name} was validated for {valid.target}, not cutlass")
-    source = render(valid)
-    return load_cutlass(valid, compile_source(source, valid.name), source)
-
-
-def _compile_in_worker(source: str, name: str) -> Union[str, BuildError]:
-    try:
-        return str(compile_source(source, name))
-    except BuildError as err:
-        return err
-    except Exception as err:  # noqa: BLE001 - a worker never raises: its failure is the candidate's
-        return BuildError(f"building {name} failed: {type(err).__name__}: {err}")
-
-
-def build_many(valids: Sequence[ValidSpec], workers: Optional[int] = None) -> List[Union[CutlassKernel, BuildError]]:
-    """Compile many specs in parallel and load them; one result per spec, in order, never raising.
-
-    The parallel work is the nvcc processes: a pool of `workers` threads each drives one nvcc at a time.
-    Threads rather than Python worker processes because the workers only wait on nvcc, and so that
-    build_many works from any script (spawned workers re-import `__main__`, which breaks scripts without an
-    `if __name__ == "__main__"` guard) and from a parent that has initialized CUDA (no fork). Concurrent
-    builds of one kernel, here or in other processes, are serialized by the cache's file lock.
-    """
-    workers = max(1, workers or os.cpu_count() or 1)
-    results: List[Union[CutlassKernel, BuildError, None]] = [None] * len(valids)
-    jobs = []
-    for i, valid in enumerate(valids):
-        try:
-            if valid.target != "cutlass":
-                raise BuildError(f"{valid.name} was validated for {valid.target}, not cutlass")
-            jobs.append((i, render(valid)))
-        except Exception as err:  # noqa: BLE001
-            results[i] = err if isinstance(err, BuildError) else BuildError(f"rendering {valid.name}: {err}")
-    if jobs:
-        with ThreadPoolExecutor(max_workers=min(workers, len(jobs)), thread_name_prefix="l2c-nvcc") as pool:
-            futures = [(i, source, pool.submit(_compile_in_worker, source, valids[i].name)) for i, source in jobs]
-            for i, source, future in futures:
-                outcome = future.result()   # _compile_in_worker never raises
-                if isinstance(outcome, BuildError):
-                    results[i] = outcome
-                else:
-                    try:
-                        results[i] = load_cutlass(valids[i], outcome, source)
-                    except BuildError as err:
-                        results[i] = err
-    return results  # type: ignore[return-value]

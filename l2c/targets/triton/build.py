@@ -24,11 +24,11 @@ from typing import Dict, Optional, Tuple
 import torch
 import triton
 
-from . import cache
-from .build import Kernel, call_signature, cuda_accessors
-from .errors import BuildError
-from .lower import render
-from .validate import ValidSpec
+from ... import cache
+from ...errors import BuildError
+from ...kernel import Kernel, call_signature, cuda_accessors
+from ...lower import render
+from ...rules import ValidSpec
 
 
 PLANS = os.environ.get("L2C_TRITON_PLANS", "1") != "0"
@@ -252,7 +252,7 @@ def compile_ahead(kernel: TritonKernel) -> Dict[str, int]:
     """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from .verify import make_inputs
+    from ...verify import make_inputs
     arch = kernel.valid.arch.name
     if not arch.startswith("sm_") or not arch[3:5].isdigit():
         raise BuildError(f"cannot compile Triton kernels ahead of time for {arch!r}")

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from . import cache
+from ... import cache
 
 SOURCE = r"""
 #include <stddef.h>

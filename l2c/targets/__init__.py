@@ -1,0 +1,49 @@
+"""The targets l2c lowers a spec to, each one folder behind one interface.
+
+A target is its rules (`rules.py`: what its templates assume, `auto` knobs resolved), its templates and the
+context they read (computed in Python), and its builder and runtime (the `Kernel` subclass it returns). Adding a
+target, or a kernel family to one, is a folder here plus its templates; the stages (validate, lower, build) ask
+`get(name)` and never branch on a target's name.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Dict
+
+from ..knobs import TARGETS
+
+
+class Target(ABC):
+    """One lowering target. Subclasses are stateless; `get` returns the one instance of each."""
+    name: str
+    suffix: str                      # of the generated source file
+    templates: Dict[str, str]        # kernel family (knob `launch family`) -> template path
+
+    rules: object                    # its rules module: RULES and check(spec, arch) -> ValidSpec
+
+    def check(self, spec, arch):
+        """The target's own rules (the common ones already passed): a ValidSpec with `auto` knobs resolved."""
+        return self.rules.check(spec, arch)
+
+    def template(self, spec) -> str:
+        return self.templates[spec.launch_family]
+
+    def context(self, valid) -> Dict[str, object]:
+        """What the templates read beyond the ValidSpec and the spec, computed here rather than in the template."""
+        return {}
+
+    @abstractmethod
+    def build(self, valid):
+        """The built Kernel (docs/CONTRACTS.md); BuildError on failure."""
+
+    @abstractmethod
+    def prebuild(self, valid) -> str:
+        """Fill the build cache with no GPU; the cached file."""
+
+
+def get(name: str) -> Target:
+    """The target named `name` (one of knobs.TARGETS)."""
+    if name not in TARGETS:
+        raise ValueError(f"unknown target {name!r}; expected one of {', '.join(TARGETS)}")
+    return importlib.import_module(f"{__name__}.{name}").TARGET

@@ -1,0 +1,33 @@
+"""The CUTLASS target: CUDA C++ instantiating CUTLASS 3.x sm90 warp-specialized GEMMs, compiled with nvcc into
+shared libraries (or taken from the prebuilt pack) and called through ctypes."""
+from __future__ import annotations
+
+from typing import Dict
+
+from .. import Target
+from . import rules as target_rules
+
+
+class CutlassTarget(Target):
+    name = "cutlass"
+    rules = target_rules
+    suffix = ".cu"
+    templates = {"gemm": "cutlass/gemm.cu.j2"}
+
+    def context(self, valid) -> Dict[str, object]:
+        """The GEMM CUTLASS instantiates (transposed under launch swap=yes, the partials' GEMM under parallel
+        split-K)."""
+        return {"gemm": target_rules.cutlass_gemm_spec(valid.spec)}
+
+    def build(self, valid):
+        from .build import build_cutlass
+        return build_cutlass(valid)
+
+    def prebuild(self, valid) -> str:
+        """Compiled with nvcc (no GPU needed)."""
+        from ...lower import render
+        from .build import compile_source
+        return str(compile_source(render(valid), valid.name))
+
+
+TARGET = CutlassTarget()

@@ -1,0 +1,207 @@
+"""The CUTLASS target's rules: CUTLASS 4.2's sm90 warp-specialized GEMM (tiles, schedules, clusters, split-K,
+TMA alignment), its shared-memory model, and the GEMM it instantiates for a spec."""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+from ...arch import Arch
+from ...ir import KernelSpec
+from ...knobs import ANY, AUTO, DTYPE_BYTES
+from ...rules import ValidSpec, alignment_checks, declare, fail, mainloop_stage_bytes
+
+RULES = declare({
+    "parallel-split-k": "split_k mode=parallel runs a plain (unbatched) GEMM whose K splits into equal slices that "
+                        "each start on a 16-byte boundary (K a multiple of slices x 16 bytes of A's elements), with "
+                        "N a multiple of 4 (the fp32 partials are row-major and stored through TMA)",
+    "cutlass-dtypes": "the CUTLASS target takes f16 or bf16 inputs with an f32 accumulator",
+    "wgmma-tile-m": "CUTLASS sm90 tile M must be 64, 128 or 256 (a warpgroup MMA is 64 rows)",
+    "wgmma-tile-n": "CUTLASS sm90 tile N must be a multiple of 8 between 8 and 256 (a warpgroup MMA's N)",
+    "cutlass-tile-k": "CUTLASS sm90 tile K must be 32, 64 or 128 elements (whole 64/128-byte swizzle atoms)",
+    "cooperative-tile-m": "the cooperative schedule splits tile M over two warpgroups: tile M must be a "
+                          "multiple of 128",
+    "pingpong-tile-m": "the pingpong schedule gives each warpgroup a whole tile: tile M must be 64 or 128",
+    "basic-tile-m": "the basic schedule gives its one consumer warpgroup the whole tile: tile M must be 64 or 128",
+    "cluster-size": "cluster M x N may not exceed the portable cluster size of the architecture",
+    "split-k-schedule": "split-K (modes workspace and atomic) and stream-K in CUTLASS use the stream-K tile "
+                        "scheduler, which needs the cooperative schedule",
+    "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
+    "gemv-target": "`launch family=gemv` is a Triton kernel family (CUDA-core multiply-adds, no tl.dot)",
+    "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
+})
+
+
+# Shared memory layout of CUTLASS 4.2's sm90 warp-specialized GEMM (GemmKernel::SharedStorage), modelled so
+# that validation predicts the stage count CUTLASS instantiates and the kernel's shared memory (checked
+# against built kernels in tests/test_cutlass_build.py):
+#   [barriers: main loop, C load, load order, scheduler | padded to the tensor alignment]
+#   [epilogue tensors: C/D sub-tile buffers + fusion storage | padded to the D swizzle alignment]
+#   [main-loop stages of A and B tiles]
+CUTLASS_STAGE_BARRIER_BYTES = 16      # full + empty barrier of one TMA pipeline stage
+CUTLASS_KERNEL_BARRIER_BYTES = 64     # load-order, math-order (pingpong) and tile-scheduler state
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+def _swizzle_alignment(contiguous_bytes: int) -> int:
+    """Shared-memory alignment CUTLASS gives a TMA buffer: that of the widest swizzle atom dividing its rows."""
+    for width, alignment in ((128, 1024), (64, 512), (32, 256)):
+        if contiguous_bytes % width == 0:
+            return alignment
+    return 128
+
+
+def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
+    """(tensor storage bytes, C-load pipeline stages, alignment) of the sm90 TMA epilogue (CUTLASS 4.2 builder).
+
+    D is stored in (64 or 128) x 32 sub-tiles, double-buffered; when beta != 0, C (same type as D) is loaded
+    into the same buffer, which then holds max(min(sub-tiles, 4), 3) sub-tiles; a per-column bias is staged
+    through shared memory (one tile row). An empty fusion storage still takes a byte, hence an alignment unit.
+    """
+    epi_m = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
+    epi_n = math.gcd(min(32, spec.tile_n), spec.tile_n)
+    subtiles = (spec.tile_m // epi_m) * (spec.tile_n // epi_n)
+    stages_d = min(subtiles, 2)
+    c_bytes = DTYPE_BYTES[spec.types_c]
+    if spec.epilogue_beta != 0.0:
+        stages_c = max(min(subtiles, 4), stages_d + 1)
+        buffers = stages_c
+    else:
+        stages_c = min(subtiles, 4)
+        buffers = stages_d
+    alignment = _swizzle_alignment((epi_n if spec.layout_c == "row" else epi_m) * c_bytes)
+    fusion = spec.tile_n * c_bytes if spec.epilogue_bias == "col" else 1
+    tensors = _round_up(buffers * epi_m * epi_n * c_bytes + fusion, alignment)
+    return tensors, stages_c, alignment
+
+
+def parallel_split_k(spec: KernelSpec) -> bool:
+    """Whether a CUTLASS spec runs its K slices as a batched GEMM plus a reduction kernel (mode=parallel)."""
+    return spec.split_k_mode == "parallel" and spec.split_k_slices > 1
+
+
+_FLIP = {"row": "col", "col": "row"}
+# Knob pairs that trade places when CUTLASS computes D^T = B^T A^T (launch swap=yes).
+SWAPPED_FIELDS = {"tile_m": "tile_n", "tile_n": "tile_m", "cluster_m": "cluster_n", "cluster_n": "cluster_m",
+                  "problem_m": "problem_n", "problem_n": "problem_m", "types_a": "types_b", "types_b": "types_a",
+                  "layout_a": "layout_b", "layout_b": "layout_a"}
+
+
+def swapped_operands(spec: KernelSpec) -> KernelSpec:
+    """The transposed problem D^T (N x M) = B^T A^T that `launch swap=yes` hands CUTLASS: the SWAPPED_FIELDS pairs
+    trade places, the raster order and the bias direction turn with them, and each operand's storage order flips,
+    because a row-major matrix is its transpose stored column-major."""
+    traded = {field: getattr(spec, other) for field, other in SWAPPED_FIELDS.items()}
+    traded.update(layout_a=_FLIP[spec.layout_b], layout_b=_FLIP[spec.layout_a], layout_c=_FLIP[spec.layout_c])
+    return spec.replace(**traded, swizzle_raster={"m": "n", "n": "m"}[spec.swizzle_raster],
+                        epilogue_bias=_FLIP.get(spec.epilogue_bias, spec.epilogue_bias), launch_swap="no")
+
+
+def cutlass_gemm_spec(spec: KernelSpec) -> KernelSpec:
+    """The GEMM CUTLASS instantiates for `spec`: with parallel split-K, the one that writes each slice's fp32
+    partial sums (row-major, no epilogue inputs; the reduction kernel applies the spec's epilogue); with
+    `launch swap=yes`, that GEMM transposed (`swapped_operands`)."""
+    gemm = spec
+    if parallel_split_k(spec):
+        gemm = gemm.replace(types_c="f32", layout_c="row", epilogue_alpha=1.0, epilogue_beta=0.0,
+                            epilogue_bias="none", epilogue_activation="none")
+    return swapped_operands(gemm) if spec.launch_swap == "yes" else gemm
+
+
+def cutlass_epilogue_smem(spec: KernelSpec, schedule: str) -> int:
+    """sizeof(CollectiveEpilogue::SharedStorage): what `StageCountAutoCarveout` subtracts before sizing stages."""
+    tensors, stages_c, alignment = _cutlass_epilogue(spec, schedule)
+    return _round_up(tensors + CUTLASS_STAGE_BARRIER_BYTES * stages_c, alignment)
+
+
+def cutlass_kernel_smem(spec: KernelSpec, schedule: str, stages: int) -> int:
+    """GemmKernel::SharedStorageSize of the sm90 kernel with `stages` main-loop stages. The basic (non-persistent)
+    kernel keeps the main loop's and the epilogue's tensors in one union, since one never runs beside the other;
+    the persistent kernels overlap a tile's epilogue with the next tile's loads, so they need both."""
+    tensors, stages_c, alignment = _cutlass_epilogue(spec, schedule)
+    barriers = CUTLASS_STAGE_BARRIER_BYTES * (stages + stages_c) + CUTLASS_KERNEL_BARRIER_BYTES
+    aligned = max(alignment, 128)
+    mainloop = stages * mainloop_stage_bytes(spec)
+    together = max(tensors, mainloop) if schedule == "basic" else tensors + mainloop
+    return _round_up(_round_up(barriers, aligned) + together, aligned)
+
+
+def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
+    """The CUTLASS target's rules for `spec` (common rules already passed); its ValidSpec with the schedule,
+    the stage count CUTLASS instantiates and the kernel's shared memory."""
+    if spec.launch_family != "gemm":
+        raise fail(spec, "launch_family", "gemv-target", f"family={spec.launch_family} on CUTLASS")
+    if spec.types_a not in ("f16", "bf16") or spec.types_acc != "f32":
+        raise fail(spec, "types_a", "cutlass-dtypes", f"inputs {spec.types_a}, accumulator {spec.types_acc}")
+    # The tile rules are CUTLASS's, so they apply to the GEMM it instantiates: under launch swap=yes, the spec's
+    # tile N is CUTLASS's tile M. Rejections name the knob as the spec spells it.
+    swap = spec.launch_swap == "yes"
+    gemm = swapped_operands(spec) if swap else spec
+    field = (lambda name: SWAPPED_FIELDS[name]) if swap else (lambda name: name)
+    note = " (CUTLASS's tile M and N trade places under launch swap=yes)" if swap else ""
+    tile_m, tile_n = (field(name).replace("_", " ") for name in ("tile_m", "tile_n"))   # as the spec spells them
+    if gemm.tile_m not in (64, 128, 256):
+        raise fail(spec, field("tile_m"), "wgmma-tile-m", f"{tile_m}={gemm.tile_m}{note}")
+    if gemm.tile_n % 8 or not 8 <= gemm.tile_n <= 256:
+        raise fail(spec, field("tile_n"), "wgmma-tile-n", f"{tile_n}={gemm.tile_n}{note}")
+    if spec.tile_k not in (32, 64, 128):
+        raise fail(spec, "tile_k", "cutlass-tile-k", f"tile k={spec.tile_k}")
+    schedule = spec.launch_schedule
+    if schedule == AUTO:
+        schedule = "cooperative" if gemm.tile_m % 128 == 0 else "pingpong"
+    if schedule == "cooperative" and gemm.tile_m % 128:
+        raise fail(spec, field("tile_m"), "cooperative-tile-m",
+                    f"{tile_m}={gemm.tile_m} with the cooperative schedule{note}")
+    if schedule in ("pingpong", "basic") and gemm.tile_m not in (64, 128):
+        raise fail(spec, field("tile_m"), f"{schedule}-tile-m", f"{tile_m}={gemm.tile_m} with the {schedule} schedule{note}")
+    consumer_threads = 256 if schedule == "cooperative" else 128
+    per_thread = spec.tile_m * spec.tile_n // consumer_threads
+    if per_thread > 128:
+        raise fail(spec, field("tile_n"), "accumulator-registers",
+                    f"{spec.tile_m}x{spec.tile_n} over {consumer_threads} {schedule} consumer threads is "
+                    f"{per_thread} accumulators per thread")
+    if spec.cluster_m * spec.cluster_n > arch.max_cluster:
+        raise fail(spec, "cluster_n", "cluster-size",
+                    f"cluster {spec.cluster_m}x{spec.cluster_n} > {arch.max_cluster}")
+    parallel = parallel_split_k(spec)
+    if ((spec.split_k_slices > 1 and not parallel) or spec.split_k_mode == "stream_k") and schedule != "cooperative":
+        raise fail(spec, "split_k_slices" if spec.split_k_slices > 1 else "split_k_mode", "split-k-schedule",
+                    f"split_k mode={spec.split_k_mode} with the {schedule} schedule")
+    if parallel:
+        if spec.problem_batch != 1:
+            raise fail(spec, "problem_batch", "parallel-split-k",
+                        f"split_k mode=parallel with problem.batch={spec.problem_batch}")
+        step = spec.split_k_slices * 16 // DTYPE_BYTES[spec.types_a]
+        if spec.problem_k != ANY and spec.problem_k % step:
+            raise fail(spec, "problem_k", "parallel-split-k",
+                        f"K={spec.problem_k} is not a multiple of {spec.split_k_slices} slices x "
+                        f"{16 // DTYPE_BYTES[spec.types_a]} elements")
+        if spec.problem_n != ANY and spec.problem_n % 4:
+            raise fail(spec, "problem_n", "parallel-split-k", f"N={spec.problem_n} is not a multiple of 4")
+    for knob_field, operand, extent, nbytes in alignment_checks(spec):
+        if extent != ANY and (extent * nbytes) % 16:
+            raise fail(spec, knob_field, "tma-alignment",
+                        f"{operand}'s contiguous extent {extent} x {nbytes} bytes is not a multiple of 16")
+    per_stage = mainloop_stage_bytes(spec) + CUTLASS_STAGE_BARRIER_BYTES
+    carve = cutlass_epilogue_smem(cutlass_gemm_spec(spec), schedule)
+    if spec.pipeline_stages == AUTO:
+        # CUTLASS's StageCountAutoCarveout: whole stages in what the epilogue leaves (128-byte granules).
+        capacity = arch.smem_per_block // 128 * 128
+        stages = (capacity - _round_up(carve, 128)) // per_stage
+        if stages < 2:
+            raise fail(spec, "tile_k", "shared-memory",
+                        f"not even 2 stages of {per_stage} bytes fit beside a {carve}-byte epilogue")
+    else:
+        stages = int(spec.pipeline_stages)
+        if stages < 2:
+            raise fail(spec, "pipeline_stages", "cutlass-min-stages", f"stages={stages}")
+    smem = cutlass_kernel_smem(cutlass_gemm_spec(spec), schedule, stages)
+    if smem > arch.smem_per_block:
+        raise fail(spec, "pipeline_stages", "shared-memory",
+                    f"{stages} stages x {per_stage} bytes beside a {carve}-byte epilogue, with barriers and "
+                    f"alignment, is {smem} bytes > {arch.smem_per_block}")
+    # Cooperative and pingpong run three warpgroups (one TMA producer, two MMA consumers); basic runs two.
+    warps = 8 if schedule == "basic" else 12
+    return ValidSpec(spec, "cutlass", arch, stages=stages, warps=warps, schedule=schedule, smem_bytes=smem)

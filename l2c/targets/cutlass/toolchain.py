@@ -1,0 +1,109 @@
+"""The CUTLASS target's toolchain: nvcc and its flags, the CUTLASS headers, and the keys built from them.
+
+`pack_key` (source, flags, CUTLASS version) names a library in the prebuilt pack and needs no nvcc;
+`library_digest` adds the version of the nvcc that built it and names the build-cache file.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import List, Tuple
+
+from ... import cache
+from ...errors import BuildError
+
+ARCH = "sm_90"   # what NVCC_FLAGS compile for; names the pack that is asked before compiling
+NVCC_FLAGS: Tuple[str, ...] = (
+    "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr",
+    "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
+)
+# ptxas C7510-C7519: performance warnings such as "wgmma.mma_async instructions are serialized". A kernel
+# built with one runs, but up to 40% slower than it should: for a tuner that is a broken candidate.
+FORBIDDEN_PTXAS_WARNING = re.compile(r"\bC751\d\b")
+# Compiler output kept in a BuildError; CUTLASS template errors run to megabytes.
+MAX_MESSAGE_CHARS = 20_000
+
+def cutlass_include_dirs() -> List[Path]:
+    """CUTLASS and CUTLASS-util headers shipped inside the pinned `nvidia-cutlass` wheel (cutlass_library)."""
+    try:
+        import cutlass_library
+    except ImportError as err:
+        raise BuildError("the CUTLASS headers come from the `nvidia-cutlass` wheel: "
+                         "pip install nvidia-cutlass==4.2.0.0") from err
+    source = Path(cutlass_library.__file__).resolve().parent / "source"
+    dirs = [source / "include", source / "tools" / "util" / "include"]
+    if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
+        raise BuildError(f"the installed cutlass_library has no headers under {dirs[0]}; reinstall nvidia-cutlass")
+    return dirs
+
+
+def find_nvcc() -> str:
+    """$L2C_NVCC if set (then the only one looked for), else nvcc from PATH, else from $CUDA_HOME/bin or
+    /usr/local/cuda/bin."""
+    chosen = os.environ.get("L2C_NVCC")
+    if chosen:
+        if os.path.isfile(chosen) and os.access(chosen, os.X_OK):
+            return chosen
+        raise BuildError(f"nvcc not found: L2C_NVCC={chosen} is not an executable file")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.access(Path(root) / "bin" / "nvcc", os.X_OK):
+            return str(Path(root) / "bin" / "nvcc")
+    raise BuildError("nvcc not found: the CUTLASS target compiles with the CUDA toolkit's nvcc (12.3 or newer, "
+                     "for sm_90a). Install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or "
+                     "put its bin/ folder on PATH.")
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_version(nvcc: str) -> str:
+    done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BuildError(f"{nvcc} --version failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def cuda_release(version: str) -> str:
+    """The CUDA release ("13.0") that `nvcc --version` output names, or "unknown"."""
+    found = re.search(r"release (\d+\.\d+)", version)
+    return found.group(1) if found else "unknown"
+
+
+def cutlass_version() -> str:
+    try:
+        return metadata.version("nvidia-cutlass")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def nvcc_command(nvcc: str, source: Path, output: Path) -> List[str]:
+    includes = [f"-I{d}" for d in cutlass_include_dirs()]
+    return [nvcc, *NVCC_FLAGS, *includes, str(source), "-o", str(output)]
+
+
+def clip(text: str) -> str:
+    if len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return text[:MAX_MESSAGE_CHARS] + f"\n... ({len(text) - MAX_MESSAGE_CHARS} more characters of compiler output)"
+
+
+def forbidden_ptxas_warnings(output: str) -> List[str]:
+    """The lines of compiler output that carry a C751x ptxas performance warning."""
+    return [line for line in output.splitlines() if FORBIDDEN_PTXAS_WARNING.search(line)]
+
+
+def pack_key(source: str) -> str:
+    """The key of a library in the prebuilt pack: a hash of what determines it apart from the compiler's build
+    (source, flags, CUTLASS version), so that a machine without nvcc can compute it."""
+    return cache.content_hash(source, " ".join(NVCC_FLAGS), cutlass_version())
+
+
+def library_digest(source: str, compiler: str) -> str:
+    """The build cache's key of a library: the pack key's parts and the version of the nvcc that built it."""
+    return cache.content_hash(source, " ".join(NVCC_FLAGS), compiler, cutlass_version())[:24]

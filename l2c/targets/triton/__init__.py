@@ -1,0 +1,29 @@
+"""The Triton target: tensor-core (`gemm`) and CUDA-core (`gemv`) kernel families, run by Triton's JIT (or its
+CPU interpreter under TRITON_INTERPRET=1)."""
+from __future__ import annotations
+
+from .. import Target
+from . import rules as target_rules
+
+
+class TritonTarget(Target):
+    name = "triton"
+    rules = target_rules
+    suffix = ".py"
+    templates = {"gemm": "triton/gemm.py.j2", "gemv": "triton/gemv.py.j2"}
+
+    def build(self, valid):
+        from .build import build_triton
+        return build_triton(valid)
+
+    def prebuild(self, valid) -> str:
+        """Generated, imported and, unless Triton is interpreting, compiled for the spec's arch with Triton's own
+        compiler, so a kernel the GPU compiler rejects fails here."""
+        from .build import build_triton, compile_ahead, interpreting
+        kernel = build_triton(valid)
+        if not interpreting():
+            compile_ahead(kernel)
+        return str(kernel.path)
+
+
+TARGET = TritonTarget()
