@@ -27,7 +27,8 @@ from typing import Optional
 
 from ..ir import KernelSpec
 from ..knobs import DTYPE_BYTES
-from ..validate import ValidSpec, validate
+from ..rules import ValidSpec
+from ..validate import validate
 from .space import Problem
 
 SMS = 132

@@ -20,10 +20,13 @@ from typing import Dict, List, Optional, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from .driver import COUNTED, StudyWorker, TuneConfig, make_sampler, run_studies, warm_start
 from .policy import FAIL_REWARD, Policy
+from .samplers import make_sampler
 from .space import Problem
 from .store import Store
+from .study import COUNTED, TuneConfig
+from .warmstart import warm_start
+from .workers import StudyWorker, run_studies
 
 METHODS = ("random", "tpe", "policy")
 

@@ -23,8 +23,9 @@ from optuna.samplers import BaseSampler, TPESampler
 from torch import nn
 
 from ..knobs import DTYPE_BYTES, KNOBS_BY_FIELD
-from ..validate import ARCHS
+from ..arch import ARCHS
 from ..knobs import TARGETS
+from .samplers import SourcedSampler
 from .space import KNOB_PARAMS, PARAMS, TARGET_PARAM, Problem, check_point, check_targets, params_for
 
 FAIL_REWARD = math.log(0.1)
@@ -297,7 +298,7 @@ def shipped_policy_path(arch: str) -> Optional[Path]:
     return path if path.is_file() else None
 
 
-class PolicySampler(BaseSampler):
+class PolicySampler(SourcedSampler):
     """An Optuna sampler: a `fraction` of trials drawn from the policy, the rest delegated to TPE.
 
     Which of the two drew a trial is recorded (`source_for`) so the store can credit it.

@@ -8,14 +8,16 @@
 - `ModelRunner`: the analytic cost MODEL (search/costmodel.py), for the CPU sample-efficiency harness.
 - `FunctionRunner`: any `f(params, problem) -> speedup`, for planted-structure tests.
 
-Runners receive specs that already passed validation; they never see an invalid point.
+Every runner subclasses `Runner`; the search calls only what `Runner` declares. Runners receive specs that
+already passed validation; they never see an invalid point.
 """
 from __future__ import annotations
 
+import abc
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Protocol, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from ..ir import KernelSpec
 from ..validate import validate
@@ -32,11 +34,24 @@ class Outcome:
     seconds: float = 0.0               # wall time spent evaluating
 
 
-class Runner(Protocol):
+class Runner(abc.ABC):
+    """What the search evaluates with. A subclass sets `gpu` and `protocol` and implements `evaluate`; the hooks
+    have defaults that suit a runner with no builds of its own and no GPU context to lose."""
+
     gpu: str            # what the figures were measured on (store / study key)
     protocol: str
+    uses_compile_pool: bool = False   # builds may go ahead to a CPU process pool (`precompile`)
 
-    def evaluate(self, spec: KernelSpec, problem: Problem) -> Outcome: ...
+    @abc.abstractmethod
+    def evaluate(self, spec: KernelSpec, problem: Problem) -> Outcome:
+        """The outcome of `spec` on `problem`; never raises for a bad candidate."""
+
+    def note_build_failure(self, spec: KernelSpec, reason: str) -> None:
+        """A compile-pool build of `spec` failed with `reason`."""
+
+    def poisoned(self) -> Optional[str]:
+        """Why this process can evaluate nothing more (a kernel broke its GPU context), or None."""
+        return None
 
 
 def precompile(spec_text: str, target: str, arch: str) -> Optional[str]:
@@ -63,10 +78,8 @@ class RunnerPoisoned(RuntimeError):
     """A kernel broke the GPU context of this process; its outcome is recorded, the worker must restart."""
 
 
-class PipelineRunner:
+class PipelineRunner(Runner):
     """build -> verify -> measure through the l2c modules; GPURunner and InterpreterRunner configure it."""
-
-    uses_compile_pool = False
 
     def __init__(self, protocol: str, device: str, gpu: str, verify_seed: Optional[int] = None):
         self.protocol = protocol
@@ -75,6 +88,7 @@ class PipelineRunner:
         self.verify_seed = verify_seed                   # None: fresh random inputs every check
         self.builds = 0                                  # build() calls made (tests count them)
         self._kernels: Dict[Tuple[str, str], object] = {}   # (spec text, target) -> Kernel | failure text
+        self._poisoned: Optional[str] = None
 
     def _kernel(self, spec: KernelSpec, problem: Problem):
         key = (spec.to_l2(), spec.target)
@@ -94,12 +108,13 @@ class PipelineRunner:
         """A compile-pool build failed: remember it so the spec is not built again here."""
         self._kernels[(spec.to_l2(), spec.target)] = reason
 
-    poisoned: Optional[str] = None
+    def poisoned(self) -> Optional[str]:
+        return self._poisoned
 
     def evaluate(self, spec: KernelSpec, problem: Problem) -> Outcome:
         outcome = self._evaluate(spec, problem)
         if self.device == "cuda" and outcome.status != "ok" and any(e in outcome.reason for e in STICKY_CUDA_ERRORS):
-            self.poisoned = outcome.reason
+            self._poisoned = outcome.reason
         return outcome
 
     def _evaluate(self, spec: KernelSpec, problem: Problem) -> Outcome:
@@ -153,7 +168,7 @@ class InterpreterRunner(PipelineRunner):
         self.measure_options = {"reps": 2, "iters": 2, "warmup": 1, "graphs": False, "rotate": False}
 
 
-class ModelRunner:
+class ModelRunner(Runner):
     """Outcomes from the analytic cost model (labelled `model`; never a measurement)."""
 
     def __init__(self, protocol: str = "kernel", sigma: float = 0.02, seed: int = 0):
@@ -170,7 +185,7 @@ class ModelRunner:
                        baseline_tflops=problem.flops() / base / 1e12)
 
 
-class FunctionRunner:
+class FunctionRunner(Runner):
     """Outcomes from a reward function of the search point, e.g. a planted structure in a test."""
 
     def __init__(self, fn: Callable[[Dict[str, object], Problem], float], gpu: str = "function",

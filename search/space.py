@@ -3,7 +3,7 @@
 Every `searchable` knob of `l2c.knobs.KNOBS` is one categorical parameter; the target is a parameter
 too, and a knob that only one target reads is sampled only when that target was chosen (Optuna
 define-by-run, conditional parameters). Validation is the constraint: `suggest` returns the point and
-the validation verdict, and the driver never builds a point that failed it.
+the validation verdict, and the tuner never builds a point that failed it.
 
 Knobs with an integer range but no `choices` (split-K slices) are searched over the powers of two in
 the range: the policy needs a categorical head per knob, and the non-powers add little.
@@ -19,7 +19,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from ..errors import L2ValidationError
 from ..ir import KernelSpec, config_name
 from ..knobs import ANY, AUTO, KNOBS, TARGETS, Knob
-from ..validate import ValidSpec, validate
+from ..rules import ValidSpec
+from ..validate import validate
 
 LAYOUTS = ("row", "col")
 

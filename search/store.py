@@ -42,7 +42,7 @@ class Result:
     source: str = "tpe"
     params: Dict[str, object] = field(default_factory=dict)   # the search-space point, for the policy
     time: float = 0.0
-    confirmed: Optional[float] = None   # when `l2c tune` measured it again as a shape's leader (driver.confirm)
+    confirmed: Optional[float] = None   # when `l2c tune` measured it again as a shape's leader (confirm.confirm)
 
 
 _SCHEMA = """

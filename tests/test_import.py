@@ -11,11 +11,13 @@ import torch
 from l2c.results_file import read_rows
 from l2c.cli import main
 from l2c.parser import parse_file
-from l2c.search.driver import StudyWorker, TuneConfig, run_studies, warm_start
 from l2c.search.policy import Policy
 from l2c.search.runners import FunctionRunner
 from l2c.search.space import Problem, params_from_spec, spec_from_params
 from l2c.search.store import Store
+from l2c.search.study import TuneConfig
+from l2c.search.warmstart import warm_start
+from l2c.search.workers import StudyWorker, run_studies
 
 POOL = """
 kernel in_space {

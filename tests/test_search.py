@@ -19,11 +19,15 @@ import pytest
 from optuna.trial import TrialState
 
 from l2c.parser import parse_one
-from l2c.search.driver import COUNTED, StudyWorker, TuneConfig, counted_trials, export, parse_storage, run_studies, tune
+from l2c.search.driver import tune
+from l2c.search.export import export
 from l2c.search.runners import FunctionRunner, InterpreterRunner, ModelRunner
 from l2c.search.space import (KNOB_PARAMS, Problem, check_point, params_from_spec, params_for, problems,
                               shapes_from_arg, spec_from_params, suggest_params)
+from l2c.search.storage import parse_storage
 from l2c.search.store import Result, Store
+from l2c.search.study import COUNTED, TuneConfig, counted_trials
+from l2c.search.workers import StudyWorker, run_studies
 from l2c.validate import validate
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -199,7 +203,7 @@ def _stale_store(tmp_path, runner, p, stale):
 
 
 def test_confirmation_measures_leaders_until_one_holds_and_only_confirmed_results_are_exported(tmp_path):
-    from l2c.search.driver import confirm, confirm_leaders
+    from l2c.search.confirm import confirm, confirm_leaders
     today = {64: 1.2, 128: 1.0, 192: -1.0, 256: 0.8}   # what each spec measures now; 192 now fails to verify
     measured = []
 
@@ -379,7 +383,7 @@ def test_a_gpu_tune_without_enough_stored_results_starts_from_the_shipped_policy
     are not GPU measurements, and an architecture without a shipped policy start without one."""
     import argparse
     from l2c.commands.tune import _shipped_policy
-    from l2c.search.driver import warm_start
+    from l2c.search.warmstart import warm_start
     from l2c.search.policy import shipped_policy_path
     path = shipped_policy_path("sm_90")
     assert path == ROOT / "l2c" / "policy" / "sm_90.pt"
@@ -519,7 +523,7 @@ def test_two_tune_processes_share_studies_on_postgresql(tmp_path, postgres):
 
 
 def test_trials_of_a_dead_worker_are_failed_and_retried(tmp_path):
-    from l2c.search.driver import reclaim_lost_trials
+    from l2c.search.recovery import reclaim_lost_trials
     storage = parse_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)
     p = Problem(512, 512, 512)
     study = optuna.create_study(storage=storage, study_name="s", direction="maximize",
@@ -599,7 +603,7 @@ def test_two_worker_processes_through_tune(tmp_path):
         optuna.load_study(study_name=s.study_name, storage=parse_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)))}
     assert len(pids) == 2 and os.getpid() not in {int(w.rsplit(":", 1)[1]) for w in pids}
     # confirmation in worker processes too, each taking every other shape
-    from l2c.search.driver import confirm
+    from l2c.search.confirm import confirm
     gpu = ModelRunner().gpu
     since = confirm(probs, "model", store, "kernel", budget=2, workers=2, log=lambda s: None)
     for p in probs:
@@ -608,7 +612,7 @@ def test_two_worker_processes_through_tune(tmp_path):
 
 
 def test_llm_proposals_enter_the_study_tagged_llm():
-    from l2c.search.driver import warm_start
+    from l2c.search.warmstart import warm_start
     from l2c.search.llm import Proposal
     p = Problem(512, 512, 512)
     text = spec_from_params({"target": "cutlass", "tile_m": 128, "tile_n": 64, "tile_k": 64, "pipeline_stages": 4,
@@ -663,7 +667,7 @@ def test_config_names_differ_exactly_when_knobs_differ():
 def test_seed_specs_enter_a_resumed_study_once():
     """New seed specs given to a resumed tune are tried; seeds already tried are not enqueued again, and
     policy/LLM warm starts stay reserved for fresh studies."""
-    from l2c.search.driver import warm_start
+    from l2c.search.warmstart import warm_start
     p = Problem(64, 64, 4096)
     seed_a = parse_one("kernel a { target triton tile m=32 n=32 k=64 split_k slices=16 mode=workspace }")
     seed_b = parse_one("kernel b { target triton tile m=64 n=64 k=64 }")
@@ -700,3 +704,15 @@ def test_policy_pool_script_writes_buildable_generic_specs(tmp_path):
         assert spec.target == "cutlass" and spec.name == config_name(spec)
         assert (spec.problem_m, spec.problem_n, spec.problem_k) == ("any", "any", "any")
         validate(spec, "cutlass", "sm_90")
+
+
+def test_runners_and_our_mixing_sampler_declare_what_the_search_calls():
+    from l2c.search.policy import PolicySampler
+    from l2c.search.runners import GPURunner, Runner
+    from l2c.search.samplers import SourcedSampler, source_of
+    assert all(issubclass(c, Runner) for c in (GPURunner, InterpreterRunner, ModelRunner, FunctionRunner))
+    r = FunctionRunner(lambda params, problem: 1.0)
+    assert r.uses_compile_pool is False and r.poisoned() is None and GPURunner.uses_compile_pool
+    assert issubclass(PolicySampler, SourcedSampler)
+    assert source_of(optuna.samplers.RandomSampler(), 0) == "random"
+    assert source_of(optuna.samplers.TPESampler(), 0) == "tpe"

@@ -90,10 +90,13 @@ def run(args) -> int:
     import optuna
 
     from ..cli import UsageError
-    from l2c.search.driver import TuneConfig, confirm, export, tune
+    from l2c.search.confirm import confirm
+    from l2c.search.driver import tune
+    from l2c.search.export import export
     from ..parser import parse_file
     from l2c.search.space import check_targets, problems, shapes_from_arg
     from l2c.search.store import Store
+    from l2c.search.study import TuneConfig
 
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
     try:

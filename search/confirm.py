@@ -1,0 +1,111 @@
+"""Confirmation: each shape's exported winner is measured again, in this run, before it is exported; the
+store's best alone is biased high (confirm_leaders says why). Runs in this process or in GPU worker processes.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from typing import Callable, Dict, Optional, Sequence
+
+from ..parser import parse_one
+from .runners import Runner, RunnerPoisoned, make_runner, precompile
+from .space import Problem
+from .store import Result, Store
+from .supervisor import POISONED_EXIT, probe_gpu_name, supervise
+
+
+def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, since: float, budget: int,
+                    log: Callable[[str], None] = print) -> Dict[str, Optional[Result]]:
+    """Measure each shape's stored leader again until the leader is a result confirmed at or after `since`, or
+    `budget` measurements of that shape were spent; returns each shape's best confirmed result (or None).
+
+    Why: the store's best of a shape is the maximum over every measurement ever made of it (imports of earlier
+    runs, earlier builds of the same spec text, other machines of the same model), and the tune reuses a
+    stored result rather than measure it again. The maximum of many noisy or stale figures is biased high, and a
+    table exported from it loses when measured apart (on the H200 a stored 0.999x for 16384x2048x16384 measured
+    0.890x apart; benchmarks/NOTES.md).
+    A re-measured leader that drops lets the next one lead; a re-measurement that fails to build or verify replaces
+    the stored success, so it cannot win. Resumable: a restarted run skips leaders already confirmed since `since`.
+    """
+    winners: Dict[str, Optional[Result]] = {}
+    for p in problems:
+        stored = store.best(p.key(), runner.gpu, runner.protocol)
+        spent = 0
+        while spent < budget:
+            lead = store.best(p.key(), runner.gpu, runner.protocol)
+            if lead is None or (lead.confirmed is not None and lead.confirmed >= since):
+                break
+            outcome = runner.evaluate(parse_one(lead.spec), p)
+            spent += 1
+            now = time.time()
+            store.record(replace(lead, status=outcome.status, tflops=outcome.tflops,
+                                 baseline_tflops=outcome.baseline_tflops, speedup=outcome.speedup,
+                                 reason=outcome.reason, time=now, confirmed=now))
+            poisoned = runner.poisoned()
+            if poisoned:   # recorded as failed; the supervisor restarts this worker, which resumes here
+                raise RunnerPoisoned(poisoned)
+        win = winners[p.key()] = store.best(p.key(), runner.gpu, runner.protocol, confirmed_since=since)
+        was = f"{stored.speedup:.3f}x" if stored is not None else "-"
+        is_ = f"{win.speedup:.3f}x ({win.target})" if win is not None else "no verified kernel"
+        log(f"{p.shape}: confirmed {is_} after {spent} re-measurement(s); the store's best was {was}")
+    return winners
+
+
+def _confirm_main(index, problems, protocol, runner_kind, store_path, since, budget):
+    """Entry point of one confirming GPU worker process: sees only its GPU (CUDA_VISIBLE_DEVICES)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
+    try:
+        confirm_leaders(problems, make_runner(runner_kind, protocol), Store(store_path), since, budget, log)
+    except RunnerPoisoned as err:
+        log(f"worker {index}: a kernel broke the CUDA context ({str(err)[:200]}); restarting")
+        sys.exit(POISONED_EXIT)
+
+
+def prebuild_leaders(problems: Sequence[Problem], store: Store, gpu: str, protocol: str, budget: int,
+                     compile_workers: int, log: Callable[[str], None] = print) -> int:
+    """Build every spec confirm_leaders may measure, `compile_workers` at a time, before it measures any.
+
+    The leaders it measures are always a prefix of the stored order (a re-measured leader either holds or falls
+    below the next one), so the top `budget` results per shape are all it can need. After a template change every
+    stored CUTLASS leader needs nvcc again, which one measuring process would otherwise do one at a time."""
+    if compile_workers < 1:
+        return 0
+    wanted = sorted({(r.spec, r.target, p.arch) for p in problems for r in store.top(p.key(), gpu, protocol, budget)})
+    if not wanted:
+        return 0
+    import multiprocessing as mp
+    with ProcessPoolExecutor(compile_workers, mp_context=mp.get_context("spawn")) as pool:
+        failures = [f for f in pool.map(precompile, *zip(*wanted)) if f is not None]
+    log(f"confirmation: built {len(wanted)} stored leader(s) ahead, {compile_workers} at a time "
+        f"({len(failures)} failed to build: they will be recorded as failed)")
+    return len(wanted)
+
+
+def confirm(problems: Sequence[Problem], runner, store: Store, protocol: str, budget: int, workers: int = 1,
+            log: Callable[[str], None] = print, compile_workers: int = 0) -> float:
+    """Confirm every shape's leader (confirm_leaders) in this process, or, for a runner kind ("gpu"), in `workers`
+    processes, one per GPU, each taking every `workers`-th shape; with `compile_workers`, the candidates are built
+    first in a CPU pool (prebuild_leaders). Returns the round's start: export and Store.best take it as
+    `confirmed_since`."""
+    gpu = probe_gpu_name(runner) if isinstance(runner, str) else runner.gpu
+    prebuild_leaders(problems, store, gpu, protocol, budget, compile_workers, log)
+    since = time.time()
+    if not isinstance(runner, str):
+        confirm_leaders(problems, runner, store, since, budget, log)
+        return since
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    workers = max(1, min(workers, len(problems)))
+
+    def start(i):
+        pr = ctx.Process(target=_confirm_main, args=(i, list(problems[i::workers]), protocol, runner, store.path,
+                                                     since, budget))
+        pr.start()
+        return pr
+
+    supervise(start, workers, log=log)
+    return since

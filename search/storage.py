@@ -1,0 +1,52 @@
+"""Where the studies live: `--storage` parsed into an Optuna storage, and a journal file checked before Optuna
+reads it (Optuna's own errors for a damaged journal name no line)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import optuna
+
+from ..errors import DataFileError
+
+
+def parse_storage(arg: Optional[str], default_dir: Path):
+    """`None` -> journal file in default_dir; `journal:PATH`; `:memory:`; any Optuna RDB URL."""
+    if arg == ":memory:":
+        return optuna.storages.InMemoryStorage()
+    if arg and arg.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        path = arg[len("journal:"):]
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        check_journal(Path(path))
+        return JournalStorage(JournalFileBackend(path))
+    if not arg:   # a journal file: multi-process safe and far cheaper per trial than SQLite
+        return parse_storage(f"journal:{Path(default_dir) / 'studies.journal'}", default_dir)
+    kwargs = {"connect_args": {"timeout": 120}} if arg.startswith("sqlite") else {}
+    heartbeat = {} if arg.startswith("sqlite") else {"heartbeat_interval": 60, "grace_period": 300}
+    return optuna.storages.RDBStorage(arg, engine_kwargs=kwargs, **heartbeat)
+
+
+def check_journal(path: Path) -> None:
+    """Raise DataFileError naming the line of `path` that is not a whole Optuna journal record: a line cut short (a
+    writer killed mid-record; Optuna would skip it and append the next record to it, losing that one too) or one
+    that is not a JSON record. Optuna itself raises a bare JSONDecodeError or ValueError from deep inside."""
+    if not path.exists():
+        return
+    if path.is_dir():
+        raise DataFileError(f"study journal {path}: is a directory, not a journal file")
+    offset = 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.endswith(b"\n"):
+                raise DataFileError(f"study journal {path}: line {number} is cut short (no line end: a writer was "
+                                    f"killed mid-record?); truncate the file to its first {offset} bytes to resume")
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise DataFileError(f"study journal {path}: line {number} (from byte {offset}) is not a journal "
+                                    f"record ({err}); remove that line to resume") from None
+            if not isinstance(record, dict) or "op_code" not in record:
+                raise DataFileError(f"study journal {path}: line {number} is JSON but not an Optuna journal record")
+            offset += len(line)

@@ -1,0 +1,60 @@
+"""What a study tries first: the user's seed specs, then, in a study not started yet, proposals of the learned
+policy and of an LLM; each enqueued with its source so the store credits it."""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import optuna
+
+from .space import Problem, params_from_spec
+from .store import Store
+from .study import TuneConfig, point_key
+
+
+def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=None, llm=None,
+               store: Optional[Store] = None, log: Callable[[str], None] = lambda s: None) -> Dict[str, int]:
+    """Enqueue the user's seed specs (into any study: a resumed tune given new seeds tries them, and seeds it
+    already tried are skipped), then policy and LLM proposals into a study that has not started yet."""
+    added = {"seed": 0, "policy": 0, "llm": 0}
+    trials = study.get_trials(deepcopy=False)
+    # points already in the study: run (params) or waiting to run (enqueued: their fixed params)
+    tried = {point_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
+    for spec in cfg.seed_specs:
+        targets = cfg.targets if spec.target == "any" else (spec.target,)
+        for target in (t for t in targets if t in cfg.targets):
+            try:
+                params = params_from_spec(spec, target)
+            except ValueError as err:
+                log(f"seed spec {spec.name} is outside the search space, skipped: {err}")
+                continue
+            if point_key(params) in tried:
+                continue
+            study.enqueue_trial(params, user_attrs={"source": "seed"}, skip_if_exists=True)
+            tried.add(point_key(params))
+            added["seed"] += 1
+    if trials:   # a study that already ran keeps its own course: no policy or LLM warm start
+        return added
+    if policy is not None and cfg.warm_start > 0:
+        for params in policy.propose(problem, cfg.targets, cfg.warm_start):
+            study.enqueue_trial(params, user_attrs={"source": "policy"}, skip_if_exists=True)
+            added["policy"] += 1
+    if llm is not None:
+        from ..parser import parse_one
+        for target in cfg.targets:
+            history = [(parse_one(r.spec), r.tflops, r.baseline_tflops)
+                       for r in (store.results(problem=problem.key()) if store is not None else ())
+                       if r.target == target]
+            try:
+                proposals = llm.propose(problem, history, cfg.warm_start or 4, target=target)
+            except Exception as err:   # a dead LLM server or an infeasible problem must not stop the tune
+                log(f"LLM proposer failed for {target}: {type(err).__name__}: {err}; continuing without it")
+                continue
+            for prop in proposals:
+                try:
+                    params = params_from_spec(prop.spec, prop.target)
+                except ValueError as err:
+                    log(f"LLM proposal outside the search space, skipped: {err}")
+                    continue
+                study.enqueue_trial(params, user_attrs={"source": "llm"}, skip_if_exists=True)
+                added["llm"] += 1
+    return added
