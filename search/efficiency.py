@@ -21,10 +21,9 @@ import optuna
 from optuna.trial import TrialState
 
 from .policy import FAIL_REWARD, Policy
-from .samplers import make_sampler
 from .space import Problem
 from .store import Store
-from .study import COUNTED, TuneConfig
+from .study import COUNTED, TuneConfig, make_sampler
 from .warmstart import warm_start
 from .workers import StudyWorker, run_studies
 

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import optuna
+from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
 from ..errors import DataFileError
 from .recovery import ORPHAN_AFTER_S
-from .samplers import make_sampler
+from .policy import PolicySampler
 from .space import Problem, TARGET_PARAM, check_targets, spec_from_params
 from .store import Store
 
@@ -42,6 +43,23 @@ class TuneConfig:
     def max_asks(self) -> int:
         """Asks after which a study gives up on finding its budget of valid points."""
         return max(self.n_trials * self.max_ask_factor, self.min_asks)
+
+
+def make_sampler(cfg: TuneConfig, problem: Problem, policy=None, seed_offset: int = 0) -> BaseSampler:
+    """The sampler a study of `problem` asks: cfg.sampler, `auto` meaning the policy's when one is given."""
+    seed = None if cfg.seed is None else cfg.seed + seed_offset
+    kind = cfg.sampler
+    if kind == "auto":
+        kind = "policy" if policy is not None else "tpe"
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if kind == "policy":
+        if policy is None:
+            raise ValueError("sampler 'policy' needs a trained policy")
+        return PolicySampler(policy, problem, cfg.targets, fraction=cfg.policy_fraction, seed=seed)
+    raise ValueError(f"unknown sampler {cfg.sampler!r}")
 
 
 def study_name(problem: Problem, targets: Sequence[str], gpu: str, protocol: str) -> str:
