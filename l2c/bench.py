@@ -93,6 +93,8 @@ def _base_row(cand: Candidate, shape: Shape, protocol: str, device) -> Dict[str,
         "dtype": spec.types_a if spec is not None else "f16",
         "layout": f"{spec.layout_a},{spec.layout_b},{spec.layout_c}" if spec is not None else "row,row,row",
     }
+    if cand.build_id:
+        row["build_id"] = cand.build_id
     if spec is not None and cand.target in ("triton", "cutlass") and not str(cand.source).endswith((".l2", ".json")):
         row["spec"] = spec.to_l2()    # a generated candidate: no file holds its text (l2c table reads it here)
     return row

@@ -5,8 +5,10 @@ underlying message, so a tuner records a failed candidate instead of crashing.
 """
 from __future__ import annotations
 
-from . import targets
-from .errors import BuildError
+import functools
+
+from . import cache, targets
+from .errors import BuildError, L2Error
 from .kernel import Kernel
 from .rules import ValidSpec
 
@@ -30,3 +32,24 @@ def prebuild(valid: ValidSpec) -> str:
         raise
     except Exception as err:  # noqa: BLE001
         raise BuildError(f"{valid.target} build of {valid.name} failed: {type(err).__name__}: {err}") from err
+
+
+def build_id(valid: ValidSpec) -> str:
+    """What identifies the kernel a measurement timed: a hash of the target, the rendered source and the target's
+    toolchain (compiler versions and flags). Every setting that changes generated code is a knob, so it is in the
+    source; a template, flag or compiler change gives another id, which retires the figures of the old build."""
+    from .lower import render
+    target = targets.get(valid.target)
+    return cache.content_hash(valid.target, render(valid), target.toolchain_id())[:24]
+
+
+@functools.lru_cache(maxsize=None)
+def build_id_of(spec_text: str, target: str, arch: str) -> str:
+    """`build_id` of a spec text as the current templates and toolchain build it ("" when it does not validate
+    for `target` or does not parse: such a spec has no build, now or ever)."""
+    from .parser import parse_one
+    from .validate import validate
+    try:
+        return build_id(validate(parse_one(spec_text, file="<store>"), target, arch))
+    except (L2Error, ValueError):
+        return ""

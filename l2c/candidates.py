@@ -35,6 +35,15 @@ class Candidate:
         return True
 
     @property
+    def build_id(self) -> Optional[str]:
+        """`l2c.build.build_id` of the kernel (None for torch, the dispatcher and specs that did not validate)."""
+        from .rules import ValidSpec
+        if not isinstance(self.valid, ValidSpec):
+            return None
+        from .build import build_id_of
+        return build_id_of(self.valid.spec.to_l2(), self.valid.target, self.valid.arch.name) or None
+
+    @property
     def name(self) -> str:
         return self.spec.name if self.spec is not None else "torch.matmul"
 

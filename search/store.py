@@ -1,7 +1,9 @@
-"""The results store: every evaluated (problem, spec, target, GPU, protocol) and what came of it.
+"""The results store: every evaluated (problem, spec, target, GPU, protocol, build) and what came of it.
 
 SQLite in WAL mode with a busy timeout, so any number of worker processes can write one file. One row
-per key; a re-measurement replaces the row. The learned policy trains on this table and the tuned
+per key; a re-measurement replaces the row. The build is `l2c.build.build_id` of what was measured: reads see
+only rows of the build the current templates and toolchain make of each spec, so a template, flag or compiler
+change retires the old figures by itself (they stay in the file; `results(stale=True)` lists them). The learned policy trains on this table and the tuned
 table is exported from it. Optuna's own storage holds the studies; this holds the outcomes in a form
 that outlives any one study.
 """
@@ -43,6 +45,18 @@ class Result:
     params: Dict[str, object] = field(default_factory=dict)   # the search-space point, for the policy
     time: float = 0.0
     confirmed: Optional[float] = None   # when `l2c tune` measured it again as a shape's leader (confirm.confirm)
+    build: Optional[str] = None         # build id of what was measured; None: the current build of the spec
+
+
+def arch_of(problem_key: str) -> str:
+    """The architecture a problem key names (its last field, Problem.key())."""
+    return problem_key.rsplit(":", 1)[-1]
+
+
+def current_build(spec: str, target: str, problem_key: str) -> str:
+    """The build id the current templates and toolchain make of `spec` for `target` ("" if it has none)."""
+    from ..build import build_id_of
+    return build_id_of(spec, target, arch_of(problem_key))
 
 
 _SCHEMA = """
@@ -50,13 +64,22 @@ CREATE TABLE IF NOT EXISTS results (
     problem TEXT NOT NULL, spec TEXT NOT NULL, target TEXT NOT NULL, gpu TEXT NOT NULL,
     protocol TEXT NOT NULL, status TEXT NOT NULL, tflops REAL, baseline_tflops REAL, speedup REAL,
     reason TEXT NOT NULL DEFAULT '', source TEXT NOT NULL, params TEXT NOT NULL, time REAL NOT NULL,
-    confirmed REAL,
-    PRIMARY KEY (problem, spec, target, gpu, protocol)
+    confirmed REAL, build TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (problem, spec, target, gpu, protocol, build)
 );
 CREATE INDEX IF NOT EXISTS results_by_problem ON results (problem, gpu, protocol, status);
 """
 _COLUMNS = ("problem", "spec", "target", "gpu", "protocol", "status", "tflops", "baseline_tflops", "speedup",
-            "reason", "source", "params", "time", "confirmed")
+            "reason", "source", "params", "time", "confirmed", "build")
+# A store written before results carried their build: its rows are kept under build "unknown", which no current
+# build matches (what they measured cannot be told any more).
+_ADD_BUILD = """
+ALTER TABLE results RENAME TO results_before_builds;
+DROP INDEX IF EXISTS results_by_problem;
+{schema}
+INSERT INTO results ({columns}) SELECT {old}, 'unknown' FROM results_before_builds;
+DROP TABLE results_before_builds;
+"""
 
 
 class Store:
@@ -73,8 +96,13 @@ class Store:
             check_sqlite_file(self.path)
         with self._guard(), self._db() as db:
             db.executescript(_SCHEMA)
-            if "confirmed" not in {row[1] for row in db.execute("PRAGMA table_info(results)")}:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(results)")}
+            if "confirmed" not in columns:
                 db.execute("ALTER TABLE results ADD COLUMN confirmed REAL")   # a store written before it existed
+            if "build" not in columns:
+                old = ", ".join(c for c in _COLUMNS if c != "build")
+                db.executescript("BEGIN;" + _ADD_BUILD.format(schema=_SCHEMA, columns=", ".join(_COLUMNS), old=old)
+                                 + "COMMIT;")
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -113,9 +141,10 @@ class Store:
         for r in results:
             if r.status not in STATUSES:
                 raise ValueError(f"unknown status {r.status!r}")
+            build = r.build if r.build is not None else current_build(r.spec, r.target, r.problem)
             rows.append((r.problem, r.spec, r.target, r.gpu, r.protocol, r.status, r.tflops, r.baseline_tflops,
                          r.speedup, r.reason, r.source, json.dumps(r.params, sort_keys=True), r.time or time.time(),
-                         r.confirmed))
+                         r.confirmed, build))
         db = self._db()
         with self._guard(), db:  # one transaction, retried by SQLite's busy handler under contention
             db.executemany(f"INSERT OR REPLACE INTO results ({', '.join(_COLUMNS)}) VALUES "
@@ -128,14 +157,21 @@ class Store:
         return Result(**d)
 
     def get(self, problem: str, spec: str, target: str, gpu: str, protocol: str) -> Optional[Result]:
+        """The result of the spec's current build, if any."""
         with self._guard():
             row = self._db().execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND spec=? AND target=? AND gpu=? "
-                "AND protocol=?", (problem, spec, target, gpu, protocol)).fetchone()
+                "AND protocol=? AND build=?",
+                (problem, spec, target, gpu, protocol, current_build(spec, target, problem))).fetchone()
         return self._result(row) if row else None
 
+    @staticmethod
+    def _current(r: Result) -> bool:
+        return r.build == current_build(r.spec, r.target, r.problem)
+
     def results(self, problem: Optional[str] = None, gpu: Optional[str] = None,
-                protocol: Optional[str] = None, status: Optional[str] = None) -> Iterator[Result]:
+                protocol: Optional[str] = None, status: Optional[str] = None, stale: bool = False) -> Iterator[Result]:
+        """Results in the order they were recorded: of current builds only, unless `stale`."""
         where, args = [], []
         for col, value in (("problem", problem), ("gpu", gpu), ("protocol", protocol), ("status", status)):
             if value is not None:
@@ -147,7 +183,9 @@ class Store:
         with self._guard():
             rows = self._db().execute(sql + " ORDER BY time", args).fetchall()
         for row in rows:
-            yield self._result(row)
+            r = self._result(row)
+            if stale or self._current(r):
+                yield r
 
     def best(self, problem: str, gpu: str, protocol: str, confirmed_since: Optional[float] = None) -> Optional[Result]:
         """The fastest verified result for a problem; failures can never win. With `confirmed_since`, only
@@ -159,11 +197,12 @@ class Store:
             confirmed_since: Optional[float] = None) -> List[Result]:
         """The `n` fastest verified results for a problem, fastest first (`confirmed_since`: as for `best`)."""
         sql = (f"SELECT {', '.join(_COLUMNS)} FROM results WHERE problem=? AND gpu=? AND protocol=? AND status='ok'"
-               + (" AND confirmed >= ?" if confirmed_since is not None else "") + " ORDER BY speedup DESC LIMIT ?")
-        args = (problem, gpu, protocol) + ((confirmed_since,) if confirmed_since is not None else ()) + (n,)
+               + (" AND confirmed >= ?" if confirmed_since is not None else "") + " ORDER BY speedup DESC")
+        args = (problem, gpu, protocol) + ((confirmed_since,) if confirmed_since is not None else ())
         with self._guard():
             rows = self._db().execute(sql, args).fetchall()
-        return [self._result(row) for row in rows]
+        current = [r for r in map(self._result, rows) if self._current(r)]
+        return current[:n]
 
     def problems(self, gpu: Optional[str] = None, protocol: Optional[str] = None) -> List[str]:
         sql, args = "SELECT DISTINCT problem FROM results", []

@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
 
 def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tuple[List, Dict[str, int]]:
     """Store results for the kernel rows of one bench file, and counts of what was taken or left."""
+    from l2c.build import build_id_of
     from l2c.commands.table import spec_text
     from l2c.errors import L2Error
     from l2c.knobs import ANY
@@ -34,7 +35,7 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
     from l2c.search.space import Problem, params_from_spec, spec_from_params
     from l2c.search.store import STATUSES, Result
 
-    results, counts = [], {"imported": 0, "outside_space": 0, "not_a_verdict": 0}
+    results, counts = [], {"imported": 0, "outside_space": 0, "not_a_verdict": 0, "stale": 0}
     points: Dict[tuple, Tuple[dict, str]] = {}   # (spec text, target, dtype, layout, batch) -> (point, stored text)
     gpu, when = None, 0.0
     for row in rows:
@@ -58,6 +59,8 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
         text = spec_text(row, spec_cache)
         if not text:
             raise ValueError(f"the spec of {row.get('name')} is neither in the row nor in {row.get('source')!r}")
+        # the figures count as today's only if the row timed the build the current code makes of its spec
+        current = row.get("build_id") is not None and row["build_id"] == build_id_of(text, str(row["target"]), arch)
         la, lb, lc = str(row["layout"]).split(",")
         problem = Problem(int(row["m"]), int(row["n"]), int(row["k"]), batch=int(row.get("batch", 1)),
                           dtype=str(row["dtype"]), layout_a=la, layout_b=lb, layout_c=lc, arch=arch)
@@ -81,8 +84,10 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
         results.append(Result(problem=problem.key(), spec=text, target=target, gpu=gpu, protocol=str(row["protocol"]),
                               status=status, tflops=row.get("candidate_tflops") if status == "ok" else None,
                               baseline_tflops=row.get("baseline_tflops"), speedup=speedup,
-                              reason=str(row.get("reason") or ""), source="import", params=params, time=when))
+                              reason=str(row.get("reason") or ""), source="import", params=params, time=when,
+                              build=None if current else "unknown"))
         counts["imported"] += 1
+        counts["stale"] += not current
     return results, counts
 
 
@@ -107,7 +112,7 @@ def run(args) -> int:
 
     store = Store(args.store or default_store_path())
     cache: dict = {}
-    total = {"imported": 0, "outside_space": 0, "not_a_verdict": 0}
+    total = {"imported": 0, "outside_space": 0, "not_a_verdict": 0, "stale": 0}
     for path in args.results:
         try:
             results, counts = results_from_rows(rows_of(path), args.arch, cache)
@@ -117,7 +122,8 @@ def run(args) -> int:
             raise UsageError(f"{path}: {err}") from None
         store.record_many(results)
         print(f"{path}: {counts['imported']} result(s) recorded ({counts['outside_space']} outside the search space, "
-              f"kept as measurements only); {counts['not_a_verdict']} error row(s) skipped")
+              f"kept as measurements only; {counts['stale']} of another build than l2c makes now, kept but not "
+              f"used); {counts['not_a_verdict']} error row(s) skipped")
         for key in total:
             total[key] += counts[key]
     print(f"{store.path}: {total['imported']} result(s) imported; the store holds {store.count()}", file=sys.stderr)

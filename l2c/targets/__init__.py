@@ -34,6 +34,10 @@ class Target(ABC):
         return {}
 
     @abstractmethod
+    def toolchain_id(self) -> str:
+        """The compiler versions and flags that turn this target's source into a kernel (part of a build id)."""
+
+    @abstractmethod
     def build(self, valid):
         """The built Kernel (docs/CONTRACTS.md); BuildError on failure."""
 

@@ -19,6 +19,17 @@ class CutlassTarget(Target):
         split-K)."""
         return {"gemm": target_rules.cutlass_gemm_spec(valid.spec)}
 
+    def toolchain_id(self) -> str:
+        """Flags, CUTLASS version and the local nvcc's version (none where nvcc is missing: then the prebuilt pack's
+        libraries are what runs, keyed without it)."""
+        from ...errors import BuildError
+        from .toolchain import NVCC_FLAGS, cutlass_version, find_nvcc, nvcc_version
+        try:
+            compiler = nvcc_version(find_nvcc())
+        except BuildError:
+            compiler = "no nvcc"
+        return "\n".join((" ".join(NVCC_FLAGS), f"cutlass {cutlass_version()}", compiler))
+
     def build(self, valid):
         from .build import build_cutlass
         return build_cutlass(valid)

@@ -12,6 +12,10 @@ class TritonTarget(Target):
     suffix = ".py"
     templates = {"gemm": "triton/gemm.py.j2", "gemv": "triton/gemv.py.j2"}
 
+    def toolchain_id(self) -> str:
+        from importlib import metadata
+        return f"triton {metadata.version('triton')}"
+
     def build(self, valid):
         from .build import build_triton
         return build_triton(valid)
