@@ -107,34 +107,17 @@ def _problem(cand: Candidate, shape: Shape):
     return Problem.from_spec(cand.spec, shape.m, shape.n, shape.k, shape.batch)
 
 
-def _verify(cand: Candidate, shape: Shape, device, seed: int) -> Tuple[Optional[str], Dict[str, object]]:
-    """(failure status or None, fields for the row). Any exception while verifying is a failure."""
+def _prepared(cand: Candidate, shape: Shape, device):
+    """(the function to time, a failure (status, fields) or None, fields every row of this pair carries)."""
+    if cand.failure is not None:
+        return None, (cand.failure[0], {"reason": cand.failure[1]}), {}
     if cand.target == "torch":
-        return None, {"verified": "baseline"}
+        return None, None, {"verified": "baseline"}
     kernel = cand.kernel()
     if cand.failure is not None:
-        return cand.failure[0], {"reason": cand.failure[1]}
-    served = {}
-    if hasattr(kernel, "prime"):
-        served = {"served_by": kernel.prime(shape, device)}
-    from .verify import verify
-    try:
-        res = verify(kernel, shape.m, shape.n, shape.k, batch=shape.batch, device=device.torch_device.type,
-                     seed=seed)
-    except Exception as err:  # noqa: BLE001 - e.g. a CUTLASS kernel refusing an unaligned shape
-        return "verify_failed", {"reason": f"{type(err).__name__}: {err}"}
-    fields = {"rel_error": _num(getattr(res, "rel_error", None)), "tolerance": _num(getattr(res, "tolerance", None)),
-              **served}
-    if not res.ok:
-        fields["reason"] = getattr(res, "reason", "") or "verification failed"
-        return "verify_failed", fields
-    fields["verified"] = True
-    return None, fields
-
-
-def _num(x):
-    """A float for JSON, None when missing or not finite (the row's `reason` says why)."""
-    return float(x) if x is not None and math.isfinite(float(x)) else None
+        return None, (cand.failure[0], {"reason": cand.failure[1]}), {}
+    served = {"served_by": kernel.prime(shape, device)} if hasattr(kernel, "prime") else {}
+    return kernel, None, served
 
 
 def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, device, settings: Settings,
@@ -142,7 +125,8 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
               ceilings=None) -> int:
     """Measure every planned (shape, candidate, protocol) not yet in the file; return rows written. With
     `ceilings` (roofline.Ceilings of this run), `kernel` rows carry their fraction of roofline."""
-    from .measure import TorchLinear, TorchMatmul, measure
+    from .evaluate import evaluate
+    from .measure import TorchLinear, TorchMatmul
     from .roofline import roofline_fields
     log = log or sys.stderr
 
@@ -154,32 +138,33 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
             if not todo:
                 continue
             worked = True
-            if cand.failure is not None:
-                status, extra = cand.failure[0], {"reason": cand.failure[1]}
-            else:
-                status, extra = _verify(cand, shape, device, settings.seed)
             problem = _problem(cand, shape)
             baseline = (TorchLinear if getattr(cand._kernel, "torch_baseline", "") == "linear" else TorchMatmul)(problem)
-            fn = baseline if cand.target == "torch" else cand.kernel()
+            kernel, failure, extra = _prepared(cand, shape, device)
+            result = None
+            if failure is None:
+                result = evaluate(baseline if kernel is None else kernel, baseline, problem, todo, device,
+                                  verified=kernel is None, seed=settings.seed, on_error=lambda err: _freed(err, device),
+                                  reps=settings.reps, iters=settings.iters, warmup=settings.warmup,
+                                  rate=settings.rate, graphs=settings.graphs, rotate=settings.rotate,
+                                  cold=settings.roofline)
+                if kernel is not None:
+                    extra = {**result.fields(), **extra}
             for protocol in todo:
                 row = _base_row(cand, shape, protocol, device)
                 row.update(extra)
-                if status is None:
-                    try:
-                        timing = measure(protocol, fn, baseline, problem, device, reps=settings.reps,
-                                         iters=settings.iters, warmup=settings.warmup, rate=settings.rate,
-                                         seed=settings.seed, graphs=settings.graphs, rotate=settings.rotate,
-                                         cold=settings.roofline)
-                        row.update(status="ok", **timing.as_row())
-                        if ceilings is not None and protocol == "kernel":
-                            row.update(roofline_fields(problem, timing, ceilings))
-                    except Exception as err:  # noqa: BLE001 - recorded; a long run goes on
-                        if type(err).__name__ == "OutOfMemoryError":
-                            _empty_cache(device)
-                        row.update(status="error", reason=f"{type(err).__name__}: {err}")
-                        print(f"l2c bench: {cand.id} on {shape} ({protocol}): {row['reason']}", file=log)
+                if failure is not None:
+                    row.update(failure[1], status=failure[0])
+                elif result.status is not None:
+                    row["status"] = result.status
+                elif protocol in result.timings:
+                    timing = result.timings[protocol]
+                    row.update(status="ok", **timing.as_row())
+                    if ceilings is not None and protocol == "kernel":
+                        row.update(roofline_fields(problem, timing, ceilings))
                 else:
-                    row["status"] = status
+                    row.update(status="error", reason=result.errors[protocol])
+                    print(f"l2c bench: {cand.id} on {shape} ({protocol}): {row['reason']}", file=log)
                 writer.write(row)
                 writer.done.add(row_key(row))
                 written += 1
@@ -197,7 +182,8 @@ def remaining_shapes(shapes: List[Shape], jobs: Dict, protocols: List[str], done
     return [s for s in shapes if any(pending(c, s, protocols, done) for c in jobs[s.key])]
 
 
-def _empty_cache(device) -> None:
-    if device.kind == "cuda":
+def _freed(err: Exception, device) -> None:
+    """After a timing ran out of device memory, hand the cached blocks back before the next one."""
+    if type(err).__name__ == "OutOfMemoryError" and device.kind == "cuda":
         import torch
         torch.cuda.empty_cache()

@@ -145,9 +145,11 @@ class Policy:
         return float(loss.detach())
 
     def fit_store(self, store, gpu: Optional[str] = None, protocol: Optional[str] = None, **kw) -> int:
-        """Train on every result in the store (optionally one GPU / protocol); returns the sample count."""
+        """Train on every result in the store (optionally one GPU / protocol); returns the sample count. Figures of
+        earlier builds count too: the policy learns which regions of the knob space are fast, which a template
+        change shifts a little, while what serves and what is exported reads the current build's figures only."""
         samples = []
-        for r in store.results(gpu=gpu, protocol=protocol):
+        for r in store.results(gpu=gpu, protocol=protocol, stale=True):
             if not r.params:
                 continue
             reward = math.log(r.speedup) if r.status == "ok" and r.speedup else FAIL_REWARD

@@ -1,7 +1,7 @@
 """The Runner seam: `evaluate(spec, problem) -> Outcome`, the only way the search learns how good a spec is.
 
-- `GPURunner`: build (l2c.build) + verify (l2c.verify) + measure (l2c.measure, vs torch.matmul in the
-  chosen protocol) on the current CUDA device. Builds are cached per spec text: a shape-generic spec is
+- `GPURunner`: build (l2c.build), then l2c.evaluate's pipeline (the one `l2c bench` runs: verify, then time
+  against torch.matmul in the chosen protocol) on the current CUDA device. Builds are cached per spec text: a shape-generic spec is
   built once and measured on every shape it is tried on (compile once, measure many).
 - `InterpreterRunner`: the same pipeline on CPU with TRITON_INTERPRET=1 and the CPU timing device of
   l2c.measure — real kernels on tiny shapes, for tests of the machinery; its "speedups" mean nothing.
@@ -122,31 +122,21 @@ class PipelineRunner(Runner):
         kernel = self._kernel(spec, problem)
         if isinstance(kernel, str):
             return Outcome("build_failed", reason=kernel, seconds=time.perf_counter() - t0)
-        from ..verify import verify
-        try:
-            v = verify(kernel, problem.m, problem.n, problem.k, batch=problem.batch, device=self.device,
-                       seed=self.verify_seed)
-        except Exception as err:
-            return Outcome("verify_failed", reason=f"verify: {type(err).__name__}: {err}",
-                           seconds=time.perf_counter() - t0)
-        if not v.ok:
-            return Outcome("verify_failed", reason=f"verify: {v.reason or 'rel error %.3g > %.3g' % (v.rel_error, v.tolerance)}",
-                           seconds=time.perf_counter() - t0)
-        try:
-            timing = self._measure(kernel, problem)
-        except Exception as err:
-            return Outcome("verify_failed", reason=f"measure: {type(err).__name__}: {err}",
-                           seconds=time.perf_counter() - t0)
-        return Outcome("ok", speedup=timing.speedup, tflops=timing.candidate_tflops,
-                       baseline_tflops=timing.baseline_tflops, seconds=time.perf_counter() - t0)
-
-    measure_options: Dict[str, object] = {}
-
-    def _measure(self, kernel, problem: Problem):
         from .. import devices, measure
+        from ..evaluate import evaluate
         mp = measure.Problem.from_spec(kernel.valid.spec, problem.m, problem.n, problem.k, problem.batch)
-        device = devices.get_device(self.device)
-        return measure.measure(self.protocol, kernel, measure.TorchMatmul(mp), mp, device, **self.measure_options)
+        result = evaluate(kernel, measure.TorchMatmul(mp), mp, [self.protocol], devices.get_device(self.device),
+                          seed=self.verify_seed, **self.measure_options)
+        seconds = time.perf_counter() - t0
+        if result.status is not None:
+            return Outcome(result.status, reason=f"verify: {result.reason}", seconds=seconds)
+        if self.protocol in result.errors:   # the store records verdicts: a run that cannot time it fails it
+            return Outcome("verify_failed", reason=f"measure: {result.errors[self.protocol]}", seconds=seconds)
+        timing = result.timings[self.protocol]
+        return Outcome("ok", speedup=timing.speedup, tflops=timing.candidate_tflops,
+                       baseline_tflops=timing.baseline_tflops, seconds=seconds)
+
+    measure_options: Dict[str, object] = {}   # measure.measure's keywords (tests shorten the protocols)
 
 
 class GPURunner(PipelineRunner):
