@@ -227,3 +227,24 @@ def test_fuzz_hostile_output_paths_never_traceback(tmp_path_factory, kind, tail)
     out, _ = _hostile_output(base, kind)
     result = l2c("compile", HGEMM, "-o", f"{out}/{tail}" if kind != "output-is-a-directory" else out)
     assert result.returncode in (0, 2) and "Traceback" not in result.stderr, result.stderr
+
+
+def test_the_gpu_entry_point_lists_its_stages_and_every_command_names_a_file_that_exists(tmp_path):
+    """scripts/gpu.py, the supported way to run the GPU checks and benchmarks: each stage's commands are ordinary
+    ones that name scripts and examples present in the repository (no GPU needed to print them)."""
+    import shlex
+    root = Path(__file__).resolve().parent.parent
+    listed = subprocess.run([sys.executable, "scripts/gpu.py", "--list"], capture_output=True, text=True, cwd=root)
+    stages = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert listed.returncode == 0 and {"check", "dispatch", "serve", "decode"} <= set(stages)
+    dry = subprocess.run([sys.executable, "scripts/gpu.py", *stages, "--dry-run", "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=root)
+    assert dry.returncode == 0, dry.stderr
+    commands = [shlex.split(line) for line in dry.stdout.splitlines()]
+    assert len(commands) >= len(stages)
+    for command in commands:
+        files = [a for a in command[1:] if a.endswith(".py")]
+        assert command[1] == "-m" or files, command
+        assert all(Path(f).is_file() for f in files), command
+    bad = subprocess.run([sys.executable, "scripts/gpu.py", "nope"], capture_output=True, text=True, cwd=root)
+    assert bad.returncode == 2 and "unknown stage" in bad.stderr

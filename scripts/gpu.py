@@ -1,0 +1,165 @@
+#!/usr/bin/env python
+"""The one supported way to run l2c's GPU checks and benchmarks: named stages, each a list of ordinary commands.
+
+    python scripts/gpu.py --list
+    python scripts/gpu.py check dispatch serve --out out/          # stages in the order given
+    python scripts/gpu.py serve --out out/ --graphs-table T.json --eager-table E.json --limit-s 300
+
+Every stage writes its results (JSON or JSON lines) under --out, its output to OUT/<stage>.log, and a line per
+command to OUT/stages.json (command, exit status, seconds), so a run cut short keeps what finished. A command that
+fails does not stop the others; the exit status is 1 when any failed. Each command can be run by hand as printed
+(`--dry-run` prints them all). Every figure is a ratio to torch measured side by side in one process
+(../shared/BENCHMARKING.md); memory-bound shapes are measured with cold weights and their fraction of roofline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+@dataclass(frozen=True)
+class Stage:
+    doc: str
+    commands: Callable[[argparse.Namespace], List[List[str]]]
+
+
+def l2c(*args: str) -> List[str]:
+    return [PY, "-m", "l2c", *args]
+
+
+def script(path: str, *args: str) -> List[str]:
+    return [PY, str(ROOT / path), *args]
+
+
+def _check(a):
+    return [script("scripts/gpu_check.py", "--out", f"{a.out}/gpu_check_triton.json"),
+            script("scripts/cutlass_gpu_check.py", "--count", "13", "--out", f"{a.out}/cutlass_gpu_check.json"),
+            script("scripts/cross_target_check.py", "--out", f"{a.out}/cross_target.json"),
+            script("scripts/dispatch_check.py", "--out", f"{a.out}/dispatch_check.json")]
+
+
+def _overhead(a):
+    return [script("scripts/call_overhead.py", "--out", f"{a.out}/call_overhead.json")]
+
+
+def _dispatch(a):
+    table = a.eager_table
+    return [l2c("bench", f"dispatch:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
+                "--iters", "10", "-o", f"{a.out}/dispatch_offgrid.jsonl"),
+            l2c("bench", f"linear:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
+                "--iters", "10", "-o", f"{a.out}/linear_offgrid.jsonl"),
+            l2c("bench", f"dispatch:{table}", "--shapes", "grid", "--limit", "200", "--protocol", "kernel,call",
+                "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_grid.jsonl")]
+
+
+def _serve(a):
+    out = []
+    for dtype in ("f16", "bf16"):
+        out.append(l2c("bench", f"linear:{a.graphs_table}", "--shapes", "serve", "--dtype", dtype, "--protocol",
+                       "kernel", "--roofline", "--reps", "7", "-o", f"{a.out}/serve_kernel_{dtype}.jsonl"))
+    out.append(l2c("bench", f"linear:{a.eager_table}", "--shapes", "serve", "--protocol", "call", "--iters", "20",
+                   "-o", f"{a.out}/serve_call_f16.jsonl"))
+    return out
+
+
+def _sweep(a):
+    return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", "f16", "--stages", "explore,gemv,cutlass",
+                   "--budget-s", "150"),
+            script("scripts/serve_sweep.py", "--out", a.out, "--dtype", "bf16", "--stages", "gemv,cutlass",
+                   "--top-from", f"{a.out}/serve_gemv_explore_f16.jsonl")]
+
+
+def _decode(a):
+    return [script("examples/decode_step.py", "--out", f"{a.out}/decode_step_f16.json")]
+
+
+def _mlp(a):
+    return [script("examples/mlp_block.py", "--tokens", "16,128,512,2048,8192", "--out", f"{a.out}/mlp_block.json")]
+
+
+def _grid(a):
+    return [l2c("bench", "torch", a.eager_table, "--shapes", "grid", "--protocol", "kernel,call", "-o",
+                f"{a.out}/grid.jsonl", "--resume"),
+            l2c("report", f"{a.out}/grid.jsonl", "-o", f"{a.out}/grid_report")]
+
+
+def _cublas(a):
+    return [script("scripts/cublas_kernels.py", "--shapes", "llm", "--b-col", "--out", f"{a.out}/cublas_llm.json")]
+
+
+STAGES: Dict[str, Stage] = {
+    "check": Stage("generated kernels verified on the GPU: random and fixed Triton specs, CUTLASS specs, one spec "
+                   "on both targets, l2c.matmul through a tuned table (served kernels, autograd)", _check),
+    "overhead": Stage("host cost per call of the kernels' call paths against torch.matmul", _overhead),
+    "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the eager table on shapes no table was tuned for "
+                      "(offgrid) and on 200 grid shapes, kernel and call protocols", _dispatch),
+    "serve": Stage("l2c.nn.Linear on the decoding set (29 weights x 15 token counts): the graphs table with cold "
+                   "weights and fraction of roofline (f16, bf16), the eager table in the call protocol", _serve),
+    "sweep": Stage("search decoding kernels per weight (gemv and swapped CUTLASS families) into JSON lines that "
+                   "`l2c table --ranges` turns into table entries", _sweep),
+    "decode": Stage("a Llama-8B decoding step's linears under CUDA graphs, batch 1-256", _decode),
+    "mlp": Stage("the end-to-end MLP block example, torch against l2c.nn", _mlp),
+    "grid": Stage("the 1,000-shape grid: cuBLAS against itself (the noise floor) and the eager table", _grid),
+    "cublas": Stage("which kernels cuBLAS runs on the decoding shapes (its tiles, split-K)", _cublas),
+}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("stages", nargs="*", help="stages to run, in order (see --list)")
+    p.add_argument("--list", action="store_true", help="list the stages and exit")
+    p.add_argument("--out", default="out", help="where results, logs and stages.json go (default out/)")
+    p.add_argument("--eager-table", default=str(ROOT / "l2c" / "tuned" / "sm_90.json"))
+    p.add_argument("--graphs-table", default=str(ROOT / "l2c" / "tuned" / "sm_90_graphs.json"))
+    p.add_argument("--limit-s", type=float, default=None, help="stop each command after this many seconds "
+                                                               "(what it wrote so far stays)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
+    args = p.parse_args(argv)
+    if args.list or not args.stages:
+        for name, stage in STAGES.items():
+            print(f"{name:<9} {stage.doc}")
+        return 0
+    unknown = [s for s in args.stages if s not in STAGES]
+    if unknown:
+        p.error(f"unknown stage(s) {', '.join(unknown)}; --list shows them")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record_path = out / "stages.json"
+    records = json.loads(record_path.read_text()) if record_path.exists() else []
+    failed = 0
+    for name in args.stages:
+        for command in STAGES[name].commands(args):
+            shown = " ".join(command)
+            if args.dry_run:
+                print(shown)
+                continue
+            print(f"[{name}] {shown}", flush=True)
+            start = time.monotonic()
+            with open(out / f"{name}.log", "a") as log:
+                log.write(f"$ {shown}\n")
+                log.flush()
+                try:
+                    rc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                        timeout=args.limit_s, env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
+                except subprocess.TimeoutExpired:
+                    rc = 124
+            seconds = time.monotonic() - start
+            failed += rc != 0
+            print(f"[{name}] exit {rc} after {seconds:.0f} s", flush=True)
+            records.append({"stage": name, "command": shown, "rc": rc, "seconds": round(seconds, 1)})
+            record_path.write_text(json.dumps(records, indent=1) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
