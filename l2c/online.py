@@ -21,8 +21,9 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from . import cache
+from .arch import ARCHS
 
-SMS = 132
+SMS = ARCHS["sm_90"].sm_count
 DEFAULT_MARGIN = 1.05
 BUDGET_S = 2.0
 # (tile n, tile k, warps, reduce, waves of programs over the SMs): the best GEMV configurations per row count

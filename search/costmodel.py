@@ -25,15 +25,16 @@ import hashlib
 import math
 from typing import Optional
 
+from ..arch import ARCHS
 from ..ir import KernelSpec
 from ..knobs import DTYPE_BYTES
 from ..rules import ValidSpec
 from ..validate import validate
 from .space import Problem
 
-SMS = 132
-PEAK_FLOPS = {"f16": 989e12, "bf16": 989e12, "f32": 494e12}   # dense tensor-core peak (tf32 for f32)
-DRAM_BW = 4.8e12            # bytes/s
+SMS = ARCHS["sm_90"].sm_count
+PEAK_FLOPS = ARCHS["sm_90"].peak_flops
+DRAM_BW = ARCHS["sm_90"].hbm_bytes_per_s     # bytes/s
 L2_BYTES = 50e6             # usable of the 60 MB L2
 LAUNCH_S = 4e-6
 TILE_FIXED_S = 0.5e-6       # per-tile prologue + epilogue

@@ -21,8 +21,8 @@ class Hardware:
     name: str = "NVIDIA H200 SXM (sm_90)"
     sm_count: int = ARCHS["sm_90"].sm_count
     smem_per_block_kb: int = ARCHS["sm_90"].smem_per_block // 1024
-    l2_mb: int = 60
-    peak_fp16_tflops: float = 989.0
+    l2_mb: int = ARCHS["sm_90"].l2_bytes // 2**20
+    peak_fp16_tflops: float = ARCHS["sm_90"].peak_flops["f16"] / 1e12
     cublas_4096_tflops: float = 700.0
 
     def describe(self) -> str:
