@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "l2c.commands.tune",
     "l2c.commands.import_results",
     "l2c.commands.pack",
+    "l2c.commands.warmup",
 ]
 
 

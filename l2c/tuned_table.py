@@ -213,6 +213,36 @@ def served_entries(table: TunedTable) -> List[TunedEntry]:
     return entries
 
 
+# The calls a table entry's kernel is prepared for ahead of use: (has bias, activation). Bias is per column, as
+# nn.Linear's; an activation is fused only where the caller asks for it.
+PLAIN_EPILOGUES: Tuple[Tuple[bool, str], ...] = ((False, "none"), (True, "none"))
+
+
+@dataclass(frozen=True)
+class ServedKernel:
+    """A kernel the dispatcher builds for one table entry and call epilogue, at a shape it serves."""
+    spec_text: str
+    target: str
+    m: int
+    n: int
+    k: int
+    label: str           # which entry and call, for messages
+
+
+def served_kernels(table: "TunedTable", epilogues=PLAIN_EPILOGUES) -> List[ServedKernel]:
+    """Every distinct kernel the dispatcher builds for `table`'s entries with these call epilogues (each at one M
+    it serves). Raises L2Error for an entry whose spec does not parse."""
+    kernels: Dict[Tuple[str, str], ServedKernel] = {}
+    for entry in served_entries(table):
+        for m in served_ms(entry):
+            for has_bias, activation in epilogues:
+                text = served_spec(entry, m, has_bias, activation).to_l2()
+                label = (f"{entry.dtype} {entry.layout} {m}x{entry.n}x{entry.k} bias={'col' if has_bias else 'none'}"
+                         f" activation={activation}")
+                kernels.setdefault((text, entry.target), ServedKernel(text, entry.target, m, entry.n, entry.k, label))
+    return list(kernels.values())
+
+
 def load_table(path) -> TunedTable:
     """Read a tuned table; TableError for a file that is not one. Malformed entries are skipped and counted."""
     path = Path(path)

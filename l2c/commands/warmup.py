@@ -1,0 +1,94 @@
+"""`l2c warmup [TABLE...]`: build, and on a GPU verify, every kernel a tuned table serves, before a model runs.
+
+The dispatcher never blocks a call on a compiler: a kernel that is not built yet is prepared in the background
+while torch serves the call. Whoever wants the tuned path from the first call runs this once per machine (or
+`l2c.precompile(model, example_input)` in the process itself): CUTLASS libraries land in the build cache (from the
+prebuilt pack or nvcc, `-j` in parallel), Triton modules are generated and, with a GPU, compiled into Triton's cache
+by their first launch, and each kernel is checked against the reference at a shape it serves. A kernel that fails
+is named with the reason and the command exits 1; the dispatcher then falls back to torch for it, as it would.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("warmup", help="build (and on a GPU verify) every kernel a tuned table serves, ahead of use")
+    p.add_argument("tables", nargs="*", help="tuned tables (default: the one l2c.matmul reads for --arch: "
+                                             "$L2C_TUNED_TABLE, else the shipped l2c/tuned/<arch>.json)")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="where kernels are verified: cuda (the default when a GPU is visible) or cpu (build only)")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel builds")
+    p.set_defaults(func=run)
+
+
+def _build(valid):
+    from ..build import prebuild
+    from ..errors import BuildError
+    start = time.perf_counter()
+    try:
+        prebuild(valid)
+        return None, time.perf_counter() - start
+    except BuildError as err:
+        return str(err), time.perf_counter() - start
+
+
+def run(args) -> int:
+    from ..cli import UsageError
+    from ..dispatch import default_table_path
+    from ..errors import L2Error
+    from ..parser import parse_one
+    from ..tuned_table import TableError, load_table, served_kernels
+    from ..validate import validate
+
+    paths = args.tables or ([default_table_path(args.arch)] if default_table_path(args.arch) else [])
+    if not paths:
+        raise UsageError(f"no tuned table for {args.arch}: give one")
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    jobs, invalid, unbuilt, unverified = [], 0, 0, 0
+    for path in paths:
+        try:
+            table = load_table(path)
+            kernels = served_kernels(table)
+        except (TableError, L2Error) as err:
+            raise UsageError(str(err)) from None
+        for kernel in kernels:
+            try:
+                jobs.append((kernel, validate(parse_one(kernel.spec_text, file=str(path)), kernel.target, table.arch)))
+            except L2Error as err:
+                invalid += 1
+                print(f"FAILED {kernel.label}: {err}")
+    total = len(jobs)
+    print(f"{total} kernels in {', '.join(str(p) for p in paths)}; building with {args.jobs} job(s)"
+          + ("" if device == "cuda" else " (no GPU: built, not verified)"), flush=True)
+    built = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for i, ((kernel, valid), (error, seconds)) in enumerate(
+                zip(jobs, pool.map(lambda job: _build(job[1]), jobs)), 1):
+            if error is None:
+                built.append((kernel, valid))
+                print(f"[{i}/{total}] built {valid.name} [{valid.target}] in {seconds:.1f}s", flush=True)
+            else:
+                unbuilt += 1
+                print(f"[{i}/{total}] FAILED to build {valid.name} [{valid.target}] ({kernel.label}): {error}",
+                      flush=True)
+    if device == "cuda":
+        from ..prepare import Job, prepare_one
+        for i, (kernel, valid) in enumerate(built, 1):
+            start = time.perf_counter()
+            ok, reason, _ = prepare_one(Job(kernel.spec_text, kernel.target, valid.arch.name, kernel.m, kernel.n,
+                                            kernel.k, "cuda"))
+            state = "verified" if ok else f"FAILED ({reason})"
+            unverified += not ok
+            print(f"[{i}/{len(built)}] {state} {valid.name} at {kernel.m}x{kernel.n}x{kernel.k} in "
+                  f"{time.perf_counter() - start:.1f}s", flush=True)
+    failed = invalid + unbuilt + unverified
+    print(f"{len(built) - unverified} ready, {failed} failed", file=sys.stderr if failed else sys.stdout)
+    return 1 if failed else 0

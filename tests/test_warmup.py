@@ -1,0 +1,72 @@
+"""`l2c warmup`: every kernel a table serves is built ahead of use (CUTLASS from the shipped pack when there is no
+nvcc, Triton modules generated); a kernel that cannot be built is named and fails the command; a bad table is one
+line. Real tables, the real shipped pack, the real build cache."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from l2c.ir import KernelSpec
+from tests.test_pack import _hide_nvcc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _table(path: Path, entries) -> Path:
+    path.write_text(json.dumps({"format": 1, "arch": "sm_90", "gpu": "test", "protocol": "kernel",
+                                "entries": entries}))
+    return path
+
+
+def _shipped_cutlass_entry() -> dict:
+    table = json.loads((ROOT / "l2c" / "tuned" / "sm_90.json").read_text())
+    return next(e for e in table["entries"] if e["target"] == "cutlass" and "m_range" not in e)
+
+
+def _warmup(*args, env):
+    return subprocess.run([sys.executable, "-m", "l2c", "warmup", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
+
+
+@pytest.fixture
+def no_nvcc_env(tmp_path, monkeypatch):
+    import os
+    _hide_nvcc(monkeypatch, tmp_path)
+    return dict(os.environ, L2C_CACHE_DIR=str(tmp_path / "cache"), TRITON_INTERPRET="1")
+
+
+def test_warmup_builds_every_served_kernel_from_the_pack_without_nvcc(tmp_path, no_nvcc_env):
+    triton = {"m": 64, "n": 64, "k": 64, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "triton",
+              "spec": KernelSpec(name="w", target="triton", tile_m=32, tile_n=32, tile_k=32).to_l2(),
+              "tflops": 2.0, "baseline_tflops": 1.0}
+    table = _table(tmp_path / "t.json", [_shipped_cutlass_entry(), triton])
+    done = _warmup(table, "--device", "cpu", "-j", "2", env=no_nvcc_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 kernels" in done.stdout and done.stdout.count("] built ") == 4, done.stdout   # 2 entries x 2 epilogues
+    assert "4 ready, 0 failed" in done.stdout
+    libraries = list((tmp_path / "cache" / "cutlass").glob("*.so"))
+    assert len(libraries) == 2                     # the CUTLASS entry without and with nn.Linear's bias
+    again = _warmup(table, "--device", "cpu", env=no_nvcc_env)   # everything is a cache hit now
+    assert again.returncode == 0 and "4 ready" in again.stdout
+
+
+def test_warmup_names_a_kernel_it_cannot_build_and_fails(tmp_path, no_nvcc_env):
+    entry = dict(_shipped_cutlass_entry())
+    entry["spec"] = KernelSpec(name="notpacked", target="cutlass", tile_m=128, tile_n=64, tile_k=64,
+                               pipeline_stages=3).to_l2()   # a kernel the shipped pack does not hold
+    table = _table(tmp_path / "t.json", [entry])
+    done = _warmup(table, "--device", "cpu", env=no_nvcc_env)
+    assert done.returncode == 1
+    assert "FAILED to build" in done.stdout and "nvcc not found" in done.stdout and "prebuilt pack" in done.stdout
+    assert "0 ready, 2 failed" in done.stderr
+
+
+def test_warmup_of_a_file_that_is_not_a_table_is_one_line(tmp_path, no_nvcc_env):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    done = _warmup(bad, env=no_nvcc_env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "bad.json" in done.stderr
