@@ -58,9 +58,10 @@ RULES = {
                         "contiguous extents are multiples of 16 bytes (not bf16: the CPU interpreter reads bf16 "
                         "through a descriptor wrongly, so such kernels could not be tested)",
     "shared-memory": "stages x (tile_m x tile_k + tile_k x tile_n) x element bytes (+ epilogue) must fit the "
-                     "architecture's shared memory per block",
+                     "architecture's shared memory per block (a gated kernel loads two B tiles per stage)",
     "accumulator-registers": "the fp32 accumulator tile spread over the threads must fit in registers "
-                             "(<= 256 values per thread for Triton, <= 128 per consumer thread for CUTLASS)",
+                             "(<= 256 values per thread for Triton, <= 128 per consumer thread for CUTLASS; a gated "
+                             "kernel keeps two tiles)",
     "cutlass-dtypes": "the CUTLASS target takes f16 or bf16 inputs with an f32 accumulator",
     "wgmma-tile-m": "CUTLASS sm90 tile M must be 64, 128 or 256 (a warpgroup MMA is 64 rows)",
     "wgmma-tile-n": "CUTLASS sm90 tile N must be a multiple of 8 between 8 and 256 (a warpgroup MMA's N)",
@@ -82,12 +83,19 @@ RULES = {
     "gemv-tile-pow2": "a gemv kernel's tile n and tile k are powers of two (tl.arange)",
     "gemv-registers": f"a gemv step multiplies tile m x tile n x tile k products spread over the program's threads: "
                       f"at most {GEMV_PRODUCTS_PER_THREAD} per thread ({GEMV_PRODUCTS_PER_THREAD // 2} with `launch "
-                      f"reduce=end`, which keeps a running sum per product), or the products and the loaded slab no "
-                      f"longer fit in registers",
+                      f"reduce=end`, which keeps a running sum per product; a gated kernel's two slabs count twice), "
+                      f"or the products and the loaded slab no longer fit in registers",
     "gemv-loads": "a gemv kernel reads A and B through pointers (`launch loads=pointer`)",
     "gemv-batch": "a gemv kernel serves a plain (unbatched) GEMM: problem batch=1",
     "gemv-persistent": "a gemv kernel launches one program per tile and K slice (`launch persistent=no`)",
     "gemv-acc": "a gemv kernel accumulates in f32 (its CUDA-core multiply-adds cost the same in f32)",
+    "gated-target": "`epilogue gate` is lowered by the Triton kernels: CUTLASS's fused epilogue sees one accumulator "
+                    "tile, in which the gate and up columns of an output column (N columns apart in B) never meet",
+    "gated-epilogue": "a gated epilogue computes act(alpha * A@B_gate + bias_gate) * (alpha * A@B_up + bias_up): its "
+                      "bias is per column (2N values: the gate's, then the up projection's) or none, it reads no C "
+                      "input (beta=0) and takes no `activation` (the gate names it)",
+    "gated-split-k": "a gated kernel runs its K loop in one program (split_k slices=1): its slices would reduce two "
+                     "partial tiles, and its 2N weight columns already give the SMs many programs",
     "fp32-scalar": "epilogue alpha and beta are fp32 in the kernels: each must be finite in fp32 (|x| < 3.4e38) "
                    "and, unless 0, a normal fp32 number (|x| >= 1.18e-38), so that it neither overflows nor "
                    "rounds or flushes to 0",
@@ -120,9 +128,15 @@ def _fail(spec: KernelSpec, knob_field: Optional[str], rule: str, message: str) 
                              knob=knob_key, rule=rule)
 
 
+def gated(spec: KernelSpec) -> bool:
+    """Whether the spec's epilogue is gated (`epilogue gate`): B holds the gate's and the up projection's columns."""
+    return spec.epilogue_gate != "none"
+
+
 def _mainloop_stage_bytes(spec: KernelSpec) -> int:
     ab = DTYPE_BYTES[spec.types_a]
-    return (spec.tile_m * spec.tile_k + spec.tile_k * spec.tile_n) * ab
+    b_tiles = 2 if gated(spec) else 1   # a gated kernel loads the gate's and the up projection's tile of B
+    return (spec.tile_m * spec.tile_k + b_tiles * spec.tile_k * spec.tile_n) * ab
 
 
 # Shared memory layout of CUTLASS 4.2's sm90 warp-specialized GEMM (GemmKernel::SharedStorage), modelled so
@@ -255,6 +269,8 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise _fail(spec, "split_k_mode", "parallel-split-k-target", "split_k mode=parallel on Triton")
     if spec.launch_evict != "normal" and spec.launch_loads in TMA_LOADS:
         raise _fail(spec, "launch_evict", "evict-loads", f"evict={spec.launch_evict} with loads={spec.launch_loads}")
+    if gated(spec):
+        _check_gated(spec)
     if spec.launch_family == "gemv":
         return _validate_triton_gemv(spec, arch)
     if spec.launch_reduce != "step":
@@ -270,12 +286,25 @@ def _validate_triton(spec: KernelSpec, arch: Arch) -> ValidSpec:
         warps = 8 if acc_tile >= 128 * 128 else 4
     else:
         warps = int(spec.launch_warps)
-    per_thread = acc_tile // (warps * 32)
+    per_thread = acc_tile * (2 if gated(spec) else 1) // (warps * 32)
     if per_thread > 256:
         raise _fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "accumulator-registers",
-                    f"{spec.tile_m}x{spec.tile_n} accumulator over {warps} warps is {per_thread} values per thread")
+                    f"{'two ' if gated(spec) else ''}{spec.tile_m}x{spec.tile_n} accumulator{'s' if gated(spec) else ''} "
+                    f"over {warps} warps {'are' if gated(spec) else 'is'} {per_thread} values per thread")
     stages, smem = _triton_stages(spec, arch)
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
+
+
+def _check_gated(spec: KernelSpec) -> None:
+    """What the gated epilogue of the Triton templates computes (the knob's doc): rules gated-epilogue, gated-split-k."""
+    for field, allowed in (("epilogue_beta", (0.0,)), ("epilogue_activation", ("none",)),
+                           ("epilogue_bias", ("none", "col"))):
+        if getattr(spec, field) not in allowed:
+            raise _fail(spec, field, "gated-epilogue",
+                        f"{knob(field).key}={getattr(spec, field)} with gate={spec.epilogue_gate}")
+    if spec.split_k_slices > 1:
+        raise _fail(spec, "split_k_slices", "gated-split-k",
+                    f"split_k slices={spec.split_k_slices} with gate={spec.epilogue_gate}")
 
 
 def _triton_stages(spec: KernelSpec, arch: Arch) -> Tuple[int, int]:
@@ -310,11 +339,12 @@ def _validate_triton_gemv(spec: KernelSpec, arch: Arch) -> ValidSpec:
         if size & (size - 1):
             raise _fail(spec, field, "gemv-tile-pow2", f"{knob(field).key}={size}")
     warps = 4 if spec.launch_warps == AUTO else int(spec.launch_warps)
-    products = spec.tile_m * spec.tile_n * spec.tile_k // (warps * 32)
+    products = spec.tile_m * spec.tile_n * spec.tile_k * (2 if gated(spec) else 1) // (warps * 32)
     # reduce=end keeps every product's running sum in a register besides the loaded slab: half the budget
     if products > (GEMV_PRODUCTS_PER_THREAD // 2 if spec.launch_reduce == "end" else GEMV_PRODUCTS_PER_THREAD):
         raise _fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_k", "gemv-registers",
-                    f"{spec.tile_m}x{spec.tile_n}x{spec.tile_k} products over {warps} warps is {products} per thread"
+                    f"{spec.tile_m}x{spec.tile_n}x{spec.tile_k} products{' of two slabs' if gated(spec) else ''} "
+                    f"over {warps} warps is {products} per thread"
                     + (" (reduce=end: at most half as many)" if spec.launch_reduce == "end" else ""))
     stages, smem = _triton_stages(spec, arch)
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
@@ -347,6 +377,8 @@ def _alignment_checks(spec: KernelSpec) -> List[Tuple[str, str, object, int]]:
 def _validate_cutlass(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.launch_family != "gemm":
         raise _fail(spec, "launch_family", "gemv-target", f"family={spec.launch_family} on CUTLASS")
+    if gated(spec):
+        raise _fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on CUTLASS")
     if spec.types_a not in ("f16", "bf16") or spec.types_acc != "f32":
         raise _fail(spec, "types_a", "cutlass-dtypes", f"inputs {spec.types_a}, accumulator {spec.types_acc}")
     # The tile rules are CUTLASS's, so they apply to the GEMM it instantiates: under launch swap=yes, the spec's
