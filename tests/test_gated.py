@@ -331,3 +331,28 @@ def test_gated_matmul_and_residual_under_torch_compile():
     want = r.double() + reference(a, w.t(), "silu") @ down.double()
     assert ((y.double() - want).norm() / want.norm()).item() < 5e-3
     set_tuned_table(None)
+
+
+def test_bench_times_a_gated_kernel_against_torchs_gated_projection_and_table_keeps_its_gate(tmp_path):
+    """`l2c bench` on a gated spec: verified, timed against torch's one GEMM over both halves then act(g) * u, its
+    row carrying the gate and the FLOPs of the 2N columns; `l2c table` writes a gated entry, which the dispatcher
+    serves only to gated calls. (CPU figures: the machinery, not performance.)"""
+    from l2c.bench import read_rows
+    from l2c.cli import main
+    spec = gated(name="bench_swiglu", epilogue_bias="col")
+    (tmp_path / "g.l2").write_text(spec.to_l2())
+    (tmp_path / "shapes.txt").write_text("24 40 48\n")
+    out, table = tmp_path / "r.jsonl", tmp_path / "t.json"
+    assert main(["bench", str(tmp_path / "g.l2"), "--shapes", str(tmp_path / "shapes.txt"), "-o", str(out),
+                 "--device", "cpu", "--reps", "2", "--warmup", "1"]) == 0
+    (row,) = [r for r in read_rows(out) if r.get("type") == "result"]
+    assert row["status"] == "ok" and row["verified"] is True and row["gate"] == "silu"
+    assert row["flops"] == 2 * 24 * 80 * 48
+    assert main(["table", str(out), "-o", str(table), "--every-shape"]) == 0
+    import json
+    (written,) = json.loads(table.read_text())["entries"]
+    assert written["gate"] == "silu" and written["spec"] == spec.to_l2()
+    # as a win (CPU figures never are one), the entry serves the gated call and no plain one
+    served = TunedTable([entry_from_row(dict(written, tflops=2.0, baseline_tflops=1.0))])
+    assert served.lookup("f16", "row,col,row", 24, 40, 48, gate="silu") is not None
+    assert served.lookup("f16", "row,col,row", 24, 40, 48) is None
