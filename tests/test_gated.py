@@ -356,3 +356,23 @@ def test_bench_times_a_gated_kernel_against_torchs_gated_projection_and_table_ke
     served = TunedTable([entry_from_row(dict(written, tflops=2.0, baseline_tflops=1.0))])
     assert served.lookup("f16", "row,col,row", 24, 40, 48, gate="silu") is not None
     assert served.lookup("f16", "row,col,row", 24, 40, 48) is None
+
+
+def test_serve_sweep_gated_stage_measures_the_gated_pool(tmp_path):
+    """scripts/serve_sweep.py --stages gated on a tiny weight (CPU, interpreter): every candidate of the pool is a
+    valid gated spec of the family its token count asks for, verified and timed, each row carrying the gate."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from l2c.bench import read_rows
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1", L2C_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(repo / "scripts" / "serve_sweep.py"), "--out", str(tmp_path),
+                           "--stages", "gated", "--gated-weights", "40x48", "--gated-tokens", "3,40", "--workers", "1",
+                           "--gate", "gelu_tanh"], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in read_rows(tmp_path / "serve_gated_gelu_tanh_f16.jsonl") if r.get("type") == "result"]
+    assert rows and all(r["status"] == "ok" and r["verified"] is True and r["gate"] == "gelu_tanh" for r in rows)
+    families = {m: {"gemv" if "family=gemv" in r["spec"] else "gemm" for r in rows if r["m"] == m} for m in (3, 40)}
+    assert families == {3: {"gemv"}, 40: {"gemm"}}
+    assert any("loads=tma" in r["spec"] for r in rows if r["m"] == 40)
