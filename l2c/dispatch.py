@@ -547,6 +547,30 @@ def _(a, b, bias, gate):
     return a.new_empty((a.shape[0], b.shape[1] // 2))
 
 
+def _recomputed_grads(fn, ctx, grad_out):
+    """The gradients of `fn(*ctx.inputs)` (torch ops) at the saved inputs: what the custom ops' backward runs, so that
+    a compiled graph trains through them (forward served by the dispatcher, backward by torch)."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
+                  for t, need in zip(ctx.inputs, ctx.needs_input_grad)]
+        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        grads = iter(torch.autograd.grad(fn(*leaves), wanted, grad_out)) if wanted else iter(())
+    return tuple(next(grads) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in leaves)
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.inputs = inputs
+
+
+_matmul_op.register_autograd(
+    lambda ctx, grad: _recomputed_grads(lambda a, b, bias, act: _fallback(a, b, bias, act, None), ctx, grad),
+    setup_context=_save_inputs)
+_addmm_op.register_autograd(lambda ctx, grad: _recomputed_grads(_residual_fallback, ctx, grad),
+                            setup_context=_save_inputs)
+_gated_matmul_op.register_autograd(lambda ctx, grad: _recomputed_grads(_gated_fallback, ctx, grad),
+                                   setup_context=_save_inputs)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
            activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
            residual: Optional[torch.Tensor] = None) -> torch.Tensor:
