@@ -166,8 +166,9 @@ class Dispatcher:
     # ---- resolution
 
     def _signature(self, a, b, bias, activation, gate="none", residual=None) -> Optional[Tuple]:
-        """(dtype, layouts, M, N, K, bias?, activation, device, gate, residual?) of a call a kernel could serve, N
-        being the output's columns (half of a gated call's B); None when no kernel reads such operands."""
+        """(dtype, layouts, M, N, K, bias?, activation, device) of a call a kernel could serve, followed by (gate,
+        residual?) for a gated call or one with a residual; N is the output's columns (half of a gated call's B).
+        None when no kernel reads such operands."""
         if a.dim() != 2 or b.dim() != 2:
             return None
         if not (a.is_cuda and b.is_cuda) and not self.allow_cpu:
@@ -189,12 +190,13 @@ class Dispatcher:
         if residual is not None and (tuple(residual.shape) != (m, n) or residual.dtype != a.dtype
                                      or residual.device != a.device or _layout_of(residual) != "row"):
             return None
-        return (dtype, f"{la},{lb},row", m, n, k, bias is not None, activation, a.device.type, gate,
-                residual is not None)
+        sig = (dtype, f"{la},{lb},row", m, n, k, bias is not None, activation, a.device.type)
+        return sig if gate == "none" and residual is None else sig + (gate, residual is not None)
 
     def _job(self, entry: TunedEntry, sig: Tuple) -> Optional[Job]:
         """The kernel to prepare for `sig`: the entry's spec with the call's epilogue, generic in M unless exact."""
-        _, _, m, n, k, has_bias, activation, device, _, residual = sig
+        _, _, m, n, k, has_bias, activation, device = sig[:8]
+        _, residual = sig[8:] or ("none", False)
         try:
             spec = served_spec(entry, m, has_bias, activation, residual=residual)
         except L2Error as err:
@@ -218,7 +220,7 @@ class Dispatcher:
     def _resolve_signature(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
         """(kernel or None, final): final False means "not yet" (being prepared): ask again on a later call."""
         dtype, layout, m, n, k = sig[:5]
-        gate, residual = sig[8:]
+        gate, residual = sig[8:] or ("none", False)
         entry = self.table.lookup(dtype, layout, m, n, k, gate=gate) if self.table is not None else None
         if entry is None:
             online = self.online and gate == "none" and not residual
