@@ -1,6 +1,6 @@
 """l2c: a GEMM kernel compiler and tuner.
 
-`l2c.matmul` and `l2c.nn.Linear` serve tuned kernels to PyTorch code; the `l2c` command compiles, checks,
+`l2c.matmul`, `l2c.gated_matmul`, `l2c.nn.Linear` and `l2c.nn.GatedMLP` serve tuned kernels to PyTorch code; the `l2c` command compiles, checks,
 benchmarks and tunes kernel specs written in the l2c DSL (grammar/l2.lark).
 """
 __version__ = "0.1.0"
@@ -10,7 +10,7 @@ def __getattr__(name):
     # Imported lazily so that `l2c check`/`l2c compile` never pay for importing torch.
     # Each is bound on first use, so later accesses are plain attribute reads.
     import importlib
-    if name in ("matmul", "precompile"):
+    if name in ("matmul", "gated_matmul", "precompile"):
         value = getattr(importlib.import_module("l2c.dispatch"), name)
     elif name == "nn":
         value = importlib.import_module("l2c.nn")

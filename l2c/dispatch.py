@@ -11,6 +11,11 @@ For a call the dispatcher:
 4. once the kernel is ready, builds it in this process (a cache hit) and serves it. Inside a CUDA-graph
    capture only kernels that already ran eagerly for this signature serve; everything else runs torch.
 
+Two more epilogues go the same way: a residual added to the product (`residual=`: the entry's spec with beta=1 and
+the residual as its C input), and the gated MLP projection (`gated_matmul`, `gated_linear`: act(gate) * up over
+the concatenated gate and up weights), which only an entry measured on that gated problem serves
+(`TunedTable.lookup(..., gate=)`; online choice does not tune it).
+
 A table that cannot be read is warned about once and the dispatcher runs torch. The resolution of a call
 signature is cached, so the steady-state call path is one dict lookup plus the kernel launch, and a call
 whose shape no entry serves costs one set lookup on top of torch.
@@ -36,11 +41,12 @@ from .tuned_table import TableError, TunedEntry, TunedTable, load_table, served_
 log = logging.getLogger("l2c.dispatch")
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
+GATES = ("silu", "gelu_tanh")   # the gated epilogues (epilogue gate): SwiGLU and GeGLU
 _TORCH_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 PREPARE_MODES = ("background", "inline")
 
 __all__ = ["Dispatcher", "TunedEntry", "TunedTable", "default_dispatcher", "set_tuned_table", "matmul",
-           "precompile"]
+           "gated_matmul", "precompile"]
 
 
 def default_table_path(arch: str) -> Optional[Path]:
@@ -98,6 +104,26 @@ def _activate(y, activation):
     return y
 
 
+def _gate(y, gate):
+    """act(gate half) * up half of a product over the concatenated weights (..., 2N) -> (..., N)."""
+    g, u = y.chunk(2, dim=-1)
+    return (F.silu(g) if gate == "silu" else F.gelu(g, approximate="tanh")) * u
+
+
+def _gated_fallback(a, b, bias, gate):
+    """What torch runs for a gated call: one GEMM over both halves (bias fused by addmm), then act(g) * u."""
+    y = torch.addmm(bias, a, b) if bias is not None and a.dim() == 2 and b.dim() == 2 else torch.matmul(a, b)
+    if bias is not None and not (a.dim() == 2 and b.dim() == 2):
+        y = y + bias
+    return _gate(y, gate)
+
+
+def _residual_fallback(a, b, bias, residual):
+    """residual + a @ b (+ bias) as torch runs it: cuBLAS adds the residual in the GEMM (addmm, beta=1)."""
+    y = torch.addmm(residual, a, b) if a.dim() == 2 and b.dim() == 2 else residual + torch.matmul(a, b)
+    return y if bias is None else y + bias
+
+
 def _fallback(a, b, bias, activation, out):
     """What torch runs for the call: one cuBLAS call (bias fused by addmm for 2-D inputs), then the activation."""
     if activation == "none":
@@ -139,7 +165,10 @@ class Dispatcher:
 
     # ---- resolution
 
-    def _signature(self, a, b, bias, activation) -> Optional[Tuple]:
+    def _signature(self, a, b, bias, activation, gate="none", residual=None) -> Optional[Tuple]:
+        """(dtype, layouts, M, N, K, bias?, activation, device) of a call a kernel could serve, followed by (gate,
+        residual?) for a gated call or one with a residual; N is the output's columns (half of a gated call's B).
+        None when no kernel reads such operands."""
         if a.dim() != 2 or b.dim() != 2:
             return None
         if not (a.is_cuda and b.is_cuda) and not self.allow_cpu:
@@ -154,13 +183,22 @@ class Dispatcher:
             return None
         m, k = a.shape
         n = b.shape[1]
-        return (dtype, f"{la},{lb},row", m, n, k, bias is not None, activation, a.device.type)
+        if gate != "none":
+            if n % 2:
+                return None
+            n //= 2
+        if residual is not None and (tuple(residual.shape) != (m, n) or residual.dtype != a.dtype
+                                     or residual.device != a.device or _layout_of(residual) != "row"):
+            return None
+        sig = (dtype, f"{la},{lb},row", m, n, k, bias is not None, activation, a.device.type)
+        return sig if gate == "none" and residual is None else sig + (gate, residual is not None)
 
     def _job(self, entry: TunedEntry, sig: Tuple) -> Optional[Job]:
         """The kernel to prepare for `sig`: the entry's spec with the call's epilogue, generic in M unless exact."""
-        _, _, m, n, k, has_bias, activation, device = sig
+        _, _, m, n, k, has_bias, activation, device = sig[:8]
+        _, residual = sig[8:] or ("none", False)
         try:
-            spec = served_spec(entry, m, has_bias, activation)
+            spec = served_spec(entry, m, has_bias, activation, residual=residual)
         except L2Error as err:
             log.warning("bad tuned-table entry %s: %s", entry, err)
             return None
@@ -182,9 +220,11 @@ class Dispatcher:
     def _resolve_signature(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
         """(kernel or None, final): final False means "not yet" (being prepared): ask again on a later call."""
         dtype, layout, m, n, k = sig[:5]
-        entry = self.table.lookup(dtype, layout, m, n, k) if self.table is not None else None
+        gate, residual = sig[8:] or ("none", False)
+        entry = self.table.lookup(dtype, layout, m, n, k, gate=gate) if self.table is not None else None
         if entry is None:
-            return self._resolve_online(sig) if self.online else (None, True)
+            online = self.online and gate == "none" and not residual
+            return self._resolve_online(sig) if online else (None, True)
         job = self._job(entry, sig)
         if job is None:
             return None, True
@@ -205,7 +245,7 @@ class Dispatcher:
     def _resolve_online(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
         """A shape the table does not cover: the persisted decision, or an online-tuning job for the worker."""
         from .online import candidate_specs
-        dtype, layout, m, n, k, has_bias, activation, device = sig
+        dtype, layout, m, n, k, has_bias, activation, device = sig[:8]
         key = self.decisions.signature(dtype, layout, m, n, k, has_bias, activation)
         decided, spec_text = self.decisions.get(key)
         if decided:
@@ -225,15 +265,19 @@ class Dispatcher:
         self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
         return self._resolve_online(sig)
 
-    def resolve(self, a, b, bias, activation, tensors=None) -> Optional[Callable]:
+    def resolve(self, a, b, bias, activation, tensors=None, gate="none", residual=None) -> Optional[Callable]:
         """The tuned kernel that serves this call, or None (torch serves it)."""
         if tensors is None:
             tensors = call_signature(a, b, bias)
         call_key = None if tensors is None else (tensors, activation)
+        if call_key is not None and (gate != "none" or residual is not None):
+            call_key += (gate, None if residual is None else
+                         (residual.shape, residual.stride(), residual.dtype, residual.get_device()))
         kernel = self._by_call.get(call_key, False)
         if kernel is not False:
             return kernel
-        sig = None if self.table is None and not self.online else self._signature(a, b, bias, activation)
+        sig = None if self.table is None and not self.online else \
+            self._signature(a, b, bias, activation, gate, residual)
         final = True
         kernel = None
         if sig is not None:
@@ -245,10 +289,11 @@ class Dispatcher:
 
     # ---- calls
 
-    def _run_tuned(self, kernel, a, b, bias, out, tensors, grad=False):
+    def _run_tuned(self, kernel, a, b, bias, out, tensors, grad=False, c=None):
         """The tuned kernel's result, or None when there is none or it declines this call (a ValueError, e.g. a
         misaligned pointer: this call only) and the caller falls back; counts which path served the call.
-        With `grad` the call records an autograd node whose backward runs the dispatcher's GEMMs."""
+        With `grad` the call records an autograd node whose backward runs the dispatcher's GEMMs; `c` is the C input
+        of a kernel that adds a residual."""
         if kernel is not None:
             if (tensors, id(kernel)) not in self._ran and a.is_cuda and torch.cuda.is_current_stream_capturing():
                 kernel = None    # its first launch may allocate or set attributes: not inside a capture
@@ -256,6 +301,8 @@ class Dispatcher:
                 try:
                     if grad:
                         result = _TunedMatmul.apply(a, b, bias, kernel, tensors, self)
+                    elif c is not None:
+                        result = kernel(a, b, c=c, bias=bias, out=out)
                     elif out is None and tensors is not None:
                         result = kernel.call_planned(tensors, a, b, bias)
                     else:
@@ -268,11 +315,14 @@ class Dispatcher:
         self.stats["fallback"] += 1
         return None
 
-    def may_serve(self, m: int, n: int, k: int) -> bool:
-        """Whether any kernel may serve this shape: False sends the call to torch before any lookup."""
-        return self.online or (self.table is not None and self.table.may_serve(m, n, k))
+    def may_serve(self, m: int, n: int, k: int, gate: str = "none") -> bool:
+        """Whether any kernel may serve this shape (of this gated problem): False sends the call to torch before
+        any lookup."""
+        return (self.online and gate == "none") or (self.table is not None and self.table.may_serve(m, n, k, gate))
 
-    def matmul(self, a, b, bias=None, activation=None, out=None):
+    def matmul(self, a, b, bias=None, activation=None, out=None, residual=None):
+        if residual is not None:
+            return self._addmm(a, b, bias, activation, out, residual)
         if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]):
             self.stats["fallback"] += 1
             if bias is None and activation is None:   # the hot unserved path: one torch call
@@ -287,12 +337,61 @@ class Dispatcher:
                                  _needs_grad(a, b, bias))
         return result if result is not None else _fallback(a, b, bias, activation, out)
 
-    def linear(self, x, weight, bias=None, activation=None):
-        """`activation(x @ weight^T + bias)` for `l2c.nn.Linear` in eager mode, any leading dimensions.
+    def _addmm(self, a, b, bias, activation, out, residual):
+        """residual + a @ b (+ bias): the served kernel adds the residual as its C input (beta=1), torch in addmm."""
+        if check_activation(activation) != "none" or out is not None:
+            raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
+        if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]) \
+                or _needs_grad(a, b, bias) or (torch.is_grad_enabled() and residual.requires_grad):
+            self.stats["fallback"] += 1
+            return _residual_fallback(a, b, bias, residual)
+        tensors = call_signature(a, b, bias)
+        kernel = self.resolve(a, b, bias, "none", tensors, residual=residual)
+        result = self._run_tuned(kernel, a, b, bias, None, tensors, c=residual)
+        return result if result is not None else _residual_fallback(a, b, bias, residual)
+
+    def gated_matmul(self, a, b, gate, bias=None):
+        """act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:]) for b (K, 2N), the gate's columns then the up
+        projection's: a kernel measured on this gated problem where the table holds one, else torch (one GEMM over
+        both halves, then act(g) * u). Autograd recording runs torch."""
+        gate = check_gate(gate)
+        if a.ndim != 2 or b.ndim != 2 or b.shape[1] % 2 or _needs_grad(a, b, bias) \
+                or not self.may_serve(a.shape[0], b.shape[1] // 2, a.shape[1], gate):
+            self.stats["fallback"] += 1
+            return _gated_fallback(a, b, bias, gate)
+        tensors = call_signature(a, b, bias)
+        y = self._run_tuned(self.resolve(a, b, bias, "none", tensors, gate=gate), a, b, bias, None, tensors)
+        return y if y is not None else _gated_fallback(a, b, bias, gate)
+
+    def gated_linear(self, x, weight, gate, bias=None):
+        """`gated_matmul` for `l2c.nn.GatedMLP` in eager mode: x (..., K), weight (2N, K) the gate's rows then the
+        up projection's (as nn.Linear holds them), any leading dimensions. Unserved, this is F.linear over the
+        concatenated weight, then act(g) * u."""
+        gate = check_gate(gate)
+        n2, k = weight.shape if weight.ndim == 2 else (0, 0)
+        if not (k and x.ndim and n2 % 2 == 0) or _needs_grad(x, weight, bias) \
+                or not self.may_serve(x.numel() // k, n2 // 2, k, gate):
+            self.stats["fallback"] += 1
+            return _gate(F.linear(x, weight, bias), gate)
+        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        w_t = weight.t()
+        tensors = call_signature(x2, w_t, bias)
+        y = self._run_tuned(self.resolve(x2, w_t, bias, "none", tensors, gate=gate), x2, w_t, bias, None, tensors)
+        if y is None:
+            return _gate(F.linear(x, weight, bias), gate)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n2 // 2)
+
+    def linear(self, x, weight, bias=None, activation=None, residual=None):
+        """`activation(x @ weight^T + bias)` (or `residual + x @ weight^T + bias`) for `l2c.nn.Linear` in eager
+        mode, any leading dimensions.
 
         Where no tuned kernel serves the call, this is exactly what `torch.nn.Linear` runs (`F.linear`,
-        one cuBLAS call with the bias fused) plus the activation.
+        one cuBLAS call with the bias fused) plus the activation; with a residual, torch.addmm adds it in the GEMM.
         """
+        if residual is not None:
+            n = weight.shape[0]
+            y = self._addmm(x.reshape(-1, x.shape[-1]), weight.t(), bias, activation, None, residual.reshape(-1, n))
+            return y.reshape(*x.shape[:-1], n)
         n, k = weight.shape if weight.ndim == 2 else (0, 0)
         if not (k and x.ndim and self.may_serve(x.numel() // k, n, k)):   # the hot unserved path: F.linear
             self.stats["fallback"] += 1
@@ -335,6 +434,13 @@ class _TunedMatmul(torch.autograd.Function):
         grad_b = mm(a.mT, grad_out) if ctx.needs_input_grad[1] else None
         grad_bias = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_a, grad_b, grad_bias, None, None, None
+
+
+def check_gate(gate: str) -> str:
+    """`gate` if it names a gated epilogue; ValueError otherwise."""
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    return gate
 
 
 def check_activation(activation: Optional[str]) -> str:
@@ -423,15 +529,80 @@ def _(a, b, bias, activation):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           activation: Optional[str] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`activation(a @ b + bias)` through the tuned kernel for this shape, or torch when none serves it.
+@torch.library.custom_op("l2c::addmm", mutates_args=())
+def _addmm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
+    return default_dispatcher().matmul(a, b, bias=bias, residual=residual)
 
-    a: (M, K), b: (K, N), bias: (N,) or None; activation: None | "relu" | "gelu" | "silu".
+
+@_addmm_op.register_fake
+def _(a, b, bias, residual):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@torch.library.custom_op("l2c::gated_matmul", mutates_args=())
+def _gated_matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], gate: str) -> torch.Tensor:
+    return default_dispatcher().gated_matmul(a, b, gate, bias)
+
+
+@_gated_matmul_op.register_fake
+def _(a, b, bias, gate):
+    return a.new_empty((a.shape[0], b.shape[1] // 2))
+
+
+def _recomputed_grads(fn, ctx, grad_out):
+    """The gradients of `fn(*ctx.inputs)` (torch ops) at the saved inputs: what the custom ops' backward runs, so that
+    a compiled graph trains through them (forward served by the dispatcher, backward by torch)."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
+                  for t, need in zip(ctx.inputs, ctx.needs_input_grad)]
+        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        grads = iter(torch.autograd.grad(fn(*leaves), wanted, grad_out)) if wanted else iter(())
+    return tuple(next(grads) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in leaves)
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.inputs = inputs
+
+
+_matmul_op.register_autograd(
+    lambda ctx, grad: _recomputed_grads(lambda a, b, bias, act: _fallback(a, b, bias, act, None), ctx, grad),
+    setup_context=_save_inputs)
+_addmm_op.register_autograd(lambda ctx, grad: _recomputed_grads(_residual_fallback, ctx, grad),
+                            setup_context=_save_inputs)
+_gated_matmul_op.register_autograd(lambda ctx, grad: _recomputed_grads(_gated_fallback, ctx, grad),
+                                   setup_context=_save_inputs)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
+           residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`activation(a @ b + bias)`, or `residual + a @ b + bias`, through the tuned kernel for this shape, or torch
+    when none serves it.
+
+    a: (M, K), b: (K, N), bias: (N,) or None; activation: None | "relu" | "gelu" | "silu"; residual: (M, N) or None
+    (added in the kernel's epilogue as its C input; no activation with it).
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
     dispatcher = _default or default_dispatcher()
     if torch.compiler.is_compiling() and out is None and a.dim() == 2 and b.dim() == 2:
+        if residual is not None:
+            if check_activation(activation) != "none":
+                raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
+            return _addmm_op(a, b, bias, residual)
         return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
     # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it
-    return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out)
+    return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out, residual=residual)
+
+
+def gated_matmul(a: torch.Tensor, b: torch.Tensor, gate: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The gated MLP projection `act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:])` in one GEMM.
+
+    a: (M, K); b: (K, 2N), the gate projection's N columns then the up projection's (the transpose of
+    torch.cat([gate_proj.weight, up_proj.weight])); gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU); bias: (2N,) or
+    None. A tuned kernel with the fused gated epilogue serves it only where the table holds an entry measured on this
+    gated problem; otherwise torch runs one GEMM over both halves, then act(g) * u.
+    """
+    dispatcher = _default or default_dispatcher()
+    if torch.compiler.is_compiling() and a.dim() == 2 and b.dim() == 2:
+        return _gated_matmul_op(a, b, bias, check_gate(gate))
+    return dispatcher.gated_matmul(a, b, gate, bias)

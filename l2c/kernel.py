@@ -45,8 +45,9 @@ class Kernel:
         return self.valid.spec
 
     def flops(self, m: int, n: int, k: int, batch: int = 1) -> int:
-        """Floating-point operations of one call: 2*M*N*K multiply-adds per batch (the epilogue is not counted)."""
-        return 2 * m * n * k * batch
+        """Floating-point operations of one call: 2*M*N*K multiply-adds per batch, twice that for a gated spec (its B
+        has 2N columns; N is the output's); the epilogue is not counted."""
+        return 2 * m * n * k * batch * (2 if self.spec.epilogue_gate != "none" else 1)
 
     def call_planned(self, key, a, b, bias=None):
         """`self(a, b, bias=bias)` (a call that allocates its output) with `key = call_signature(a, b, bias)`

@@ -56,32 +56,38 @@ class Problem:
     bias: str = "none"          # none | row | col
     activation: str = "none"
     tf32: bool = True           # f32 inputs multiplied on tf32 tensor cores (both sides)
+    gate: str = "none"          # gated epilogue (epilogue gate): B is K x 2N, D = act(A@B_gate) * (A@B_up)
 
     @classmethod
     def from_spec(cls, spec, m: int, n: int, k: int, batch: int = 1) -> "Problem":
         return cls(m, n, k, batch, dtype=spec.types_a, out_dtype=spec.types_c, layout_a=spec.layout_a,
                    layout_b=spec.layout_b, layout_c=spec.layout_c, alpha=float(spec.epilogue_alpha),
                    beta=float(spec.epilogue_beta), bias=spec.epilogue_bias,
-                   activation=spec.epilogue_activation, tf32=spec.types_math == "tf32")
+                   activation=spec.epilogue_activation, tf32=spec.types_math == "tf32", gate=spec.epilogue_gate)
+
+    @property
+    def b_cols(self) -> int:
+        """Columns of B: N, or 2N for a gated problem (the gate's, then the up projection's)."""
+        return 2 * self.n if self.gate != "none" else self.n
 
     @property
     def flops(self) -> int:
-        return 2 * self.m * self.n * self.k * self.batch
+        return 2 * self.m * self.b_cols * self.k * self.batch
 
     @property
     def plain(self) -> bool:
         return (self.alpha == 1.0 and self.beta == 0.0 and self.bias == "none" and self.activation == "none"
-                and self.out_dtype == self.dtype)
+                and self.out_dtype == self.dtype and self.gate == "none")
 
     def footprint_bytes(self) -> int:
         """Bytes one call touches: A, B, D (and C, bias)."""
         ab = TORCH_DTYPES[self.dtype].itemsize
         cb = TORCH_DTYPES[self.out_dtype].itemsize
         mn = self.m * self.n
-        total = (self.m * self.k + self.k * self.n) * ab + mn * cb * (2 if self.beta != 0.0 else 1)
+        total = (self.m * self.k + self.k * self.b_cols) * ab + mn * cb * (2 if self.beta != 0.0 else 1)
         total *= self.batch
         if self.bias != "none":
-            total += (self.m if self.bias == "row" else self.n) * cb
+            total += (self.m if self.bias == "row" else self.b_cols) * cb
         return total
 
 
@@ -128,11 +134,11 @@ def make_operands(problem: Problem, device, count: int = 1, seed: int = 0) -> Li
     p, dev = problem, device.torch_device
     ab, cb = TORCH_DTYPES[p.dtype], TORCH_DTYPES[p.out_dtype]
     a = _matrices(count, p.m, p.k, p.batch, p.layout_a, ab, dev)
-    b = _matrices(count, p.k, p.n, p.batch, p.layout_b, ab, dev)
+    b = _matrices(count, p.k, p.b_cols, p.batch, p.layout_b, ab, dev)
     out = _matrices(count, p.m, p.n, p.batch, p.layout_c, cb, dev)
     c = _matrices(count, p.m, p.n, p.batch, p.layout_c, cb, dev) if p.beta != 0.0 else [None] * count
     if p.bias != "none":
-        blen = p.m if p.bias == "row" else p.n
+        blen = p.m if p.bias == "row" else p.b_cols
         bias = list(torch.empty(count, blen, dtype=cb, device=dev).unbind(0))
     else:
         bias = [None] * count
@@ -182,8 +188,13 @@ class TorchMatmul:
         return self._finish(y, out)
 
     def _finish(self, y, out):
-        """The activation as an eager user applies it after the GEMM, then the result into `out` or returned."""
+        """The activation as an eager user applies it after the GEMM (gated: act of the gate's half times the up
+        projection's), then the result into `out` or returned."""
         p = self.p
+        if p.gate != "none":
+            gate, up = y[..., :p.n], y[..., p.n:]
+            y = (torch.nn.functional.silu(gate) if p.gate == "silu"
+                 else torch.nn.functional.gelu(gate, approximate="tanh")) * up
         if p.activation == "relu":
             y.relu_()
         elif p.activation == "gelu":

@@ -1,13 +1,17 @@
-"""`l2c.nn.Linear`: a drop-in `torch.nn.Linear` whose forward runs through `l2c.matmul`."""
+"""`l2c.nn.Linear`: a drop-in `torch.nn.Linear` whose forward runs through `l2c.matmul`; `l2c.nn.GatedMLP`: a gated
+MLP block (Llama, Mistral, Qwen2) as one GEMM with a fused act(gate) * up epilogue plus the down projection."""
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from . import dispatch
-from .dispatch import check_activation, default_dispatcher, matmul
+from .dispatch import check_activation, check_gate, default_dispatcher, gated_matmul, matmul
+
+log = logging.getLogger("l2c.nn")
 
 
 class Linear(torch.nn.Linear):
@@ -30,16 +34,18 @@ class Linear(torch.nn.Linear):
         new.load_state_dict(linear.state_dict())
         return new
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`activation(x @ W^T + b)`, or `residual + x @ W^T + b` (the residual added in the GEMM's epilogue)."""
         if not torch.compiler.is_compiling():   # eager: straight to the dispatcher (F.linear when unserved)
             dispatcher = dispatch._default or default_dispatcher()
-            if self.activation is None and self.in_features \
+            if self.activation is None and residual is None and self.in_features \
                     and not dispatcher.may_serve(x.numel() // self.in_features, self.out_features, self.in_features):
                 dispatcher.stats["fallback"] += 1   # dispatcher.linear's first test, without its call: the hot path
                 return F.linear(x, self.weight, self.bias)
-            return dispatcher.linear(x, self.weight, self.bias, self.activation)
+            return dispatcher.linear(x, self.weight, self.bias, self.activation, residual=residual)
         lead = x.shape[:-1]
-        y = matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, activation=self.activation)
+        y = matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, activation=self.activation,
+                   residual=None if residual is None else residual.reshape(-1, self.out_features))
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -54,3 +60,107 @@ def replace_linears(module: torch.nn.Module) -> torch.nn.Module:
         else:
             replace_linears(child)
     return module
+
+
+GATED_MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
+
+
+class GatedMLP(torch.nn.Module):
+    """`down(act(gate(x)) * up(x))`, the MLP of Llama, Mistral and Qwen2, as two GEMMs: one over the concatenated
+    gate and up weights whose epilogue writes only act(gate) * up (`l2c.gated_matmul`), then the down projection.
+
+    `gate_up_proj.weight` is (2I, H): rows [0, I) are gate_proj's weight, rows [I, 2I) up_proj's (its transpose is
+    the K x 2N operand of the gated kernel, read column-major without a copy); `down_proj` is an `l2c.nn.Linear`.
+    Where no table entry measured on this gated problem serves a call, torch runs it: one F.linear over both
+    halves, then act(g) * u.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, gate: str = "silu", bias: bool = False,
+                 down_bias: Optional[bool] = None, device=None, dtype=None):
+        super().__init__()
+        self.gate = check_gate(gate)
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias, device=device, dtype=dtype)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias if down_bias is None else down_bias,
+                                device=device, dtype=dtype)
+
+    @classmethod
+    def from_hf(cls, mlp: torch.nn.Module) -> "GatedMLP":
+        """The same block with `mlp`'s weights (a Hugging Face LlamaMLP, MistralMLP, Qwen2MLP or any module with
+        Linear gate_proj, up_proj and down_proj and an act_fn); ValueError for an activation other than SiLU or GELU's
+        tanh form, or projections whose shapes do not make such a block."""
+        gate_proj, up_proj, down_proj = (getattr(mlp, name) for name in GATED_MLP_PARTS)
+        gate = gate_of(mlp.act_fn)
+        inter, hidden = gate_proj.weight.shape
+        if tuple(up_proj.weight.shape) != (inter, hidden) or tuple(down_proj.weight.shape) != (hidden, inter):
+            raise ValueError(f"{type(mlp).__name__}: gate_proj {tuple(gate_proj.weight.shape)}, up_proj "
+                             f"{tuple(up_proj.weight.shape)} and down_proj {tuple(down_proj.weight.shape)} are not "
+                             "the (I, H), (I, H) and (H, I) weights of a gated MLP")
+        weight = gate_proj.weight
+        has_bias = gate_proj.bias is not None or up_proj.bias is not None
+        # built on the meta device and then given storage: no initialisation of weights about to be overwritten
+        new = cls(hidden, inter, gate, bias=has_bias, down_bias=down_proj.bias is not None, device="meta",
+                  dtype=weight.dtype).to_empty(device=weight.device)
+        with torch.no_grad():
+            new.gate_up_proj.weight.copy_(torch.cat([gate_proj.weight, up_proj.weight]))
+            if has_bias:
+                zeros = weight.new_zeros(inter)
+                new.gate_up_proj.bias.copy_(torch.cat([zeros if p.bias is None else p.bias for p in (gate_proj, up_proj)]))
+            new.down_proj.weight.copy_(down_proj.weight)
+            if down_proj.bias is not None:
+                new.down_proj.bias.copy_(down_proj.bias)
+        return new
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The block's output; with `residual`, residual + the block's output, added in the down projection's GEMM."""
+        weight, bias = self.gate_up_proj.weight, self.gate_up_proj.bias
+        if not torch.compiler.is_compiling():
+            h = (dispatch._default or default_dispatcher()).gated_linear(x, weight, self.gate, bias)
+        else:
+            lead = x.shape[:-1]
+            h = gated_matmul(x.reshape(-1, self.hidden_size), weight.t(), self.gate, bias)
+            h = h.reshape(*lead, self.intermediate_size)
+        return self.down_proj(h, residual=residual)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, gate={self.gate}"
+
+
+def gate_of(act_fn) -> str:
+    """The gated epilogue that computes `act_fn`: "silu" or "gelu_tanh", told by what it computes (Hugging Face's
+    activation classes differ between versions), on float64 values from -20 to 20; ValueError for anything else
+    (GELU's exact erf form, QuickGELU, ReLU, ...)."""
+    x = torch.linspace(-20, 20, 4001, dtype=torch.float64)
+    try:
+        y = act_fn(x)
+    except Exception as err:  # noqa: BLE001 - whatever it is, it is not an activation l2c knows
+        raise ValueError(f"act_fn {act_fn!r} cannot be evaluated on a float64 tensor: {err}") from None
+    for gate, ref in (("silu", F.silu(x)), ("gelu_tanh", F.gelu(x, approximate="tanh"))):
+        if isinstance(y, torch.Tensor) and y.shape == x.shape and torch.allclose(y, ref, rtol=1e-6, atol=1e-9):
+            return gate
+    raise ValueError(f"act_fn {act_fn!r} is neither SiLU nor GELU's tanh form: l2c has no gated epilogue for it")
+
+
+def is_gated_mlp(module: torch.nn.Module) -> bool:
+    """Whether `module` has the parts of a gated MLP: Linear gate_proj, up_proj and down_proj, and an act_fn."""
+    return all(isinstance(getattr(module, name, None), torch.nn.Linear) for name in GATED_MLP_PARTS) \
+        and callable(getattr(module, "act_fn", None))
+
+
+def replace_mlps(module: torch.nn.Module, linears: bool = True) -> torch.nn.Module:
+    """Swap every gated MLP inside `module` (Hugging Face LlamaMLP, MistralMLP, Qwen2MLP: `is_gated_mlp`) for a
+    `GatedMLP` with the same weights, in place; then, with `linears`, every remaining `torch.nn.Linear` for an
+    `l2c.nn.Linear` (`replace_linears`). An MLP whose activation has no gated epilogue is left as it is (logged)."""
+    _swap_mlps(module)
+    return replace_linears(module) if linears else module
+
+
+def _swap_mlps(module: torch.nn.Module) -> None:
+    for name, child in module.named_children():
+        if is_gated_mlp(child):
+            try:
+                setattr(module, name, GatedMLP.from_hf(child))
+            except ValueError as err:
+                log.warning("l2c.nn.replace_mlps: %s left as it is: %s", name, err)
+        else:
+            _swap_mlps(child)

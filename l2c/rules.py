@@ -50,9 +50,15 @@ def fail(spec: KernelSpec, knob_field: Optional[str], rule: str, message: str) -
                              knob=knob_key, rule=rule)
 
 
+def gated(spec: KernelSpec) -> bool:
+    """Whether the spec's epilogue is gated (`epilogue gate`): B holds the gate's and the up projection's columns."""
+    return spec.epilogue_gate != "none"
+
+
 def mainloop_stage_bytes(spec: KernelSpec) -> int:
     ab = DTYPE_BYTES[spec.types_a]
-    return (spec.tile_m * spec.tile_k + spec.tile_k * spec.tile_n) * ab
+    b_tiles = 2 if gated(spec) else 1   # a gated kernel loads the gate's and the up projection's tile of B
+    return (spec.tile_m * spec.tile_k + b_tiles * spec.tile_k * spec.tile_n) * ab
 
 
 def alignment_checks(spec: KernelSpec) -> List[Tuple[str, str, object, int]]:

@@ -10,6 +10,10 @@ A table is measurements, and the dispatcher serves a kernel only where a measure
 
 Nothing else: no nearest M, no interpolation. An entry measured at or below torch's speed never serves.
 
+A gated entry (``"gate": "silu"`` or ``"gelu_tanh"``: a kernel with that gated epilogue, measured against torch's
+gated MLP projection on a B of K x 2N, N being the output's) is evidence for that gated problem only: it serves
+gated calls of its own gate, and a plain call never sees it (nor a gated call a plain entry).
+
 Reading a table never raises past `load_table`: a file that cannot be read or is not a table raises
 `TableError` (the dispatcher warns once and runs torch), and a malformed entry is skipped and counted.
 """
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .ir import KernelSpec
+from .ir import KernelSpec, knob
 from .knobs import ANY
 from .parser import parse_one
 
@@ -29,6 +33,7 @@ MAX_TABLE_BYTES = 64 * 2**20
 DTYPES = ("f16", "bf16")
 LAYOUT_WORDS = ("row", "col")
 TARGETS = ("triton", "cutlass")
+GATES = knob("epilogue_gate").choices   # "none": a plain GEMM entry
 
 
 class TableError(Exception):
@@ -50,6 +55,7 @@ class TunedEntry:
     m_lo: Optional[int] = None   # with m_hi: the measured token-count range this entry serves
     m_hi: Optional[int] = None
     range_min_speedup: Optional[float] = None   # the worst measured speedup inside that range
+    gate: str = "none"     # the gated problem it was measured on (epilogue gate); "none": a plain GEMM
 
     @property
     def speedup(self) -> float:
@@ -67,6 +73,8 @@ class TunedEntry:
             row["m_range"] = [self.m_lo, self.m_hi]
             if self.range_min_speedup is not None:
                 row["range_min_speedup"] = self.range_min_speedup
+        if self.gate != "none":
+            row["gate"] = self.gate
         return row
 
 
@@ -100,6 +108,9 @@ def entry_from_row(row) -> TunedEntry:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("spec must be the kernel's .l2 text")
+    gate = row.get("gate", "none")
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
     m_lo = m_hi = worst = None
     m = _whole(row["m"], "m")
     if row.get("m_range") is not None:
@@ -117,21 +128,28 @@ def entry_from_row(row) -> TunedEntry:
                       batch=_whole(row.get("batch", 1), "batch"), dtype=dtype, layout=layout, target=target,
                       spec_text=spec, tflops=_rate(row["tflops"], "tflops"),
                       baseline_tflops=_rate(row["baseline_tflops"], "baseline_tflops"), m_lo=m_lo, m_hi=m_hi,
-                      range_min_speedup=worst)
+                      range_min_speedup=worst, gate=gate)
 
 
 class TunedTable:
-    """The served entries of one architecture's table, indexed by the dispatch rule (module docstring)."""
+    """The served entries of one architecture's table, indexed by the dispatch rule (module docstring). The gated
+    entries of each gate are a table of their own (`gated`), so that their (N, K) never meets a plain call's."""
 
     def __init__(self, entries: List[TunedEntry], arch: str = "sm_90", source: str = "<memory>", skipped: int = 0,
-                 first_skipped: str = ""):
+                 first_skipped: str = "", gate: str = "none"):
         self.arch = arch
         self.source = source
         self.skipped = skipped          # malformed rows left out when the table was read
         self.first_skipped = first_skipped   # the first of them and what is wrong with it
+        self.gate = gate                # the problem this table's entries were measured on
         self.exact: Dict[Tuple, TunedEntry] = {}
         self.ranges: Dict[Tuple, List[TunedEntry]] = {}
+        gated: Dict[str, List[TunedEntry]] = {}
         for e in entries:
+            if e.gate != gate:
+                if gate == "none":
+                    gated.setdefault(e.gate, []).append(e)
+                continue
             if e.speedup <= 1.0:        # measured no faster than torch: never served
                 continue
             key = (e.dtype, e.layout, e.n, e.k, e.batch)
@@ -153,13 +171,19 @@ class TunedTable:
             spans.setdefault((key[2], key[3]), []).extend((e.m_lo, e.m_hi) for e in group)
         self.served_m = {nk: (frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
                          for nk in exact_ms.keys() | spans.keys()}
+        self.gated: Dict[str, "TunedTable"] = {g: TunedTable(group, arch, source, gate=g) for g, group in gated.items()}
 
     @classmethod
     def load(cls, path) -> "TunedTable":
         return load_table(path)
 
-    def lookup(self, dtype: str, layout: str, m: int, n: int, k: int, batch: int = 1) -> Optional[TunedEntry]:
-        """The entry that serves this call under the dispatch rule, or None (torch serves it)."""
+    def lookup(self, dtype: str, layout: str, m: int, n: int, k: int, batch: int = 1,
+               gate: str = "none") -> Optional[TunedEntry]:
+        """The entry that serves this call under the dispatch rule, or None (torch serves it). A gated call (`gate`,
+        N the output's columns) is looked up among the entries measured on that gated problem."""
+        if gate != self.gate:
+            sub = self.gated.get(gate)
+            return sub.lookup(dtype, layout, m, n, k, batch, gate) if sub is not None else None
         key = (dtype, layout, n, k, batch)
         hit = self.exact.get(key + (m,))
         if hit is not None:
@@ -169,8 +193,12 @@ class TunedTable:
                 return e
         return None
 
-    def may_serve(self, m: int, n: int, k: int) -> bool:
-        """Whether any entry serves M for this (N, K), whatever the dtype and layouts: False means torch."""
+    def may_serve(self, m: int, n: int, k: int, gate: str = "none") -> bool:
+        """Whether any entry serves M for this (N, K) (of this gated problem), whatever the dtype and layouts: False
+        means torch."""
+        if gate != self.gate:
+            sub = self.gated.get(gate)
+            return sub is not None and sub.may_serve(m, n, k, gate)
         served = self.served_m.get((n, k))
         if served is None:
             return False
@@ -181,15 +209,19 @@ class TunedTable:
         return len(self.exact)
 
 
-def served_spec(entry: TunedEntry, m: int, has_bias: bool, activation: str) -> KernelSpec:
+def served_spec(entry: TunedEntry, m: int, has_bias: bool, activation: str, residual: bool = False) -> KernelSpec:
     """The spec the dispatcher builds to serve `entry` at a call with M = `m` and this epilogue: the entry's spec,
-    generic in M unless it is fixed at exactly `m`, with the call's bias (per column, as nn.Linear's) and
-    activation fused. The prebuilt pack builds the same specs, so that what it holds is what calls ask for.
-    Raises L2Error for a spec that does not parse."""
+    generic in M unless it is fixed at exactly `m`, with the call's bias (per column, as nn.Linear's), activation,
+    the entry's gated epilogue and, with `residual`, the residual added as the C input (beta=1) fused. The
+    prebuilt pack builds the same specs, so that what it holds is what calls ask for. Raises L2Error for a spec
+    that does not parse."""
     spec = parse_one(entry.spec_text, file="<tuned table>")
     if spec.problem_m != m:
         spec = spec.replace(problem_m=ANY)
-    return spec.replace(epilogue_bias="col" if has_bias else "none", epilogue_activation=activation)
+    if residual:
+        spec = spec.replace(epilogue_beta=1.0)
+    return spec.replace(epilogue_bias="col" if has_bias else "none", epilogue_activation=activation,
+                        epilogue_gate=entry.gate)
 
 
 def served_ms(entry: TunedEntry) -> List[int]:
@@ -206,10 +238,13 @@ def served_ms(entry: TunedEntry) -> List[int]:
 
 
 def served_entries(table: TunedTable) -> List[TunedEntry]:
-    """Every entry of `table` that can serve a call (those the lookup can return), exact ones first."""
+    """Every entry of `table` that can serve a call (those the lookup can return), exact ones first, then the gated
+    entries."""
     entries = list(table.exact.values())
     for group in table.ranges.values():
         entries += group
+    for sub in table.gated.values():
+        entries += served_entries(sub)
     return entries
 
 

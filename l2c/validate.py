@@ -31,9 +31,10 @@ COMMON_RULES = declare({
     "acc-type": "an f16 accumulator needs f16 inputs; f32 inputs need an f32 accumulator",
     "split-k-slices": "split-K slices may not exceed the number of K tiles of a fixed K",
     "shared-memory": "stages x (tile_m x tile_k + tile_k x tile_n) x element bytes (+ epilogue) must fit the "
-                     "architecture's shared memory per block",
+                     "architecture's shared memory per block (a gated kernel loads two B tiles per stage)",
     "accumulator-registers": "the fp32 accumulator tile spread over the threads must fit in registers "
-                             "(<= 256 values per thread for Triton, <= 128 per consumer thread for CUTLASS)",
+                             "(<= 256 values per thread for Triton, <= 128 per consumer thread for CUTLASS; a gated "
+                             "kernel keeps two tiles)",
     "fp32-scalar": "epilogue alpha and beta are fp32 in the kernels: each must be finite in fp32 (|x| < 3.4e38) "
                    "and, unless 0, a normal fp32 number (|x| >= 1.18e-38), so that it neither overflows nor "
                    "rounds or flushes to 0",

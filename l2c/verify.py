@@ -10,6 +10,10 @@ Two checks, both must hold: the relative Frobenius error against a per-dtype tol
 (`element_bound`), because a norm over millions of elements lets one wrong element, a wrong 3x3 block or one
 wrong edge column through. A shape-generic kernel checked at a shape that fills its tiles exactly is also
 checked at a shape with partial tiles in every open dimension (`edge_shape`), where masking bugs live.
+
+A gated spec (`epilogue gate`) reads a B of K x 2N (the gate's columns, then the up projection's) and a bias of 2N
+values; its reference is act(gate) * up of the float reference of both halves, and its elementwise bound carries
+each half's error through the product.
 """
 from __future__ import annotations
 
@@ -36,6 +40,9 @@ UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24}
 # TF32 keeps 10 mantissa bits of each f32 input and tensor cores may truncate rather than round the rest: each
 # input is off by up to 2^-10 of itself, so a product by up to about 2 * 2^-10.
 TF32_PRODUCT = 2 * 2.0 ** -10
+# GELU's tanh form as the gated epilogue computes it: x sigmoid(GELU_TANH_SCALE (x + GELU_TANH_CUBIC x^3)).
+GELU_TANH_SCALE = 2 * math.sqrt(2 / math.pi)
+GELU_TANH_CUBIC = 0.044715
 # Safety factor of the elementwise bound: it covers the slope of the activations (GELU's and SiLU's is at most
 # 1.13), a few roundings in the epilogue, and rounding errors beyond the typical sqrt(K) growth; faults of 1% of
 # an element stay far above it.
@@ -58,6 +65,8 @@ def tolerance(spec, k: int) -> float:
     f16 accumulator.
     """
     math_tol = _MATH_TOLERANCE[spec.types_math if spec.types_a == "f32" else spec.types_a]
+    if _gated(spec):   # act(gate) * up: the two products' errors add
+        math_tol *= 2
     acc_ulp = 2.0 ** -11 if spec.types_acc == "f16" else 2.0 ** -24
     return math_tol + _OUTPUT_ROUNDING[spec.types_c] + 2 * acc_ulp * math.sqrt(max(k, 1))
 
@@ -83,6 +92,8 @@ def element_bound(spec, product: torch.Tensor, spread: torch.Tensor, c: Optional
     alpha = abs(float(spec.epilogue_alpha))
     p = TF32_PRODUCT if spec.types_a == "f32" and spec.types_math == "tf32" else 0.0
     sums = math.sqrt(max(k, 1)) * (UNIT_ROUNDOFF[spec.types_acc] + ref_unit)
+    if _gated(spec):
+        return _gated_bound(spec, product, spread, bias, ref, alpha, p, sums)
     terms = alpha * product.abs()
     if c is not None:
         terms = terms + abs(float(spec.epilogue_beta)) * c.to(dt).abs()
@@ -91,6 +102,42 @@ def element_bound(spec, product: torch.Tensor, spread: torch.Tensor, c: Optional
     bound = (UNIT_ROUNDOFF[spec.types_c] * ref.abs() + alpha * (p * (product.abs() + 2 * spread) + sums * spread)
              + 4 * UNIT_ROUNDOFF["f32"] * terms)
     return ELEMENT_SAFETY * bound + torch.finfo(TORCH_DTYPES[spec.types_c]).tiny
+
+
+def _gated(spec) -> bool:
+    return spec.epilogue_gate != "none"
+
+
+def _gated_bound(spec, product, spread, bias, ref, alpha, p, sums) -> torch.Tensor:
+    """element_bound of a gated spec: `product` and `spread` are M x 2N (both halves of B). Each half's error before
+    the activation is the plain bound's (without the output rounding); through D = act(g) * u it becomes
+    |u| e_g + |act(g)| e_u (the activation's slope, at most 1.13, is in ELEMENT_SAFETY), plus the fp32 product and
+    activation: a few ulps of D, and for GELU's tanh form the rounding of its cubic argument z, which moves the
+    sigmoid by up to ulps of |z|."""
+    dt = ref.dtype
+    terms = alpha * product.abs()
+    if bias is not None:
+        terms = terms + bias.to(dt).abs()
+    pre_error = alpha * (p * (product.abs() + 2 * spread) + sums * spread) + 4 * UNIT_ROUNDOFF["f32"] * terms
+    pre = _pre_activation(spec, product, bias)
+    n = pre.shape[-1] // 2
+    g, u = pre[..., :n], pre[..., n:]
+    act_rounding = 4 * UNIT_ROUNDOFF["f32"] * ref.abs()
+    if spec.epilogue_gate == "gelu_tanh":
+        act_rounding = act_rounding * (1 + (GELU_TANH_SCALE * (g + GELU_TANH_CUBIC * g ** 3)).abs())
+    bound = (UNIT_ROUNDOFF[spec.types_c] * ref.abs() + u.abs() * pre_error[..., :n]
+             + _gate_activation(spec, g).abs() * pre_error[..., n:] + act_rounding)
+    return ELEMENT_SAFETY * bound + torch.finfo(TORCH_DTYPES[spec.types_c]).tiny
+
+
+def _pre_activation(spec, product: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """alpha * product + bias (per column), in `product`'s dtype."""
+    result = product * spec.epilogue_alpha if spec.epilogue_alpha != 1.0 else product
+    return result + bias.to(product.dtype) if bias is not None else result
+
+
+def _gate_activation(spec, g: torch.Tensor) -> torch.Tensor:
+    return F.silu(g) if spec.epilogue_gate == "silu" else F.gelu(g, approximate="tanh")
 
 
 def edge_shape(spec, m: int, n: int, k: int) -> Optional[Tuple[int, int, int]]:
@@ -111,20 +158,27 @@ def memory_needed(spec, m: int, n: int, k: int, batch: int = 1) -> int:
     """Bytes one `verify` call holds at its peak, roughly: the operands and outputs in their types, their float64
     copies and squares, the product, the spread, the reference, the bound and the difference."""
     in_bytes, out_bytes = (torch.finfo(TORCH_DTYPES[t]).bits // 8 for t in (spec.types_a, spec.types_c))
-    operands, outputs = batch * (m * k + k * n), batch * m * n
+    b_cols = 2 * n if _gated(spec) else n
+    operands, outputs = batch * (m * k + k * b_cols), batch * m * b_cols
     return operands * (in_bytes + 2 * 8) + outputs * (4 * out_bytes + 7 * 8)
 
 
 def reference(spec, a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None,
               bias: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """D = act(alpha * a @ b + beta * c + bias) computed in `dtype` on the inputs' device (not cast to types.c)."""
+    """D = act(alpha * a @ b + beta * c + bias) (gated: act(gate) * up of both halves of b) computed in `dtype` on
+    the inputs' device (not cast to types.c)."""
     return epilogue(spec, torch.matmul(a.to(dtype), b.to(dtype)), c, bias)
 
 
 def epilogue(spec, product: torch.Tensor, c: Optional[torch.Tensor] = None,
              bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """act(alpha * product + beta * c + bias) in `product`'s dtype."""
+    """act(alpha * product + beta * c + bias) in `product`'s dtype; for a gated spec, `product` holds both halves
+    (M x 2N) and the result is act(gate) * up."""
     dtype = product.dtype
+    if _gated(spec):
+        pre = _pre_activation(spec, product, bias)
+        n = pre.shape[-1] // 2
+        return _gate_activation(spec, pre[..., :n]) * pre[..., n:]
     result = product
     if spec.epilogue_alpha != 1.0:
         result = result * spec.epilogue_alpha
@@ -152,15 +206,17 @@ def _random(shape: Tuple[int, ...], layout: str, dtype, device, gen) -> torch.Te
 
 
 def make_inputs(spec, m: int, n: int, k: int, batch: int, device, gen):
-    """(a, b, c or None, bias or None, out poisoned with NaN) in the spec's types and layouts."""
+    """(a, b, c or None, bias or None, out poisoned with NaN) in the spec's types and layouts; a gated spec's b and
+    bias have 2N columns (the gate's, then the up projection's)."""
     lead = (batch,) if batch > 1 else ()
     in_t, out_t = TORCH_DTYPES[spec.types_a], TORCH_DTYPES[spec.types_c]
+    b_cols = 2 * n if _gated(spec) else n
     a = _random((*lead, m, k), spec.layout_a, in_t, device, gen)
-    b = _random((*lead, k, n), spec.layout_b, in_t, device, gen)
+    b = _random((*lead, k, b_cols), spec.layout_b, in_t, device, gen)
     c = _random((*lead, m, n), spec.layout_c, out_t, device, gen) if spec.epilogue_beta != 0.0 else None
     bias = None
     if spec.epilogue_bias != "none":
-        bias = torch.randn(m if spec.epilogue_bias == "row" else n, generator=gen, device=device).to(out_t)
+        bias = torch.randn(m if spec.epilogue_bias == "row" else b_cols, generator=gen, device=device).to(out_t)
     out_stored = (*lead, n, m) if spec.layout_c == "col" else (*lead, m, n)
     out = torch.full(out_stored, float("nan"), dtype=out_t, device=device)
     if spec.layout_c == "col":

@@ -11,7 +11,15 @@ nn.Linear's layout (B is the weight transposed). Stages:
   configurations per M (geomean speedup) go on to stage B (`--top-from` ranks an earlier exploration instead);
 - gemv (B): those configurations, and three 16-row tensor-core tiles at M = 4-16, on every weight;
 - cutlass (C): swapped narrow CUTLASS tiles (tile M the smallest of 8-128 that holds the tokens; basic, pingpong,
-  cooperative; split-K serial, stream-K, parallel), built in the background while the Triton stages run.
+  cooperative; split-K serial, stream-K, parallel), built in the background while the Triton stages run;
+- gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
+  `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — GEMV kernels up to
+  16 tokens, narrow and wide tensor-core tiles (pointer and TMA loads) above — each timed against torch's gated
+  projection (one cuBLAS GEMM over the 2N concatenated columns, then act(g) * u). `l2c table --ranges` makes gated
+  entries of the rows (their `gate` field), which only gated calls (`l2c.gated_matmul`, `l2c.nn.GatedMLP`) meet:
+
+      python scripts/serve_sweep.py --out DIR --dtype f16 --stages gated --budget-s 1800
+      l2c table DIR/serve_gated_silu_f16.jsonl --ranges -o DIR/gated_f16.json
 Every candidate is verified, then timed against F.linear's cuBLAS call in the `kernel` protocol with cold
 operands and each row's fraction of roofline (`l2c bench --roofline`, rates measured in the same run). Triton
 compiles every (spec, specialization) on first launch; a pool of processes launches each pair once first so that
@@ -115,6 +123,50 @@ def _spec(body: str, dtype: str, family: str, target: str = "triton") -> str:
     return spec.replace(name=config_name(spec)).to_l2()
 
 
+# The gated stage's kernels: a gated kernel keeps two accumulators (or two K-lane sums) and reads two B tiles, and
+# its 2N weight columns give the SMs enough programs without split-K (rule gated-split-k).
+GATED_GEMV = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (8, 128, 2), (16, 128, 4), (32, 128, 8), (8, 64, 8),
+              (8, 128, 8), (16, 64, 8))   # tile n, tile k, warps
+GATED_NARROW = ((64, 128, 4), (128, 64, 4), (64, 64, 6), (32, 128, 4))     # tile n, k, stages for tile m 16-64
+GATED_WIDE = ((64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 3, 8),
+              (128, 128, 32, 4, 8), (256, 64, 64, 3, 8), (64, 256, 64, 3, 8))   # tile m, n, k, stages, warps
+GATED_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def _gated_spec(body: str, dtype: str, gate: str, group: int) -> str:
+    from l2c.ir import config_name
+    from l2c.parser import parse_one
+    text = (f"kernel k {{\n  target triton\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
+            f"acc=f32\n  layout a=row b=col c=row\n  {body}\n  swizzle group={group}\n  epilogue gate={gate}\n}}\n")
+    spec = parse_one(text)
+    return spec.replace(name=config_name(spec)).to_l2()
+
+
+def gated_pool(m: int, dtype: str, gate: str):
+    """The gated stage's candidates for M tokens (nn.Linear's layout: B the concatenated weight transposed)."""
+    rows = 1 << max(0, (m - 1).bit_length())
+    texts = []
+    if m <= 16:
+        for bn, bk, warps in GATED_GEMV:
+            for reduce in ("step", "end"):
+                texts.append(_gated_spec(f"launch family=gemv warps={warps} evict=first reduce={reduce}\n  tile m={rows} "
+                                         f"n={bn} k={bk}", dtype, gate, 1))
+    if 4 <= m <= 256:
+        tile_m = min(64, max(16, rows))
+        for bn, bk, stages in GATED_NARROW:
+            texts.append(_gated_spec(f"launch warps=4 evict=first\n  tile m={tile_m} n={bn} k={bk}\n  pipeline "
+                                     f"stages={stages}", dtype, gate, 1))
+    if m >= 32:
+        for bm, bn, bk, stages, warps in GATED_WIDE:
+            if bm > max(64, rows):
+                continue
+            for loads in ("pointer", "tma"):
+                for persistent in ("no", "yes"):
+                    texts.append(_gated_spec(f"launch warps={warps} loads={loads} persistent={persistent}\n  tile m={bm} "
+                                             f"n={bn} k={bk}\n  pipeline stages={stages}", dtype, gate, 8))
+    return _valid(list(dict.fromkeys(texts)))
+
+
 def _valid(texts):
     from l2c.errors import L2Error
     from l2c.parser import parse_one
@@ -144,7 +196,8 @@ def _warm(pairs):
             kernel = build(validate(spec, spec.target, "sm_90"))
             dt = {"f16": torch.float16, "bf16": torch.bfloat16}[spec.types_a]
             a = torch.empty(m, k, device=dev, dtype=dt).normal_()
-            w = torch.empty(n, k, device=dev, dtype=dt).normal_()
+            columns = 2 * n if spec.epilogue_gate != "none" else n   # a gated kernel's B: the gate's, then the up's
+            w = torch.empty(columns, k, device=dev, dtype=dt).normal_()
             kernel(a, w.t())
             kernel(a, w.t())
         except Exception:  # noqa: BLE001 - the measuring process records the failure
@@ -283,7 +336,8 @@ def main() -> int:
     ap.add_argument("--stages", default="explore,gemv,cutlass",
                     help="explore (stage A: the wide GEMV space on a few weights), gemv (stage B: the best of it on "
                          "every weight, M <= 16), cutlass (swapped CUTLASS tiles on every weight, M <= --max-m; "
-                         "built with --build-jobs processes while the Triton stages run)")
+                         "built with --build-jobs processes while the Triton stages run); gated (the fused gated MLP "
+                         "projection of --gated-weights at --gated-tokens; not a default stage)")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--top", type=int, default=8, help="GEMV configurations per M kept for stage B")
     ap.add_argument("--top-from", default=None, metavar="EXPLORE.jsonl",
@@ -292,6 +346,11 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--build-jobs", type=int, default=8)
     ap.add_argument("--shapes", default="serve")
+    ap.add_argument("--gate", default="silu", choices=("silu", "gelu_tanh"), help="the gated stage's epilogue")
+    ap.add_argument("--gated-tokens", default=",".join(map(str, GATED_TOKENS)),
+                    help="the gated stage's token counts M (comma-separated)")
+    ap.add_argument("--gated-weights", default="14336x4096", metavar="NxK,...",
+                    help="the gated stage's problems: N outputs (the intermediate size) x K (the hidden size)")
     ap.add_argument("--warm-table", metavar="TABLE.json",
                     help="instead of sweeping: compile the Triton kernels TABLE serves on --shapes (comma-separated "
                          "sets) in f16 and bf16, nn.Linear's layout, before measuring through the dispatcher")
@@ -326,6 +385,13 @@ def main() -> int:
         pools = {s.key: gemv_pool(s, args.dtype, top) for s in chosen}
         sweep(chosen, pools, out / f"serve_gemv_{args.dtype}.jsonl", device, args.budget_s, args.workers,
               sys.stderr, f"gemv {args.dtype}")
+    if "gated" in stages:
+        from l2c.shapes import Shape
+        weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]
+        chosen = [Shape(m, n, k, label="gated") for m in map(int, args.gated_tokens.split(",")) for n, k in weights]
+        pools = {s.key: gated_pool(s.m, args.dtype, args.gate) for s in chosen}
+        sweep(chosen, pools, out / f"serve_gated_{args.gate}_{args.dtype}.jsonl", device, args.budget_s, args.workers,
+              sys.stderr, f"gated {args.gate} {args.dtype}")
     if builder is not None:
         t0 = time.monotonic()
         code = builder.wait()

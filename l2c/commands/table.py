@@ -116,8 +116,10 @@ def spec_text(row, cache) -> str:
 
 
 def shape_key(row) -> tuple:
-    """What one table entry is for: shape, dtype and layout (a results row and a table entry alike)."""
-    return row["m"], row["n"], row["k"], row.get("batch", 1), row["dtype"], row["layout"]
+    """What one table entry is for: shape, dtype and layout (a results row and a table entry alike), and the gated
+    problem of a gated row (its own entry: tuned_table's lookup keeps gated and plain apart)."""
+    key = (row["m"], row["n"], row["k"], row.get("batch", 1), row["dtype"], row["layout"])
+    return key + (row["gate"],) if row.get("gate", "none") != "none" else key
 
 
 def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape: bool = False, cache=None,
@@ -231,9 +233,10 @@ def run(args) -> int:
         admit = lambda r: verdicts.get((*shape_key(r), r["spec"]), False)  # noqa: E731
     chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape, cache, admit)
     def entry(r):
-        return {"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
-                "layout": r["layout"], "target": r["target"], "spec": r["spec"],
-                "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
+        row = {"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
+               "layout": r["layout"], "target": r["target"], "spec": r["spec"],
+               "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
+        return dict(row, gate=r["gate"]) if r.get("gate", "none") != "none" else row
 
     entries = [entry(r) for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
     if args.ranges:

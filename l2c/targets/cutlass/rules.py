@@ -8,7 +8,7 @@ from typing import Tuple
 from ...arch import Arch
 from ...ir import KernelSpec
 from ...knobs import ANY, AUTO, DTYPE_BYTES
-from ...rules import ValidSpec, alignment_checks, declare, fail, mainloop_stage_bytes
+from ...rules import ValidSpec, alignment_checks, declare, fail, gated, mainloop_stage_bytes
 
 RULES = declare({
     "parallel-split-k": "split_k mode=parallel runs a plain (unbatched) GEMM whose K splits into equal slices that "
@@ -27,6 +27,8 @@ RULES = declare({
                         "scheduler, which needs the cooperative schedule",
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
     "gemv-target": "`launch family=gemv` is a Triton kernel family (CUDA-core multiply-adds, no tl.dot)",
+    "gated-target": "`epilogue gate` is lowered by the Triton kernels: CUTLASS's fused epilogue sees one accumulator "
+                    "tile, in which the gate and up columns of an output column (N columns apart in B) never meet",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
 })
 
@@ -133,6 +135,8 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     the stage count CUTLASS instantiates and the kernel's shared memory."""
     if spec.launch_family != "gemm":
         raise fail(spec, "launch_family", "gemv-target", f"family={spec.launch_family} on CUTLASS")
+    if gated(spec):
+        raise fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on CUTLASS")
     if spec.types_a not in ("f16", "bf16") or spec.types_acc != "f32":
         raise fail(spec, "types_a", "cutlass-dtypes", f"inputs {spec.types_a}, accumulator {spec.types_acc}")
     # The tile rules are CUTLASS's, so they apply to the GEMM it instantiates: under launch swap=yes, the spec's

@@ -7,7 +7,7 @@ from typing import Tuple
 from ...arch import Arch
 from ...ir import KernelSpec, knob
 from ...knobs import ANY, AUTO
-from ...rules import ValidSpec, alignment_checks, declare, fail, mainloop_stage_bytes
+from ...rules import ValidSpec, alignment_checks, declare, fail, gated, mainloop_stage_bytes
 
 TMA_LOADS = ("tma", "tma_device")   # `launch loads=` values that read A and B through tensor descriptors
 
@@ -32,12 +32,17 @@ RULES = declare({
     "gemv-tile-pow2": "a gemv kernel's tile n and tile k are powers of two (tl.arange)",
     "gemv-registers": f"a gemv step multiplies tile m x tile n x tile k products spread over the program's threads: "
                       f"at most {GEMV_PRODUCTS_PER_THREAD} per thread ({GEMV_PRODUCTS_PER_THREAD // 2} with `launch "
-                      f"reduce=end`, which keeps a running sum per product), or the products and the loaded slab no "
-                      f"longer fit in registers",
+                      f"reduce=end`, which keeps a running sum per product; a gated kernel's two slabs count twice), "
+                      f"or the products and the loaded slab no longer fit in registers",
     "gemv-loads": "a gemv kernel reads A and B through pointers (`launch loads=pointer`)",
     "gemv-batch": "a gemv kernel serves a plain (unbatched) GEMM: problem batch=1",
     "gemv-persistent": "a gemv kernel launches one program per tile and K slice (`launch persistent=no`)",
     "gemv-acc": "a gemv kernel accumulates in f32 (its CUDA-core multiply-adds cost the same in f32)",
+    "gated-epilogue": "a gated epilogue computes act(alpha * A@B_gate + bias_gate) * (alpha * A@B_up + bias_up): its "
+                      "bias is per column (2N values: the gate's, then the up projection's) or none, it reads no C "
+                      "input (beta=0) and takes no `activation` (the gate names it)",
+    "gated-split-k": "a gated kernel runs its K loop in one program (split_k slices=1): its slices would reduce two "
+                     "partial tiles, and its 2N weight columns already give the SMs many programs",
 })
 
 
@@ -52,6 +57,8 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.split_k_reduce != "inkernel" and (spec.split_k_slices == 1 or spec.split_k_mode != "workspace"):
         raise fail(spec, "split_k_reduce", "split-k-reduce",
                     f"reduce={spec.split_k_reduce} with split_k slices={spec.split_k_slices} mode={spec.split_k_mode}")
+    if gated(spec):
+        _check_gated(spec)
     if spec.launch_family == "gemv":
         return _validate_triton_gemv(spec, arch)
     if spec.launch_reduce != "step":
@@ -67,12 +74,25 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
         warps = 8 if acc_tile >= 128 * 128 else 4
     else:
         warps = int(spec.launch_warps)
-    per_thread = acc_tile // (warps * 32)
+    per_thread = acc_tile * (2 if gated(spec) else 1) // (warps * 32)
     if per_thread > 256:
         raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "accumulator-registers",
-                    f"{spec.tile_m}x{spec.tile_n} accumulator over {warps} warps is {per_thread} values per thread")
+                    f"{'two ' if gated(spec) else ''}{spec.tile_m}x{spec.tile_n} accumulator{'s' if gated(spec) else ''} "
+                    f"over {warps} warps {'are' if gated(spec) else 'is'} {per_thread} values per thread")
     stages, smem = _triton_stages(spec, arch)
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
+
+
+def _check_gated(spec: KernelSpec) -> None:
+    """What the gated epilogue of the Triton templates computes (the knob's doc): rules gated-epilogue, gated-split-k."""
+    for field, allowed in (("epilogue_beta", (0.0,)), ("epilogue_activation", ("none",)),
+                           ("epilogue_bias", ("none", "col"))):
+        if getattr(spec, field) not in allowed:
+            raise fail(spec, field, "gated-epilogue",
+                       f"{knob(field).key}={getattr(spec, field)} with gate={spec.epilogue_gate}")
+    if spec.split_k_slices > 1:
+        raise fail(spec, "split_k_slices", "gated-split-k",
+                   f"split_k slices={spec.split_k_slices} with gate={spec.epilogue_gate}")
 
 
 def _triton_stages(spec: KernelSpec, arch: Arch) -> Tuple[int, int]:
@@ -107,11 +127,12 @@ def _validate_triton_gemv(spec: KernelSpec, arch: Arch) -> ValidSpec:
         if size & (size - 1):
             raise fail(spec, field, "gemv-tile-pow2", f"{knob(field).key}={size}")
     warps = 4 if spec.launch_warps == AUTO else int(spec.launch_warps)
-    products = spec.tile_m * spec.tile_n * spec.tile_k // (warps * 32)
+    products = spec.tile_m * spec.tile_n * spec.tile_k * (2 if gated(spec) else 1) // (warps * 32)
     # reduce=end keeps every product's running sum in a register besides the loaded slab: half the budget
     if products > (GEMV_PRODUCTS_PER_THREAD // 2 if spec.launch_reduce == "end" else GEMV_PRODUCTS_PER_THREAD):
         raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_k", "gemv-registers",
-                    f"{spec.tile_m}x{spec.tile_n}x{spec.tile_k} products over {warps} warps is {products} per thread"
+                    f"{spec.tile_m}x{spec.tile_n}x{spec.tile_k} products{' of two slabs' if gated(spec) else ''} "
+                    f"over {warps} warps is {products} per thread"
                     + (" (reduce=end: at most half as many)" if spec.launch_reduce == "end" else ""))
     stages, smem = _triton_stages(spec, arch)
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)

@@ -1,0 +1,378 @@
+"""Gated epilogues (`epilogue gate`: act(A@B_gate) * (A@B_up) over one B of K x 2N): validation, the Triton kernels of
+both families against l2c.verify's reference on the interpreter, and the residual and gated entry points of the
+dispatcher (`l2c.matmul(residual=)`, `l2c.gated_matmul`)."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import l2c
+from l2c import cache
+from l2c.build import build
+from l2c.dispatch import default_dispatcher, set_tuned_table
+from l2c.errors import L2ValidationError
+from l2c.ir import KernelSpec
+from l2c.knobs import ANY
+from l2c.parser import parse_one
+from l2c.tuned_table import TunedEntry, TunedTable, entry_from_row, served_spec
+from l2c.validate import validate
+from l2c.verify import verify
+
+from .strategies import valid_specs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_in_tmp(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
+        yield
+
+
+def gated(**knobs) -> KernelSpec:
+    base = dict(name="gated", target="triton", tile_m=16, tile_n=16, tile_k=16, layout_b="col", swizzle_group=1,
+                launch_warps=4, epilogue_gate="silu")
+    base.update(knobs)
+    return KernelSpec(**base)
+
+
+def act(gate, g):
+    return F.silu(g) if gate == "silu" else F.gelu(g, approximate="tanh")
+
+
+def reference(a, b, gate, bias=None):
+    """act(gate half) * up half, in float64."""
+    y = a.double() @ b.double() + (0 if bias is None else bias.double())
+    n = b.shape[-1] // 2
+    return act(gate, y[..., :n]) * y[..., n:]
+
+
+# ---------------------------------------------------------------------------------------------- the knob, the rules
+
+def test_the_knob_is_spelled_only_when_set():
+    plain = KernelSpec(name="p")
+    assert "gate" not in plain.to_l2()
+    spec = gated(epilogue_gate="gelu_tanh")
+    assert "gate=gelu_tanh" in spec.to_l2()
+    assert parse_one(spec.to_l2()) == spec
+
+
+@pytest.mark.parametrize("knobs, rule", [
+    (dict(epilogue_beta=1.0), "gated-epilogue"),
+    (dict(epilogue_activation="relu"), "gated-epilogue"),
+    (dict(epilogue_bias="row"), "gated-epilogue"),
+    (dict(split_k_slices=2), "gated-split-k"),
+    (dict(launch_family="gemv", tile_m=2, split_k_slices=2), "gated-split-k"),
+    (dict(tile_m=128, tile_n=256, launch_warps=4), "accumulator-registers"),   # two 128x256 tiles over 4 warps
+    (dict(launch_family="gemv", tile_m=16, tile_n=16, tile_k=64, launch_warps=4), "gemv-registers"),
+    (dict(tile_m=128, tile_n=256, tile_k=128, pipeline_stages=2, launch_warps=8), "shared-memory"),
+])
+def test_gated_rules(knobs, rule):
+    with pytest.raises(L2ValidationError) as err:
+        validate(gated(**knobs), "triton")
+    assert err.value.rule == rule
+    # each limit that counts two accumulators or two B tiles holds for the same spec without the gate
+    if rule in ("accumulator-registers", "gemv-registers", "shared-memory"):
+        validate(gated(**knobs, epilogue_gate="none"), "triton")
+
+
+def test_cutlass_refuses_a_gated_spec_by_rule():
+    spec = gated(target="any", tile_m=128, tile_n=128, tile_k=64, launch_warps="auto")
+    with pytest.raises(L2ValidationError) as err:
+        validate(spec, "cutlass")
+    assert err.value.rule == "gated-target"
+    with pytest.raises(L2ValidationError) as err:   # a spec for CUTLASS may not set a Triton knob at all
+        validate(spec.replace(target="cutlass"), "cutlass")
+    assert err.value.rule == "target-knob"
+    validate(spec, "triton")
+
+
+def test_rules_are_listed():
+    from l2c.validate import RULES
+    assert {"gated-target", "gated-epilogue", "gated-split-k"} <= RULES.keys()
+
+
+# ---------------------------------------------------------------------------------------------- the kernels
+
+@st.composite
+def gated_cases(draw):
+    """(spec, m, n, k, batch): a valid gated Triton spec of either family with small tiles, and a shape it accepts
+    (N the output's columns; B is K x 2N)."""
+    family = draw(st.sampled_from(("gemm", "gemv")))
+    loads = draw(st.sampled_from(("pointer", "pointer", "tma", "tma_device"))) if family == "gemm" else "pointer"
+    align = 8 if loads != "pointer" else 1            # TMA reads 16-byte rows (of A^T too: M for a column-major A)
+    m, n, k = (draw(st.integers(1, 48 // align)) * align for _ in range(3))
+    batch = draw(st.sampled_from((1, 1, 2))) if family == "gemm" and loads == "pointer" else 1
+    # bf16 tl.dot is wrong in the interpreter (verified on the GPU); the gemv family multiplies without it
+    types = (("f16", "f32") if family == "gemm" else ("f16", "bf16", "f32")) if loads == "pointer" else ("f16", "f32")
+    types_a = draw(st.sampled_from(types))
+    pins = dict(
+        launch_family=family, launch_loads=loads, types_a=types_a, types_b=types_a,
+        types_c=draw(st.sampled_from((types_a, "f32"))),
+        types_acc=draw(st.sampled_from(("f32", "f16"))) if types_a == "f16" and family == "gemm" else "f32",
+        problem_m=draw(st.sampled_from((ANY, m))), problem_n=draw(st.sampled_from((ANY, n))),
+        problem_k=draw(st.sampled_from((ANY, k))), problem_batch=draw(st.sampled_from((ANY, batch))),
+        layout_a=draw(st.sampled_from(("row", "col"))), layout_b=draw(st.sampled_from(("row", "col"))),
+        layout_c=draw(st.sampled_from(("row", "col"))),
+        split_k_slices=1, split_k_mode="workspace", epilogue_gate=draw(st.sampled_from(("silu", "gelu_tanh"))),
+        epilogue_bias=draw(st.sampled_from(("none", "col"))), epilogue_alpha=draw(st.sampled_from((1.0, 0.5, -2.0))),
+        epilogue_beta=0.0, epilogue_activation="none")
+    if family == "gemm":
+        pins.update(tile_m=draw(st.sampled_from((16, 32))), tile_n=draw(st.sampled_from((16, 32))),
+                    tile_k=draw(st.sampled_from((16, 32))), launch_persistent=draw(st.sampled_from(("no", "yes"))),
+                    launch_reduce="step", launch_evict="normal" if loads != "pointer" else draw(st.sampled_from(
+                        ("normal", "first"))))
+    else:
+        pins.update(tile_m=draw(st.sampled_from((1, 2, 4, 8, 16))), tile_n=draw(st.sampled_from((8, 16, 32))),
+                    tile_k=draw(st.sampled_from((16, 32, 64))), problem_batch=1, launch_persistent="no",
+                    launch_reduce=draw(st.sampled_from(("step", "end"))))
+    return draw(valid_specs("triton", **pins)), m, n, k, batch
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(gated_cases(), st.integers(0, 2 ** 31))
+def test_random_gated_specs_match_reference(case, seed):
+    """verify() runs the kernel on fresh inputs against act(gate) * up of the float64 reference, and, for a kernel
+    generic in a dimension the drawn shape fills exactly, again at a shape with partial tiles."""
+    spec, m, n, k, batch = case
+    kernel = build(validate(spec, "triton"))
+    assert ("tl.dot" in kernel.source) == (spec.launch_family == "gemm")
+    result = verify(kernel, m, n, k, batch=batch, device="cpu", seed=seed)
+    assert result.ok, (result, spec.to_l2())
+
+
+class Wrong:
+    """A kernel that computes something else than its spec says, for verify to catch."""
+
+    def __init__(self, kernel, spec, run):
+        self.valid = type("V", (), {"spec": spec})()
+        self.kernel, self.run = kernel, run
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        return self.run(self.kernel, a, b, bias, out)
+
+
+def _swapped_halves(kernel, a, b, bias, out):
+    n = b.shape[-1] // 2
+    return kernel(a, torch.cat([b[:, n:], b[:, :n]], dim=1), bias=bias, out=out)
+
+
+def _one_element_off(kernel, a, b, bias, out):
+    result = kernel(a, b, bias=bias, out=out)
+    flat = int(result.abs().argmax())
+    result.view(-1)[flat] *= 1.01      # the largest, so that the 1% is far above the bound's absolute floor
+    return result
+
+
+@pytest.mark.parametrize("case", ["swapped halves", "other activation", "one element off by 1%"])
+@pytest.mark.parametrize("family", ["gemm", "gemv"])
+def test_verify_catches_a_wrong_gated_kernel(case, family):
+    knobs = dict(launch_family="gemv", tile_m=4, tile_n=16, tile_k=32) if family == "gemv" else {}
+    spec = gated(**knobs, epilogue_bias="col")
+    kernel = build(validate(spec, "triton"))
+    assert verify(kernel, 20, 40, 50, device="cpu", seed=3).ok
+    if case == "swapped halves":
+        wrong = Wrong(kernel, spec, _swapped_halves)
+    elif case == "other activation":
+        wrong = Wrong(kernel, spec.replace(epilogue_gate="gelu_tanh"), lambda kern, *args: kern(*args[:2], bias=args[2],
+                                                                                                   out=args[3]))
+    else:
+        wrong = Wrong(kernel, spec, _one_element_off)
+    result = verify(wrong, 20, 40, 50, device="cpu", seed=3)
+    assert not result.ok, result
+
+
+def test_launcher_checks_the_concatenated_operands():
+    kernel = build(validate(gated(epilogue_bias="col"), "triton"))
+    a, w = torch.randn(8, 32, dtype=torch.float16), torch.randn(2 * 24, 32, dtype=torch.float16)
+    bias = torch.randn(48, dtype=torch.float16)
+    y = kernel(a, w.t(), bias=bias)
+    assert y.shape == (8, 24)
+    assert ((y.double() - reference(a, w.t(), "silu", bias)).norm() / reference(a, w.t(), "silu", bias).norm()) < 5e-3
+    with pytest.raises(ValueError, match="b must have shape"):   # B of an odd width is no concatenation
+        kernel(a, torch.randn(32, 47, dtype=torch.float16), bias=bias)
+    with pytest.raises(ValueError, match="bias must have shape"):  # the bias covers both halves
+        kernel(a, w.t(), bias=bias[:24])
+
+
+def test_generated_gated_kernels_compile_for_the_gpu(tmp_path):
+    """Triton's sm_90 compiler (no interpreter) accepts the gated kernels of both families, every load path."""
+    import subprocess
+    import sys
+    specs = [gated(name=f"g{i}", tile_m=64, tile_n=64, tile_k=32, launch_loads=loads, layout_b=lb,
+                   launch_persistent=persistent, epilogue_bias="col", epilogue_alpha=0.5, epilogue_gate=gate)
+             for i, (loads, lb, persistent, gate) in enumerate(
+                 [("pointer", "col", "no", "silu"), ("pointer", "row", "yes", "gelu_tanh"), ("tma", "col", "no", "silu"),
+                  ("tma_device", "row", "yes", "gelu_tanh")])]
+    specs += [gated(name=f"v{i}", launch_family="gemv", tile_m=tm, tile_n=8, tile_k=256, launch_reduce=reduce,
+                    launch_evict="first", epilogue_gate=gate) for i, (tm, reduce, gate) in
+              enumerate([(1, "end", "silu"), (4, "step", "gelu_tanh")])]
+    path = tmp_path / "gated.l2"
+    path.write_text("\n".join(s.to_l2() for s in specs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["L2C_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, "-m", "l2c", "build", str(path), "--target", "triton", "-j", "2"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"{len(specs)} built, 0 failed" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------- tables, dispatch
+
+def gated_entry(m, n, k, gate="silu", spec=None, m_range=None, **knobs):
+    spec = spec or gated(name=f"g{m}x{n}x{k}", problem_m=m if m_range is None else ANY, problem_n=n, problem_k=k,
+                         epilogue_gate=gate, **knobs)
+    lo, hi = m_range or (None, None)
+    return TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout="row,col,row", target="triton",
+                      spec_text=spec.to_l2(), tflops=2.0, baseline_tflops=1.0, m_lo=lo, m_hi=hi, gate=gate)
+
+
+def plain_entry(m, n, k, m_range=None):
+    spec = KernelSpec(name=f"p{m}x{n}x{k}", problem_m=m if m_range is None else ANY, problem_n=n, problem_k=k,
+                      tile_m=16, tile_n=16, tile_k=16, layout_b="col", swizzle_group=1, launch_warps=4)
+    lo, hi = m_range or (None, None)
+    return TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout="row,col,row", target="triton",
+                      spec_text=spec.to_l2(), tflops=2.0, baseline_tflops=1.0, m_lo=lo, m_hi=hi)
+
+
+def test_gated_entries_serve_only_their_gated_problem():
+    table = TunedTable([gated_entry(16, 48, 40), plain_entry(32, 48, 40)])
+    assert table.lookup("f16", "row,col,row", 16, 48, 40, gate="silu").gate == "silu"
+    assert table.lookup("f16", "row,col,row", 16, 48, 40) is None                  # a plain call never sees it
+    assert table.lookup("f16", "row,col,row", 16, 48, 40, gate="gelu_tanh") is None
+    assert table.lookup("f16", "row,col,row", 32, 48, 40, gate="silu") is None     # nor a gated call a plain entry
+    assert table.lookup("f16", "row,col,row", 32, 48, 40).gate == "none"
+    assert table.may_serve(16, 48, 40, "silu") and not table.may_serve(16, 48, 40)
+    assert table.may_serve(32, 48, 40) and not table.may_serve(32, 48, 40, "silu")
+    row = gated_entry(16, 48, 40).to_row()
+    assert row["gate"] == "silu" and "gate" not in plain_entry(32, 48, 40).to_row()
+    assert entry_from_row(row) == gated_entry(16, 48, 40)
+    with pytest.raises(ValueError, match="gate must be one of"):
+        entry_from_row(dict(row, gate="relu"))
+    assert served_spec(gated_entry(16, 48, 40), 16, True, "none").epilogue_gate == "silu"
+    assert served_spec(plain_entry(32, 48, 40), 40, False, "none", residual=True).epilogue_beta == 1.0
+
+
+@pytest.mark.parametrize("gate", ["silu", "gelu_tanh"])
+def test_gated_fallback_is_one_gemm_then_the_gate(gate):
+    set_tuned_table(None)
+    a, w, bias = torch.randn(7, 5), torch.randn(6, 5), torch.randn(6)
+    y = w.t()
+    expect = F.linear(a, w, bias)
+    expect = act(gate, expect[:, :3]) * expect[:, 3:]
+    torch.testing.assert_close(l2c.gated_matmul(a, y, gate, bias=bias), expect)
+    mlp_out = default_dispatcher().gated_linear(a.reshape(7, 1, 5), w, gate, bias)
+    torch.testing.assert_close(mlp_out, expect.reshape(7, 1, 3))
+    with pytest.raises(ValueError, match="gate must be one of"):
+        l2c.gated_matmul(a, y, "relu")
+
+
+@pytest.mark.parametrize("family", ["gemm", "gemv"])
+def test_the_tuned_gated_kernel_serves_from_the_table(family):
+    """The dispatcher path on the interpreter: a gated entry's spec with the call's bias, built, verified (inline)
+    and called; a gated call of another gate or shape runs torch."""
+    knobs = dict(launch_family="gemv", tile_m=4, tile_n=16, tile_k=32) if family == "gemv" else {}
+    dispatcher = set_tuned_table(TunedTable([gated_entry(8, 40, 48, m_range=(2, 8), **knobs)]),
+                                              allow_cpu=True, prepare="inline")
+    a = torch.randn(5, 48, dtype=torch.float16)
+    w = torch.randn(80, 48, dtype=torch.float16)
+    bias = torch.randn(80, dtype=torch.float16)
+    y = l2c.gated_matmul(a, w.t(), "silu", bias=bias)
+    assert dispatcher.stats == {"tuned": 1, "fallback": 0}
+    want = reference(a, w.t(), "silu", bias)
+    assert ((y.double() - want).norm() / want.norm()).item() < 5e-3
+    l2c.gated_matmul(a, w.t(), "gelu_tanh", bias=bias)          # no entry for GeGLU at this shape
+    l2c.gated_matmul(a[:1], w.t(), "silu", bias=bias)           # M=1: outside the measured range
+    with torch.enable_grad():
+        l2c.gated_matmul(a.requires_grad_(), w.t(), "silu")     # autograd records: torch
+    assert dispatcher.stats == {"tuned": 1, "fallback": 3}
+    set_tuned_table(None)
+
+
+def test_residual_is_added_in_the_served_kernel_and_by_addmm_elsewhere():
+    dispatcher = set_tuned_table(TunedTable([plain_entry(24, 40, 48, m_range=(16, 32))]),
+                                              allow_cpu=True, prepare="inline")
+    a = torch.randn(20, 48, dtype=torch.float16)
+    w = torch.randn(40, 48, dtype=torch.float16)
+    r = torch.randn(20, 40, dtype=torch.float16)
+    y = l2c.matmul(a, w.t(), residual=r)
+    assert dispatcher.stats == {"tuned": 1, "fallback": 0}
+    want = r.double() + a.double() @ w.double().t()
+    assert ((y.double() - want).norm() / want.norm()).item() < 5e-3
+    lin = l2c.nn.Linear(48, 40, bias=False, dtype=torch.float16)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        y3 = lin(a.reshape(4, 5, 48), residual=r.reshape(4, 5, 40))
+    assert y3.shape == (4, 5, 40) and dispatcher.stats["tuned"] == 2
+    assert ((y3.reshape(20, 40).double() - want).norm() / want.norm()).item() < 5e-3
+    # unserved (M=8): torch's addmm, exactly
+    a8, r8 = a[:8].float(), r[:8].float()
+    torch.testing.assert_close(l2c.matmul(a8, w.t().float(), residual=r8), torch.addmm(r8, a8, w.t().float()))
+    with pytest.raises(ValueError, match="no activation"):
+        l2c.matmul(a, w.t(), activation="relu", residual=r)
+    set_tuned_table(None)
+
+
+def test_gated_matmul_and_residual_under_torch_compile():
+    """Under torch.compile both are one opaque custom op each; here a table serves the gated one (interpreter)."""
+    dispatcher = set_tuned_table(TunedTable([gated_entry(6, 24, 32)]), allow_cpu=True, prepare="inline")
+    a = torch.randn(6, 32, dtype=torch.float16)
+    w = torch.randn(48, 32, dtype=torch.float16)
+    down = torch.randn(24, 16, dtype=torch.float16)
+    r = torch.randn(6, 16, dtype=torch.float16)
+
+    def block(x):
+        return l2c.matmul(l2c.gated_matmul(x, w.t(), "silu"), down, residual=r)
+
+    y = torch.compile(block)(a)
+    assert dispatcher.stats["tuned"] >= 1
+    want = r.double() + reference(a, w.t(), "silu") @ down.double()
+    assert ((y.double() - want).norm() / want.norm()).item() < 5e-3
+    set_tuned_table(None)
+
+
+def test_bench_times_a_gated_kernel_against_torchs_gated_projection_and_table_keeps_its_gate(tmp_path):
+    """`l2c bench` on a gated spec: verified, timed against torch's one GEMM over both halves then act(g) * u, its
+    row carrying the gate and the FLOPs of the 2N columns; `l2c table` writes a gated entry, which the dispatcher
+    serves only to gated calls. (CPU figures: the machinery, not performance.)"""
+    from l2c.results_file import read_rows
+    from l2c.cli import main
+    spec = gated(name="bench_swiglu", epilogue_bias="col")
+    (tmp_path / "g.l2").write_text(spec.to_l2())
+    (tmp_path / "shapes.txt").write_text("24 40 48\n")
+    out, table = tmp_path / "r.jsonl", tmp_path / "t.json"
+    assert main(["bench", str(tmp_path / "g.l2"), "--shapes", str(tmp_path / "shapes.txt"), "-o", str(out),
+                 "--device", "cpu", "--reps", "2", "--warmup", "1"]) == 0
+    (row,) = [r for r in read_rows(out) if r.get("type") == "result"]
+    assert row["status"] == "ok" and row["verified"] is True and row["gate"] == "silu"
+    assert row["flops"] == 2 * 24 * 80 * 48
+    assert main(["table", str(out), "-o", str(table), "--every-shape"]) == 0
+    import json
+    (written,) = json.loads(table.read_text())["entries"]
+    assert written["gate"] == "silu" and written["spec"] == spec.to_l2()
+    # as a win (CPU figures never are one), the entry serves the gated call and no plain one
+    served = TunedTable([entry_from_row(dict(written, tflops=2.0, baseline_tflops=1.0))])
+    assert served.lookup("f16", "row,col,row", 24, 40, 48, gate="silu") is not None
+    assert served.lookup("f16", "row,col,row", 24, 40, 48) is None
+
+
+def test_serve_sweep_gated_stage_measures_the_gated_pool(tmp_path):
+    """scripts/serve_sweep.py --stages gated on a tiny weight (CPU, interpreter): every candidate of the pool is a
+    valid gated spec of the family its token count asks for, verified and timed, each row carrying the gate."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from l2c.results_file import read_rows
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1", L2C_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(repo / "scripts" / "serve_sweep.py"), "--out", str(tmp_path),
+                           "--stages", "gated", "--gated-weights", "40x48", "--gated-tokens", "3,40", "--workers", "1",
+                           "--gate", "gelu_tanh"], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in read_rows(tmp_path / "serve_gated_gelu_tanh_f16.jsonl") if r.get("type") == "result"]
+    assert rows and all(r["status"] == "ok" and r["verified"] is True and r["gate"] == "gelu_tanh" for r in rows)
+    families = {m: {"gemv" if "family=gemv" in r["spec"] else "gemm" for r in rows if r["m"] == m} for m in (3, 40)}
+    assert families == {3: {"gemv"}, 40: {"gemm"}}
+    assert any("loads=tma" in r["spec"] for r in rows if r["m"] == 40)

@@ -1,0 +1,147 @@
+"""`l2c.nn.GatedMLP` and `l2c.nn.replace_mlps` on real Hugging Face model classes with tiny random configs: the swap
+keeps the logits, recognises the activation, and serves the fused gated kernel inside the model (interpreter)."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import l2c
+from l2c import cache
+from l2c.dispatch import set_tuned_table
+from l2c.ir import KernelSpec
+from l2c.knobs import ANY
+from l2c.tuned_table import TunedEntry, TunedTable
+
+transformers = pytest.importorskip("transformers")
+from transformers.activations import ACT2FN  # noqa: E402
+
+TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_in_tmp(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
+        yield
+
+
+def tiny_model(kind="llama", dtype=torch.float32, **overrides):
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[kind]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**TINY, **overrides})).eval()
+    return model.to(dtype)
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def mlps(model):
+    return [layer.mlp for layer in model.model.layers]
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
+def test_replace_mlps_keeps_the_logits(kind):
+    set_tuned_table(None)
+    model = tiny_model(kind)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    want = logits(model, ids)
+    assert l2c.nn.replace_mlps(model) is model
+    assert all(type(m) is l2c.nn.GatedMLP and m.gate == "silu" for m in mlps(model))
+    assert not [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]   # replace_linears did the rest
+    torch.testing.assert_close(logits(model, ids), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_tanh_is_recognised_and_other_activations_are_left_alone(caplog):
+    set_tuned_table(None)
+    model = tiny_model(hidden_act="gelu_pytorch_tanh")
+    ids = torch.randint(0, TINY["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(2))
+    want = logits(model, ids)
+    l2c.nn.replace_mlps(model)
+    assert all(m.gate == "gelu_tanh" for m in mlps(model))
+    torch.testing.assert_close(logits(model, ids), want, rtol=1e-5, atol=1e-5)
+    erf = tiny_model(hidden_act="gelu")   # exact GELU: no gated epilogue computes it
+    want = logits(erf, ids)
+    with caplog.at_level(logging.WARNING, logger="l2c.nn"):
+        l2c.nn.replace_mlps(erf)
+    assert all(type(m).__name__ == "LlamaMLP" for m in mlps(erf)) and "neither SiLU nor GELU's tanh" in caplog.text
+    assert all(type(m.gate_proj) is l2c.nn.Linear for m in mlps(erf))   # its projections are still swapped
+    torch.testing.assert_close(logits(erf, ids), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, gate", [("silu", "silu"), ("swish", "silu"), ("gelu_pytorch_tanh", "gelu_tanh"),
+                                        ("gelu_new", "gelu_tanh"), ("gelu", None), ("quick_gelu", None),
+                                        ("relu", None)])
+def test_gate_of_tells_activations_by_what_they_compute(name, gate):
+    if gate is None:
+        with pytest.raises(ValueError, match="no gated epilogue"):
+            l2c.nn.gate_of(ACT2FN[name])
+    else:
+        assert l2c.nn.gate_of(ACT2FN[name]) == gate
+
+
+def test_from_hf_copies_biases_and_keeps_the_output():
+    set_tuned_table(None)
+    model = tiny_model(mlp_bias=True)
+    mlp = mlps(model)[0]
+    new = l2c.nn.GatedMLP.from_hf(mlp)
+    torch.testing.assert_close(new.gate_up_proj.bias, torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias]))
+    x = torch.randn(3, 5, TINY["hidden_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), mlp(x), rtol=1e-5, atol=1e-5)
+        r = torch.randn(3, 5, TINY["hidden_size"])
+        torch.testing.assert_close(new(x, residual=r), r + mlp(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_fused_gated_kernel_runs_inside_the_model():
+    """A fp16 Llama whose gate_up shape (M = 2 x 12 tokens, N = 160, K = 64) a gated table entry serves: every MLP's
+    first GEMM is the Triton kernel (interpreter), the logits match the unswapped model."""
+    model = tiny_model(dtype=torch.float16)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
+    want = logits(model, ids).double()
+    spec = KernelSpec(name="swiglu", target="triton", problem_n=160, problem_k=64, problem_m=ANY, tile_m=16,
+                      tile_n=32, tile_k=32, layout_b="col", swizzle_group=1, launch_warps=4, epilogue_gate="silu")
+    entry = TunedEntry(m=24, n=160, k=64, batch=1, dtype="f16", layout="row,col,row", target="triton",
+                       spec_text=spec.to_l2(), tflops=2.0, baseline_tflops=1.0, m_lo=16, m_hi=32, gate="silu")
+    dispatcher = set_tuned_table(TunedTable([entry]), allow_cpu=True, prepare="inline")
+    l2c.nn.replace_mlps(model)
+    got = logits(model, ids).double()
+    assert dispatcher.stats["tuned"] == TINY["num_hidden_layers"]
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    compiled = torch.compile(mlps(model)[0])   # the swapped block under torch.compile: one custom op for the gate_up
+    x = torch.randn(2, 12, TINY["hidden_size"], dtype=torch.float16)
+    with torch.no_grad():
+        y = compiled(x)
+    assert dispatcher.stats["tuned"] == TINY["num_hidden_layers"] + 1
+    set_tuned_table(None)
+    with torch.no_grad():
+        ref = mlps(model)[0](x).double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_gated_mlp_under_torch_compile_matches_the_hf_block_forward_and_backward():
+    """Compiled, the block is l2c's custom ops (l2c::gated_matmul, then l2c::addmm for the residual); their backward
+    recomputes through torch, so a compiled graph trains: gradients equal the Hugging Face block's."""
+    set_tuned_table(None)
+    mlp = mlps(tiny_model())[0]
+    new = l2c.nn.GatedMLP.from_hf(mlp)
+    x = torch.randn(4, 7, TINY["hidden_size"])
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(new)(x), mlp(x), rtol=1e-5, atol=1e-5)
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    r = torch.randn(4, 7, TINY["hidden_size"], requires_grad=True)
+    weights = torch.randn(TINY["hidden_size"])
+    (torch.compile(new)(x_ours, residual=r) * weights).sum().backward()
+    ((mlp(x_ref) + r.detach()) * weights).sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(r.grad, weights.expand(4, 7, -1))
+    torch.testing.assert_close(new.gate_up_proj.weight.grad,
+                               torch.cat([mlp.gate_proj.weight.grad, mlp.up_proj.weight.grad]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(new.down_proj.weight.grad, mlp.down_proj.weight.grad, rtol=1e-4, atol=1e-5)
