@@ -10,8 +10,10 @@ def __getattr__(name):
     # Imported lazily so that `l2c check`/`l2c compile` never pay for importing torch.
     # Each is bound on first use, so later accesses are plain attribute reads.
     import importlib
-    if name in ("matmul", "gated_matmul", "precompile"):
-        value = getattr(importlib.import_module("l2c.dispatch"), name)
+    if name in ("matmul", "gated_matmul"):
+        value = getattr(importlib.import_module("l2c.ops"), name)
+    elif name == "precompile":
+        value = importlib.import_module("l2c.dispatch").precompile
     elif name == "nn":
         value = importlib.import_module("l2c.nn")
     else:

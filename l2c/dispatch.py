@@ -32,21 +32,19 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .kernel import call_signature
+from .epilogue import activate, check_activation, check_gate, gate_product, torch_gated, torch_matmul, torch_residual
 from .errors import BuildError, L2Error
+from .kernel import call_signature
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
 from .tuned_table import TableError, TunedEntry, TunedTable, load_table, served_spec
 
 log = logging.getLogger("l2c.dispatch")
 
-ACTIVATIONS = ("none", "relu", "gelu", "silu")
-GATES = ("silu", "gelu_tanh")   # the gated epilogues (epilogue gate): SwiGLU and GeGLU
 _TORCH_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 PREPARE_MODES = ("background", "inline")
 
-__all__ = ["Dispatcher", "TunedEntry", "TunedTable", "default_dispatcher", "set_tuned_table", "matmul",
-           "gated_matmul", "precompile"]
+__all__ = ["Dispatcher", "TunedEntry", "TunedTable", "default_dispatcher", "set_tuned_table", "precompile"]
 
 
 def default_table_path(arch: str) -> Optional[Path]:
@@ -92,54 +90,6 @@ def _needs_grad(a, b, bias) -> bool:
 def _graph_needs_torch(activation, out, a, b, bias) -> bool:
     """A fused activation (or `out=`) has no backward here: where autograd records, torch serves the call."""
     return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
-
-
-def _activate(y, activation):
-    if activation == "relu":
-        return F.relu(y)
-    if activation == "gelu":
-        return F.gelu(y)
-    if activation == "silu":
-        return F.silu(y)
-    return y
-
-
-def _gate(y, gate):
-    """act(gate half) * up half of a product over the concatenated weights (..., 2N) -> (..., N)."""
-    g, u = y.chunk(2, dim=-1)
-    return (F.silu(g) if gate == "silu" else F.gelu(g, approximate="tanh")) * u
-
-
-def _gated_fallback(a, b, bias, gate):
-    """What torch runs for a gated call: one GEMM over both halves (bias fused by addmm), then act(g) * u."""
-    y = torch.addmm(bias, a, b) if bias is not None and a.dim() == 2 and b.dim() == 2 else torch.matmul(a, b)
-    if bias is not None and not (a.dim() == 2 and b.dim() == 2):
-        y = y + bias
-    return _gate(y, gate)
-
-
-def _residual_fallback(a, b, bias, residual):
-    """residual + a @ b (+ bias) as torch runs it: cuBLAS adds the residual in the GEMM (addmm, beta=1)."""
-    y = torch.addmm(residual, a, b) if a.dim() == 2 and b.dim() == 2 else residual + torch.matmul(a, b)
-    return y if bias is None else y + bias
-
-
-def _fallback(a, b, bias, activation, out):
-    """What torch runs for the call: one cuBLAS call (bias fused by addmm for 2-D inputs), then the activation."""
-    if activation == "none":
-        if bias is None:
-            return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
-        if a.dim() == 2 and b.dim() == 2:
-            return torch.addmm(bias, a, b) if out is None else torch.addmm(bias, a, b, out=out)
-    y = torch.matmul(a, b)
-    y = _activate(y if bias is None else y + bias, activation)
-    if out is not None:
-        if out.dtype != y.dtype or out.shape != y.shape:   # as torch.matmul(out=) refuses, never a silent cast
-            raise RuntimeError(f"out= must be a {y.dtype} tensor of shape {tuple(y.shape)}, got {out.dtype} "
-                               f"{tuple(out.shape)}")
-        out.copy_(y)
-        return out
-    return y
 
 
 class Dispatcher:
@@ -327,15 +277,15 @@ class Dispatcher:
             self.stats["fallback"] += 1
             if bias is None and activation is None:   # the hot unserved path: one torch call
                 return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
-            return _fallback(a, b, bias, check_activation(activation), out)
+            return torch_matmul(a, b, bias, check_activation(activation), out)
         activation = check_activation(activation)
         if _graph_needs_torch(activation, out, a, b, bias):
             self.stats["fallback"] += 1
-            return _fallback(a, b, bias, activation, out)
+            return torch_matmul(a, b, bias, activation, out)
         tensors = call_signature(a, b, bias)
         result = self._run_tuned(self.resolve(a, b, bias, activation, tensors), a, b, bias, out, tensors,
                                  _needs_grad(a, b, bias))
-        return result if result is not None else _fallback(a, b, bias, activation, out)
+        return result if result is not None else torch_matmul(a, b, bias, activation, out)
 
     def _addmm(self, a, b, bias, activation, out, residual):
         """residual + a @ b (+ bias): the served kernel adds the residual as its C input (beta=1), torch in addmm."""
@@ -344,11 +294,11 @@ class Dispatcher:
         if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]) \
                 or _needs_grad(a, b, bias) or (torch.is_grad_enabled() and residual.requires_grad):
             self.stats["fallback"] += 1
-            return _residual_fallback(a, b, bias, residual)
+            return torch_residual(a, b, bias, residual)
         tensors = call_signature(a, b, bias)
         kernel = self.resolve(a, b, bias, "none", tensors, residual=residual)
         result = self._run_tuned(kernel, a, b, bias, None, tensors, c=residual)
-        return result if result is not None else _residual_fallback(a, b, bias, residual)
+        return result if result is not None else torch_residual(a, b, bias, residual)
 
     def gated_matmul(self, a, b, gate, bias=None):
         """act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:]) for b (K, 2N), the gate's columns then the up
@@ -358,10 +308,10 @@ class Dispatcher:
         if a.ndim != 2 or b.ndim != 2 or b.shape[1] % 2 or _needs_grad(a, b, bias) \
                 or not self.may_serve(a.shape[0], b.shape[1] // 2, a.shape[1], gate):
             self.stats["fallback"] += 1
-            return _gated_fallback(a, b, bias, gate)
+            return torch_gated(a, b, bias, gate)
         tensors = call_signature(a, b, bias)
         y = self._run_tuned(self.resolve(a, b, bias, "none", tensors, gate=gate), a, b, bias, None, tensors)
-        return y if y is not None else _gated_fallback(a, b, bias, gate)
+        return y if y is not None else torch_gated(a, b, bias, gate)
 
     def gated_linear(self, x, weight, gate, bias=None):
         """`gated_matmul` for `l2c.nn.GatedMLP` in eager mode: x (..., K), weight (2N, K) the gate's rows then the
@@ -372,13 +322,13 @@ class Dispatcher:
         if not (k and x.ndim and n2 % 2 == 0) or _needs_grad(x, weight, bias) \
                 or not self.may_serve(x.numel() // k, n2 // 2, k, gate):
             self.stats["fallback"] += 1
-            return _gate(F.linear(x, weight, bias), gate)
+            return gate_product(F.linear(x, weight, bias), gate)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()
         tensors = call_signature(x2, w_t, bias)
         y = self._run_tuned(self.resolve(x2, w_t, bias, "none", tensors, gate=gate), x2, w_t, bias, None, tensors)
         if y is None:
-            return _gate(F.linear(x, weight, bias), gate)
+            return gate_product(F.linear(x, weight, bias), gate)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n2 // 2)
 
     def linear(self, x, weight, bias=None, activation=None, residual=None):
@@ -396,18 +346,18 @@ class Dispatcher:
         if not (k and x.ndim and self.may_serve(x.numel() // k, n, k)):   # the hot unserved path: F.linear
             self.stats["fallback"] += 1
             y = F.linear(x, weight, bias)
-            return y if activation is None else _activate(y, check_activation(activation))
+            return y if activation is None else activate(y, check_activation(activation))
         activation = check_activation(activation)
         if _graph_needs_torch(activation, None, x, weight, bias):
             self.stats["fallback"] += 1
-            return _activate(F.linear(x, weight, bias), activation)
+            return activate(F.linear(x, weight, bias), activation)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()
         tensors = call_signature(x2, w_t, bias)
         y = self._run_tuned(self.resolve(x2, w_t, bias, activation, tensors), x2, w_t, bias, None, tensors,
                             _needs_grad(x2, w_t, bias))
         if y is None:
-            return _activate(F.linear(x, weight, bias), activation)
+            return activate(F.linear(x, weight, bias), activation)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -434,22 +384,6 @@ class _TunedMatmul(torch.autograd.Function):
         grad_b = mm(a.mT, grad_out) if ctx.needs_input_grad[1] else None
         grad_bias = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_a, grad_b, grad_bias, None, None, None
-
-
-def check_gate(gate: str) -> str:
-    """`gate` if it names a gated epilogue; ValueError otherwise."""
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
-    return gate
-
-
-def check_activation(activation: Optional[str]) -> str:
-    """`activation` as the dispatcher names it ("none" for None); ValueError for one it does not know."""
-    if activation is None:
-        return "none"
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    return activation
 
 
 _default: Optional[Dispatcher] = None
@@ -515,94 +449,3 @@ def precompile(fn, *args, timeout: Optional[float] = None, **kwargs):
         if not dispatcher.wait(timeout):
             log.warning("l2c.precompile: kernels still being prepared after %s s", timeout)
         return fn(*args, **kwargs)
-
-
-# ---- torch custom op: lets torch.compile and CUDA graphs see l2c.matmul as one opaque op ----
-
-@torch.library.custom_op("l2c::matmul", mutates_args=())
-def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
-    return default_dispatcher().matmul(a, b, bias=bias, activation=activation)
-
-
-@_matmul_op.register_fake
-def _(a, b, bias, activation):
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-@torch.library.custom_op("l2c::addmm", mutates_args=())
-def _addmm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
-    return default_dispatcher().matmul(a, b, bias=bias, residual=residual)
-
-
-@_addmm_op.register_fake
-def _(a, b, bias, residual):
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-@torch.library.custom_op("l2c::gated_matmul", mutates_args=())
-def _gated_matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], gate: str) -> torch.Tensor:
-    return default_dispatcher().gated_matmul(a, b, gate, bias)
-
-
-@_gated_matmul_op.register_fake
-def _(a, b, bias, gate):
-    return a.new_empty((a.shape[0], b.shape[1] // 2))
-
-
-def _recomputed_grads(fn, ctx, grad_out):
-    """The gradients of `fn(*ctx.inputs)` (torch ops) at the saved inputs: what the custom ops' backward runs, so that
-    a compiled graph trains through them (forward served by the dispatcher, backward by torch)."""
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
-                  for t, need in zip(ctx.inputs, ctx.needs_input_grad)]
-        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-        grads = iter(torch.autograd.grad(fn(*leaves), wanted, grad_out)) if wanted else iter(())
-    return tuple(next(grads) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in leaves)
-
-
-def _save_inputs(ctx, inputs, output):
-    ctx.inputs = inputs
-
-
-_matmul_op.register_autograd(
-    lambda ctx, grad: _recomputed_grads(lambda a, b, bias, act: _fallback(a, b, bias, act, None), ctx, grad),
-    setup_context=_save_inputs)
-_addmm_op.register_autograd(lambda ctx, grad: _recomputed_grads(_residual_fallback, ctx, grad),
-                            setup_context=_save_inputs)
-_gated_matmul_op.register_autograd(lambda ctx, grad: _recomputed_grads(_gated_fallback, ctx, grad),
-                                   setup_context=_save_inputs)
-
-
-def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
-           residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`activation(a @ b + bias)`, or `residual + a @ b + bias`, through the tuned kernel for this shape, or torch
-    when none serves it.
-
-    a: (M, K), b: (K, N), bias: (N,) or None; activation: None | "relu" | "gelu" | "silu"; residual: (M, N) or None
-    (added in the kernel's epilogue as its C input; no activation with it).
-    Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
-    """
-    dispatcher = _default or default_dispatcher()
-    if torch.compiler.is_compiling() and out is None and a.dim() == 2 and b.dim() == 2:
-        if residual is not None:
-            if check_activation(activation) != "none":
-                raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
-            return _addmm_op(a, b, bias, residual)
-        return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
-    # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it
-    return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out, residual=residual)
-
-
-def gated_matmul(a: torch.Tensor, b: torch.Tensor, gate: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The gated MLP projection `act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:])` in one GEMM.
-
-    a: (M, K); b: (K, 2N), the gate projection's N columns then the up projection's (the transpose of
-    torch.cat([gate_proj.weight, up_proj.weight])); gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU); bias: (2N,) or
-    None. A tuned kernel with the fused gated epilogue serves it only where the table holds an entry measured on this
-    gated problem; otherwise torch runs one GEMM over both halves, then act(g) * u.
-    """
-    dispatcher = _default or default_dispatcher()
-    if torch.compiler.is_compiling() and a.dim() == 2 and b.dim() == 2:
-        return _gated_matmul_op(a, b, bias, check_gate(gate))
-    return dispatcher.gated_matmul(a, b, gate, bias)

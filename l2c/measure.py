@@ -29,6 +29,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .epilogue import activate, gate_product
+
 PROTOCOLS = ("kernel", "call", "server")
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
@@ -192,15 +194,11 @@ class TorchMatmul:
         projection's), then the result into `out` or returned."""
         p = self.p
         if p.gate != "none":
-            gate, up = y[..., :p.n], y[..., p.n:]
-            y = (torch.nn.functional.silu(gate) if p.gate == "silu"
-                 else torch.nn.functional.gelu(gate, approximate="tanh")) * up
+            y = gate_product(y, p.gate)
         if p.activation == "relu":
-            y.relu_()
-        elif p.activation == "gelu":
-            y = torch.nn.functional.gelu(y)
-        elif p.activation == "silu":
-            y = torch.nn.functional.silu(y)
+            y.relu_()   # in place, as an eager user would
+        else:
+            y = activate(y, p.activation)
         if out is not None:
             out.copy_(y)
             return out

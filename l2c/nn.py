@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from . import dispatch
-from .dispatch import check_activation, check_gate, default_dispatcher, gated_matmul, matmul
+from .dispatch import default_dispatcher
+from .epilogue import check_activation, check_gate
+from .ops import gated_matmul, matmul
 
 log = logging.getLogger("l2c.nn")
 

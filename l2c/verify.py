@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
+
+from .epilogue import activate, gate_activation
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -126,7 +127,7 @@ def _gated_bound(spec, product, spread, bias, ref, alpha, p, sums) -> torch.Tens
     if spec.epilogue_gate == "gelu_tanh":
         act_rounding = act_rounding * (1 + (GELU_TANH_SCALE * (g + GELU_TANH_CUBIC * g ** 3)).abs())
     bound = (UNIT_ROUNDOFF[spec.types_c] * ref.abs() + u.abs() * pre_error[..., :n]
-             + _gate_activation(spec, g).abs() * pre_error[..., n:] + act_rounding)
+             + gate_activation(g, spec.epilogue_gate).abs() * pre_error[..., n:] + act_rounding)
     return ELEMENT_SAFETY * bound + torch.finfo(TORCH_DTYPES[spec.types_c]).tiny
 
 
@@ -134,10 +135,6 @@ def _pre_activation(spec, product: torch.Tensor, bias: Optional[torch.Tensor]) -
     """alpha * product + bias (per column), in `product`'s dtype."""
     result = product * spec.epilogue_alpha if spec.epilogue_alpha != 1.0 else product
     return result + bias.to(product.dtype) if bias is not None else result
-
-
-def _gate_activation(spec, g: torch.Tensor) -> torch.Tensor:
-    return F.silu(g) if spec.epilogue_gate == "silu" else F.gelu(g, approximate="tanh")
 
 
 def edge_shape(spec, m: int, n: int, k: int) -> Optional[Tuple[int, int, int]]:
@@ -178,7 +175,7 @@ def epilogue(spec, product: torch.Tensor, c: Optional[torch.Tensor] = None,
     if _gated(spec):
         pre = _pre_activation(spec, product, bias)
         n = pre.shape[-1] // 2
-        return _gate_activation(spec, pre[..., :n]) * pre[..., n:]
+        return gate_activation(pre[..., :n], spec.epilogue_gate) * pre[..., n:]
     result = product
     if spec.epilogue_alpha != 1.0:
         result = result * spec.epilogue_alpha
@@ -188,13 +185,7 @@ def epilogue(spec, product: torch.Tensor, c: Optional[torch.Tensor] = None,
         result = result + bias.to(dtype)[:, None]
     elif spec.epilogue_bias == "col":
         result = result + bias.to(dtype)
-    if spec.epilogue_activation == "relu":
-        result = torch.relu(result)
-    elif spec.epilogue_activation == "gelu":
-        result = F.gelu(result)  # exact erf form
-    elif spec.epilogue_activation == "silu":
-        result = F.silu(result)
-    return result
+    return activate(result, spec.epilogue_activation)
 
 
 def _random(shape: Tuple[int, ...], layout: str, dtype, device, gen) -> torch.Tensor:

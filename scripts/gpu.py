@@ -87,6 +87,15 @@ def _mlp(a):
     return [script("examples/mlp_block.py", "--tokens", "16,128,512,2048,8192", "--out", f"{a.out}/mlp_block.json")]
 
 
+def _model(a):
+    return [script("examples/llama_e2e.py", "--out", f"{a.out}/model_h200.json", "--table", a.graphs_table)]
+
+
+def _gated(a):
+    return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "gated")
+            for dtype in ("f16", "bf16")]
+
+
 def _grid(a):
     return [l2c("bench", "torch", a.eager_table, "--shapes", "grid", "--protocol", "kernel,call", "-o",
                 f"{a.out}/grid.jsonl", "--resume"),
@@ -109,6 +118,10 @@ STAGES: Dict[str, Stage] = {
                    "`l2c table --ranges` turns into table entries", _sweep),
     "decode": Stage("a Llama-8B decoding step's linears under CUDA graphs, batch 1-256", _decode),
     "mlp": Stage("the end-to-end MLP block example, torch against l2c.nn", _mlp),
+    "gated": Stage("search fused gated (SwiGLU) kernels for the Llama-8B gate_up weights at 1-8192 tokens, f16 and "
+                   "bf16, into JSON lines for `l2c table`", _gated),
+    "model": Stage("a Llama-3.1-8B-shaped Hugging Face LlamaForCausalLM: MLP block, prefill and decode, torch eager, "
+                   "max-autotune, l2c, l2c under torch.compile (examples/llama_e2e.py)", _model),
     "grid": Stage("the 1,000-shape grid: cuBLAS against itself (the noise floor) and the eager table", _grid),
     "cublas": Stage("which kernels cuBLAS runs on the decoding shapes (its tiles, split-K)", _cublas),
 }

@@ -1,0 +1,84 @@
+"""The epilogues as torch computes them: the activations, the gated product act(gate) * up, and the whole call
+torch runs where no tuned kernel serves (`torch_matmul`, `torch_gated`, `torch_residual`). The dispatcher's
+fallback, the measurement's baseline and verification's reference all use these, so the three agree on what each
+epilogue means.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+GATES = ("silu", "gelu_tanh")   # the gated epilogues (epilogue gate): SwiGLU and GeGLU
+
+
+def check_gate(gate: str) -> str:
+    """`gate` if it names a gated epilogue; ValueError otherwise."""
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    return gate
+
+
+def check_activation(activation: Optional[str]) -> str:
+    """`activation` as the dispatcher names it ("none" for None); ValueError for one it does not know."""
+    if activation is None:
+        return "none"
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return activation
+
+
+def activate(y, activation: str):
+    """The activation as torch applies it after a GEMM (GELU in its exact erf form)."""
+    if activation == "relu":
+        return F.relu(y)
+    if activation == "gelu":
+        return F.gelu(y)
+    if activation == "silu":
+        return F.silu(y)
+    return y
+
+
+def gate_activation(g, gate: str):
+    """The gated epilogue's activation of the gate half: SiLU (SwiGLU) or GELU-tanh (GeGLU)."""
+    return F.silu(g) if gate == "silu" else F.gelu(g, approximate="tanh")
+
+
+def gate_product(y, gate: str):
+    """act(gate half) * up half of a product over the concatenated weights (..., 2N) -> (..., N)."""
+    g, u = y.chunk(2, dim=-1)
+    return gate_activation(g, gate) * u
+
+
+def torch_gated(a, b, bias, gate):
+    """What torch runs for a gated call: one GEMM over both halves (bias fused by addmm), then act(g) * u."""
+    y = torch.addmm(bias, a, b) if bias is not None and a.dim() == 2 and b.dim() == 2 else torch.matmul(a, b)
+    if bias is not None and not (a.dim() == 2 and b.dim() == 2):
+        y = y + bias
+    return gate_product(y, gate)
+
+
+def torch_residual(a, b, bias, residual):
+    """residual + a @ b (+ bias) as torch runs it: cuBLAS adds the residual in the GEMM (addmm, beta=1)."""
+    y = torch.addmm(residual, a, b) if a.dim() == 2 and b.dim() == 2 else residual + torch.matmul(a, b)
+    return y if bias is None else y + bias
+
+
+def torch_matmul(a, b, bias, activation, out):
+    """What torch runs for the call: one cuBLAS call (bias fused by addmm for 2-D inputs), then the activation."""
+    if activation == "none":
+        if bias is None:
+            return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+        if a.dim() == 2 and b.dim() == 2:
+            return torch.addmm(bias, a, b) if out is None else torch.addmm(bias, a, b, out=out)
+    y = torch.matmul(a, b)
+    y = activate(y if bias is None else y + bias, activation)
+    if out is not None:
+        if out.dtype != y.dtype or out.shape != y.shape:   # as torch.matmul(out=) refuses, never a silent cast
+            raise RuntimeError(f"out= must be a {y.dtype} tensor of shape {tuple(y.shape)}, got {out.dtype} "
+                               f"{tuple(out.shape)}")
+        out.copy_(y)
+        return out
+    return y

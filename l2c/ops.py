@@ -1,0 +1,103 @@
+"""The public entry points `l2c.matmul` and `l2c.gated_matmul`, and the torch custom ops through which
+torch.compile and CUDA graphs see each call as one opaque op (its backward recomputed through torch, so compiled
+graphs train). Eager calls go straight to the dispatcher: the custom-op layer costs microseconds and only tracing
+needs it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import dispatch
+from .dispatch import default_dispatcher
+from .epilogue import check_activation, check_gate, torch_gated, torch_matmul, torch_residual
+
+
+@torch.library.custom_op("l2c::matmul", mutates_args=())
+def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+    return default_dispatcher().matmul(a, b, bias=bias, activation=activation)
+
+
+@_matmul_op.register_fake
+def _(a, b, bias, activation):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@torch.library.custom_op("l2c::addmm", mutates_args=())
+def _addmm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
+    return default_dispatcher().matmul(a, b, bias=bias, residual=residual)
+
+
+@_addmm_op.register_fake
+def _(a, b, bias, residual):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@torch.library.custom_op("l2c::gated_matmul", mutates_args=())
+def _gated_matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], gate: str) -> torch.Tensor:
+    return default_dispatcher().gated_matmul(a, b, gate, bias)
+
+
+@_gated_matmul_op.register_fake
+def _(a, b, bias, gate):
+    return a.new_empty((a.shape[0], b.shape[1] // 2))
+
+
+def _recomputed_grads(fn, ctx, grad_out):
+    """The gradients of `fn(*ctx.inputs)` (torch ops) at the saved inputs: what the custom ops' backward runs, so that
+    a compiled graph trains through them (forward served by the dispatcher, backward by torch)."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
+                  for t, need in zip(ctx.inputs, ctx.needs_input_grad)]
+        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        grads = iter(torch.autograd.grad(fn(*leaves), wanted, grad_out)) if wanted else iter(())
+    return tuple(next(grads) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in leaves)
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.inputs = inputs
+
+
+_matmul_op.register_autograd(
+    lambda ctx, grad: _recomputed_grads(lambda a, b, bias, act: torch_matmul(a, b, bias, act, None), ctx, grad),
+    setup_context=_save_inputs)
+_addmm_op.register_autograd(lambda ctx, grad: _recomputed_grads(torch_residual, ctx, grad),
+                            setup_context=_save_inputs)
+_gated_matmul_op.register_autograd(lambda ctx, grad: _recomputed_grads(torch_gated, ctx, grad),
+                                   setup_context=_save_inputs)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
+           residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`activation(a @ b + bias)`, or `residual + a @ b + bias`, through the tuned kernel for this shape, or torch
+    when none serves it.
+
+    a: (M, K), b: (K, N), bias: (N,) or None; activation: None | "relu" | "gelu" | "silu"; residual: (M, N) or None
+    (added in the kernel's epilogue as its C input; no activation with it).
+    Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
+    """
+    dispatcher = dispatch._default or default_dispatcher()
+    if torch.compiler.is_compiling() and out is None and a.dim() == 2 and b.dim() == 2:
+        if residual is not None:
+            if check_activation(activation) != "none":
+                raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
+            return _addmm_op(a, b, bias, residual)
+        return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
+    # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it
+    return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out, residual=residual)
+
+
+def gated_matmul(a: torch.Tensor, b: torch.Tensor, gate: str, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The gated MLP projection `act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:])` in one GEMM.
+
+    a: (M, K); b: (K, 2N), the gate projection's N columns then the up projection's (the transpose of
+    torch.cat([gate_proj.weight, up_proj.weight])); gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU); bias: (2N,) or
+    None. A tuned kernel with the fused gated epilogue serves it only where the table holds an entry measured on this
+    gated problem; otherwise torch runs one GEMM over both halves, then act(g) * u.
+    """
+    dispatcher = dispatch._default or default_dispatcher()
+    if torch.compiler.is_compiling() and a.dim() == 2 and b.dim() == 2:
+        return _gated_matmul_op(a, b, bias, check_gate(gate))
+    return dispatcher.gated_matmul(a, b, gate, bias)
