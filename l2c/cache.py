@@ -18,6 +18,8 @@ from typing import Iterator, Union
 import filelock
 import platformdirs
 
+from . import settings
+
 ENV_VAR = "L2C_CACHE_DIR"
 
 
@@ -27,7 +29,7 @@ def cache_dir(*parts: str) -> Path:
     Always absolute: builders run compilers in their own working directories, where a relative
     L2C_CACHE_DIR (e.g. `.l2c_cache`) would name a different place.
     """
-    root = os.environ.get(ENV_VAR) or platformdirs.user_cache_dir("l2c")
+    root = settings.value(ENV_VAR) or platformdirs.user_cache_dir("l2c")
     path = Path(root).expanduser().resolve().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -23,7 +23,6 @@ whose shape no entry serves costs one set lookup on top of torch.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from importlib import resources
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from . import settings
 from .epilogue import activate, check_activation, check_gate, gate_product, torch_gated, torch_matmul, torch_residual
 from .errors import BuildError, L2Error
 from .kernel import call_signature
@@ -49,7 +49,7 @@ __all__ = ["Dispatcher", "TunedEntry", "TunedTable", "default_dispatcher", "set_
 
 def default_table_path(arch: str) -> Optional[Path]:
     """`L2C_TUNED_TABLE` if set, else the table shipped for `arch` (l2c/tuned/<arch>.json), if any."""
-    env = os.environ.get("L2C_TUNED_TABLE")
+    env = settings.value("L2C_TUNED_TABLE")
     if env:
         return Path(env)
     shipped = Path(str(resources.files("l2c") / "tuned" / f"{arch}.json"))
@@ -59,7 +59,7 @@ def default_table_path(arch: str) -> Optional[Path]:
 def tune_mode() -> str:
     """`L2C_TUNE`: `off` (default: serve only what the table measured) or `online` (time candidates for shapes the
     table does not cover, once per GPU, driver and l2c version; l2c.online)."""
-    mode = os.environ.get("L2C_TUNE", "off")
+    mode = settings.value("L2C_TUNE") or "off"
     if mode not in ("off", "online"):
         raise ValueError(f"L2C_TUNE={mode!r}: expected off or online")
     return mode
@@ -68,7 +68,7 @@ def tune_mode() -> str:
 def prepare_mode() -> str:
     """`L2C_PREPARE`: `background` (default; no call waits for a compiler) or `inline` (build and verify on the
     calling thread, in this process: the first call of a signature waits, for scripts that want no fallback)."""
-    mode = os.environ.get("L2C_PREPARE", "background")
+    mode = settings.value("L2C_PREPARE") or "background"
     if mode not in PREPARE_MODES:
         raise ValueError(f"L2C_PREPARE={mode!r}: expected one of {', '.join(PREPARE_MODES)}")
     return mode

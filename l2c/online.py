@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Dict, List, Optional, Tuple
 
+from . import settings
 from . import cache
 from .arch import ARCHS
 
@@ -36,7 +36,7 @@ GEMM_16 = ((64, 64, 6), (64, 128, 4), (128, 64, 4))
 
 
 def margin() -> float:
-    value = os.environ.get("L2C_TUNE_MARGIN", "")
+    value = settings.value("L2C_TUNE_MARGIN") or ""
     try:
         return float(value) if value else DEFAULT_MARGIN
     except ValueError:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Set, TextIO, Tuple
 
+from . import settings as l2c_settings
 from .errors import BenchError
 
 CPU_NOTE = ("CPU mode: kernels run in the Triton interpreter and torch on the CPU; these figures exercise the "
@@ -55,8 +56,9 @@ def environment(device, protocols: List[str], command: str, settings: Dict[str, 
         "protocols": protocols, "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "hostname": socket.gethostname(), "cwd": os.getcwd(), "settings": settings,
-        # how l2c built the Triton kernels measured here (the spec texts do not say)
-        "build_settings": {name: os.environ[name] for name in sorted(os.environ) if name.startswith("L2C_TRITON_")},
+        # the l2c settings in effect (how calls were prepared and served; never a secret)
+        "l2c_settings": {name: l2c_settings.value(name) for name in l2c_settings.SETTINGS
+                         if l2c_settings.value(name) and not name.endswith("_API_KEY")},
     }
     if device.kind == "cuda":
         props = torch.cuda.get_device_properties(device.torch_device)

@@ -1,9 +1,9 @@
 """Which back end is configured: command-line flags first, then the environment; and what to say when none is."""
 from __future__ import annotations
 
-import os
 from typing import Optional
 
+from ... import settings
 from .hf import HFBackend
 from .server import OpenAIBackend
 
@@ -11,9 +11,9 @@ from .server import OpenAIBackend
 def backend_from_config(model_dir: Optional[str] = None, server: Optional[str] = None,
                         model: Optional[str] = None, **server_kwargs):
     """The configured back end (flags first, then L2C_LLM_MODEL_DIR / L2C_LLM_URL + L2C_LLM_MODEL), or None."""
-    model_dir = model_dir or os.environ.get("L2C_LLM_MODEL_DIR")
-    server = server or os.environ.get("L2C_LLM_URL")
-    model = model or os.environ.get("L2C_LLM_MODEL")
+    model_dir = model_dir or settings.value("L2C_LLM_MODEL_DIR")
+    server = server or settings.value("L2C_LLM_URL")
+    model = model or settings.value("L2C_LLM_MODEL")
     if model_dir and server:
         raise ValueError("both a model directory and a server are configured; choose one")
     if model_dir:

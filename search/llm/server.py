@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from typing import List, Optional
 
+from ... import settings
 from .backend import Checker, Sample
 
 log = logging.getLogger("l2c.search.llm")
@@ -35,7 +36,7 @@ class OpenAIBackend:
         self.model = model
         self.name = model
         self.api_key = api_key if api_key is not None else (
-            os.environ.get("L2C_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY"))
+            settings.value("L2C_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY"))
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.max_tokens, self.guided_grammar = max_tokens, guided_grammar
 

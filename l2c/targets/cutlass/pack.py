@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from ... import settings
 from ... import cache
 from .toolchain import NVCC_FLAGS, cutlass_version
 
@@ -77,7 +78,7 @@ class Pack:
 
 def default_pack_path(arch: str) -> Path:
     """`L2C_PACK` if set, else the pack shipped for `arch` (l2c/packs/<arch>.tar.xz, which may not exist)."""
-    env = os.environ.get(ENV_VAR)
+    env = settings.value(ENV_VAR)
     if env:
         return Path(env).expanduser()
     return Path(str(resources.files("l2c") / "packs" / f"{arch}.tar.xz"))

@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import List, Tuple
 
+from ... import settings
 from ... import cache
 from ...errors import BuildError
 
@@ -45,7 +46,7 @@ def cutlass_include_dirs() -> List[Path]:
 def find_nvcc() -> str:
     """$L2C_NVCC if set (then the only one looked for), else nvcc from PATH, else from $CUDA_HOME/bin or
     /usr/local/cuda/bin."""
-    chosen = os.environ.get("L2C_NVCC")
+    chosen = settings.value("L2C_NVCC")
     if chosen:
         if os.path.isfile(chosen) and os.access(chosen, os.X_OK):
             return chosen

@@ -24,6 +24,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import triton
 
+from ... import settings
 from ... import cache
 from ...errors import BuildError
 from ...kernel import Kernel, call_signature, cuda_accessors
@@ -31,7 +32,7 @@ from ...lower import render
 from ...rules import ValidSpec
 
 
-PLANS = os.environ.get("L2C_TRITON_PLANS", "1") != "0"
+PLANS = (settings.value("L2C_TRITON_PLANS") or "1") != "0"
 _KNOBS = getattr(triton, "knobs", None)   # Triton >= 3.4: where its launch hooks live (a profiler sets them)
 try:   # host-side TMA descriptors (`launch loads=tma` kernels take A and B as these)
     from triton.tools.tensor_descriptor import TensorDescriptor

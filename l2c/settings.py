@@ -1,0 +1,34 @@
+"""Every L2C_* environment variable l2c reads: its name, what it does, and the one function that reads it.
+
+None of them changes the code a kernel is generated from: what does is a knob, so it is in the spec text and the
+build id. They choose where things live, which table serves, and how calls are prepared.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+SETTINGS = {
+    "L2C_CACHE_DIR": "where built kernels are cached (default: the user cache directory for l2c)",
+    "L2C_TUNED_TABLE": "the tuned table l2c.matmul reads (default: the one shipped for the GPU's architecture)",
+    "L2C_TUNE": "`off` (default: serve only what the table measured) or `online` (time candidates for shapes no "
+                "table covers, once per GPU, driver and l2c version)",
+    "L2C_TUNE_MARGIN": "how much faster than torch an online choice must be to serve (default 1.05)",
+    "L2C_PREPARE": "`background` (default: no call waits for a compiler) or `inline` (the first call of a signature "
+                   "builds and verifies its kernel on the calling thread)",
+    "L2C_PACK": "the prebuilt pack of CUTLASS libraries to install from (default: the one shipped in the package)",
+    "L2C_NVCC": "the nvcc to compile CUTLASS kernels with (default: nvcc on PATH, then $CUDA_HOME/bin)",
+    "L2C_TRITON_PLANS": "`0` turns off the replayed launch plans of Triton kernels (every call through Triton's JIT "
+                        "dispatch)",
+    "L2C_LLM_MODEL_DIR": "a local Hugging Face model that proposes specs in l2c tune / l2c propose",
+    "L2C_LLM_URL": "an OpenAI-compatible server that proposes specs (with L2C_LLM_MODEL)",
+    "L2C_LLM_MODEL": "the model name to ask at L2C_LLM_URL",
+    "L2C_LLM_API_KEY": "the key for L2C_LLM_URL, if it wants one (else OPENAI_API_KEY)",
+}
+
+
+def value(name: str) -> Optional[str]:
+    """The setting's value, None when unset or empty."""
+    if name not in SETTINGS:
+        raise KeyError(f"{name} is not an l2c setting")
+    return os.environ.get(name) or None
