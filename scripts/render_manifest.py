@@ -51,6 +51,18 @@ def feature_matrix():
             tile_k=32, split_k_slices=slices, split_k_mode=mode, launch_persistent=persistent, launch_loads=loads,
             swizzle_group=group, swizzle_raster=raster, epilogue_alpha=alpha, epilogue_beta=beta,
             epilogue_bias=bias, epilogue_activation=act, launch_swap="yes" if i % 2 else "no"))
+    # the gated epilogues (Triton only) in both families, each load path and layout
+    for i, (gate, family, loads, layout, dims, bias) in enumerate(product(
+            ("silu", "gelu_tanh"), ("gemm", "gemv"), ("pointer", "tma", "tma_device"), ("row", "col"),
+            ((64, 128, 256, 1), ("any", "any", "any", 1)), ("none", "col"))):
+        if family == "gemv" and loads != "pointer":
+            continue
+        m, n, k, batch = dims
+        specs.append(KernelSpec(
+            name=f"gated{i}", types_a="f16", types_b="f16", types_c="f16", layout_a=layout, layout_b=layout,
+            problem_m=m, problem_n=n, problem_k=k, problem_batch=batch, launch_family=family, launch_loads=loads,
+            tile_m=4 if family == "gemv" else 64, tile_n=32 if family == "gemv" else 64, tile_k=64,
+            epilogue_gate=gate, epilogue_bias=bias, epilogue_alpha=0.5 if i % 3 == 0 else 1.0))
     return specs
 
 
