@@ -6,6 +6,7 @@ underlying message, so a tuner records a failed candidate instead of crashing.
 from __future__ import annotations
 
 import functools
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from . import cache, targets
 from .errors import BuildError, L2Error
@@ -32,6 +33,30 @@ def prebuild(valid: ValidSpec) -> str:
         raise
     except Exception as err:  # noqa: BLE001
         raise BuildError(f"{valid.target} build of {valid.name} failed: {type(err).__name__}: {err}") from err
+
+
+def prebuild_many(valids: Sequence[ValidSpec], workers: int,
+                  done: Optional[Callable[[int, Union[str, BuildError], int], None]] = None
+                  ) -> List[Union[str, BuildError]]:
+    """`prebuild` for many specs, `workers` compilers at a time, each target batching as its compiler allows
+    (CUTLASS: several kernels per nvcc run): the cached file or the BuildError per spec, in order, never raising.
+    `done(index, outcome, kernels)` is called as each outcome is known (from worker threads); `kernels` is how
+    many specs the compiler run that built it compiled (0: none, it was cached)."""
+    results: List[Union[str, BuildError, None]] = [None] * len(valids)
+    by_target: Dict[str, List[int]] = {}
+    for i, valid in enumerate(valids):
+        by_target.setdefault(valid.target, []).append(i)
+    for name, indices in by_target.items():
+        def report(j, outcome, kernels, indices=indices):
+            if done:
+                done(indices[j], outcome, kernels)
+        try:
+            outcomes = targets.get(name).prebuild_many([valids[i] for i in indices], workers, report)
+        except Exception as err:  # noqa: BLE001
+            outcomes = [BuildError(f"{name} build failed: {type(err).__name__}: {err}")] * len(indices)
+        for i, outcome in zip(indices, outcomes):
+            results[i] = outcome
+    return results  # type: ignore[return-value]
 
 
 def build_id(valid: ValidSpec) -> str:

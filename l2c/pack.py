@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -79,33 +78,32 @@ def required_kernels(table_paths: Sequence[Union[str, Path]]) -> Tuple[str, List
 
 def build_pack(kernels: Sequence[RequiredKernel], arch: str, out: Union[str, Path], jobs: int,
                report: Callable[[RequiredKernel, Optional[str], float], None]) -> Tuple[Pack, int]:
-    """Compile `kernels` through the build cache (`jobs` nvcc processes; built ones are reused), write the pack
-    of those that built to `out`, and return it with the number that failed. `report(kernel, error, seconds)`
-    is called for each kernel, in order. Needs nvcc: the pack records the version that built its libraries."""
-    from .targets.cutlass.build import compile_source
+    """Compile `kernels` through the build cache (`jobs` nvcc processes, several kernels per run; built ones are
+    reused), write the pack of those that built to `out`, and return it with the number that failed.
+    `report(kernel, error, seconds)` is called for each kernel as it is known, with the seconds since the build
+    began. Needs nvcc: the pack records the version that built its libraries."""
+    import threading
+    from .targets.cutlass.build import compile_many
     from .targets.cutlass.toolchain import cuda_release, find_nvcc, nvcc_version
     from .errors import BuildError
     compiler = nvcc_version(find_nvcc())
+    start, lock = time.perf_counter(), threading.Lock()
 
-    def build_one(kernel: RequiredKernel):
-        start = time.perf_counter()
-        try:
-            return kernel, compile_source(kernel.source, kernel.name), None, time.perf_counter() - start
-        except BuildError as err:
-            return kernel, None, str(err), time.perf_counter() - start
+    def done(i, outcome, _kernels):
+        with lock:
+            report(kernels[i], str(outcome) if isinstance(outcome, BuildError) else None, time.perf_counter() - start)
 
+    outcomes = compile_many([(kernel.source, kernel.name) for kernel in kernels], max(1, jobs), done)
     libraries, failed = [], 0
-    with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="l2c-pack") as pool:
-        for kernel, library, error, seconds in pool.map(build_one, kernels):
-            report(kernel, error, seconds)
-            if error is not None:
-                failed += 1
-                continue
-            data = Path(library).read_bytes()
-            entry = PackEntry(name=kernel.name, spec=kernel.spec, key=kernel.key,
-                              file=f"{kernel.name}_{kernel.key[:24]}.so", sha256=hashlib.sha256(data).hexdigest(),
-                              size=len(data), nvcc_version=compiler, cuda_version=cuda_release(compiler))
-            libraries.append((entry, data))
+    for kernel, library in zip(kernels, outcomes):
+        if isinstance(library, BuildError):
+            failed += 1
+            continue
+        data = Path(library).read_bytes()
+        entry = PackEntry(name=kernel.name, spec=kernel.spec, key=kernel.key,
+                          file=f"{kernel.name}_{kernel.key[:24]}.so", sha256=hashlib.sha256(data).hexdigest(),
+                          size=len(data), nvcc_version=compiler, cuda_version=cuda_release(compiler))
+        libraries.append((entry, data))
     return write_pack(out, arch, libraries), failed
 
 

@@ -2,12 +2,13 @@
 
 A handful of specs chosen to cover the three schedules, clusters, fused epilogues (bias, activations, C input),
 split-K (scheduler and parallel) and stream-K, bf16 and an f32 output, all-column-major / mixed layouts, a narrow
-tile and the transposed problem (launch swap=yes). They compile in
-parallel through `build_many` into a fresh cache directory, so the test really compiles; each CUTLASS
-compile takes about two minutes of one core. Skipped only when nvcc is absent.
+tile and the transposed problem (launch swap=yes). They compile through `build_many` with two workers, so in
+two nvcc runs of several kernels each (about 10-20 s of one core per kernel; 35-50 s for a kernel alone), into a
+fresh cache directory, so the test really compiles. Skipped only when nvcc is absent.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import time
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from l2c.targets.cutlass.build import _compile_in_worker, build_many, compile_source
+from l2c.targets.cutlass.build import BATCH_SIZE, batch_source, build_many, compile_many, compile_source, plan_batches
 from l2c.targets.cutlass.kernel import CutlassKernel
 from l2c.targets.cutlass.toolchain import forbidden_ptxas_warnings
 from l2c.errors import BuildError
@@ -65,9 +66,9 @@ def built(tmp_path_factory):
     os.environ["L2C_CACHE_DIR"] = str(tmp_path_factory.mktemp("l2c-cache"))
     valids = [validate(spec, "cutlass") for spec in SPECS]
     start = time.perf_counter()
-    results = build_many(valids)
+    results = build_many(valids, workers=2)
     elapsed = time.perf_counter() - start
-    print(f"\nbuild_many: {len(valids)} CUTLASS kernels in {elapsed:.0f} s with {os.cpu_count()} workers")
+    print(f"\nbuild_many: {len(valids)} CUTLASS kernels in {elapsed:.0f} s in two nvcc runs")
     yield valids, results
     del os.environ["L2C_CACHE_DIR"]
 
@@ -100,11 +101,73 @@ def test_broken_source_is_a_build_error_with_the_compiler_message(tmp_path, monk
     with pytest.raises(BuildError) as err:
         compile_source(source, "broken")
     assert "no_such_type" in str(err.value) and "error" in str(err.value)
-    # a build_many worker returns the failure as a value (cached since), and build_many never raises
-    returned = _compile_in_worker(source, "broken")
+    # compile_many returns the failure as a value (cached since), and build_many never raises
+    returned = compile_many([(source, "broken")])[0]
     assert isinstance(returned, BuildError) and "no_such_type" in str(returned)
     results = build_many([dataclasses.replace(valid, target="triton")], workers=1)
     assert isinstance(results[0], BuildError) and "not cutlass" in str(results[0])
+
+
+def test_kernels_built_in_one_nvcc_run_share_one_library(built):
+    """Two workers for seven kernels: two nvcc runs, each publishing one library under every member's cache name,
+    holding every member's entry points."""
+    valids, results = built
+    runs = {}
+    for valid, kernel in zip(valids, results):
+        runs.setdefault(os.stat(kernel.path).st_ino, []).append(valid.name)
+    assert sorted(map(len, runs.values())) == [3, 4]
+    for kernel in results:
+        library = ctypes.CDLL(str(kernel.path))
+        for name in runs[os.stat(kernel.path).st_ino]:
+            assert getattr(library, f"l2c_{name}_run") and getattr(library, f"l2c_{name}_stages")
+
+
+_TINY = '#include <cstdio>\nextern "C" int l2c_{name}_answer(void) {{ return {value}; }}\n'
+
+
+def test_a_failing_kernel_in_a_batch_gets_the_verdict_it_gets_alone(tmp_path, monkeypatch):
+    """A run that fails is split until the failing kernel is alone: it gets the compiler's message and a cached
+    failure, the others their libraries. Tiny sources (no CUTLASS) keep each nvcc run to a few seconds."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.tar.xz"))
+    sources = [(_TINY.format(name="good_a", value=42), "good_a"),
+               (_TINY.format(name="bad_b", value="no_such_name"), "bad_b"),
+               (_TINY.format(name="good_c", value=43), "good_c")]
+    reported = {}
+    outcomes = compile_many(sources, workers=1, done=lambda i, outcome, kernels: reported.setdefault(i, kernels))
+    good_a, bad_b, good_c = outcomes
+    assert isinstance(bad_b, BuildError) and "no_such_name" in str(bad_b) and "bad_b" in str(bad_b)
+    assert list(tmp_path.glob("cutlass/bad_b_*.failed.txt"))
+    assert ctypes.CDLL(str(good_a)).l2c_good_a_answer() == 42
+    assert ctypes.CDLL(str(good_c)).l2c_good_c_answer() == 43
+    # the run takes them in name order (bad_b, good_a, good_c) and splits into bad_b and the two others
+    assert reported == {0: 2, 1: 1, 2: 2} and os.path.samefile(good_a, good_c)
+    # a batch that builds: one library for both, each member's entry point in it
+    again = compile_many([(_TINY.format(name="good_d", value=44), "good_d"),
+                          (_TINY.format(name="good_e", value=45), "good_e")], workers=1)
+    assert os.path.samefile(*again)
+    library = ctypes.CDLL(str(again[0]))
+    assert (library.l2c_good_d_answer(), library.l2c_good_e_answer()) == (44, 45)
+    assert compile_many([sources[0], sources[0]]) == [good_a, good_a]   # cache hits, asked twice
+
+
+def test_the_batch_source_includes_each_kernel_once_in_its_own_namespace():
+    sources = [("k1", "k1.cu", '#include <cstdio>\n#include "cute/tensor.hpp"\nint x;\n'),
+               ("k2", "k2.cu", '#include <cstdio>\n#include <cstdint>\nint x;\n')]
+    text = batch_source(sources)
+    assert text.count("#include <cstdio>") == 1 and '#include "cute/tensor.hpp"' in text and "<cstdint>" in text
+    assert text.index("<cstdint>") < text.index("namespace l2c_k1")
+    assert 'namespace l2c_k1 {\n#include "k1.cu"\n}' in text and 'namespace l2c_k2 {\n#include "k2.cu"\n}' in text
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=st.lists(st.sampled_from([f"k{i}" for i in range(30)]), max_size=80), workers=st.integers(1, 20))
+def test_batches_use_every_worker_and_never_hold_a_name_twice(names, workers):
+    batches = plan_batches(names, workers)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(names)))
+    assert all(1 <= len(batch) <= BATCH_SIZE for batch in batches)
+    assert all(len({names[i] for i in batch}) == len(batch) for batch in batches)
+    assert len(batches) >= min(workers, len(names))
 
 
 def test_c751x_ptxas_warnings_are_detected():

@@ -57,7 +57,7 @@ def run_build(args) -> int:
 
     def report(kernel, error, seconds):
         if error is None:
-            print(f"built {kernel.name} in {seconds:.0f}s: {kernel.label}", flush=True)
+            print(f"built {kernel.name} at {seconds:.0f}s: {kernel.label}", flush=True)
         else:
             print(f"FAILED {kernel.name} after {seconds:.0f}s: {kernel.label}: {error}", flush=True)
 

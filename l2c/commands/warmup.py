@@ -3,7 +3,7 @@
 The dispatcher never blocks a call on a compiler: a kernel that is not built yet is prepared in the background
 while torch serves the call. Whoever wants the tuned path from the first call runs this once per machine (or
 `l2c.precompile(model, example_input)` in the process itself): CUTLASS libraries land in the build cache (from the
-prebuilt pack or nvcc, `-j` in parallel), Triton modules are generated and, with a GPU, compiled into Triton's cache
+prebuilt pack or nvcc, several kernels per nvcc run, `-j` runs at once), Triton modules are generated and, with a GPU, compiled into Triton's cache
 by their first launch, and each kernel is checked against the reference at a shape it serves. A kernel that fails
 is named with the reason and the command exits 1; the dispatcher then falls back to torch for it, as it would.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 
 def add_parser(sub) -> None:
@@ -24,17 +23,6 @@ def add_parser(sub) -> None:
                    help="where kernels are verified: cuda (the default when a GPU is visible) or cpu (build only)")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel builds")
     p.set_defaults(func=run)
-
-
-def _build(valid):
-    from ..build import prebuild
-    from ..errors import BuildError
-    start = time.perf_counter()
-    try:
-        prebuild(valid)
-        return None, time.perf_counter() - start
-    except BuildError as err:
-        return str(err), time.perf_counter() - start
 
 
 def run(args) -> int:
@@ -68,17 +56,28 @@ def run(args) -> int:
     total = len(jobs)
     print(f"{total} kernels in {', '.join(str(p) for p in paths)}; building with {args.jobs} job(s)"
           + ("" if device == "cuda" else " (no GPU: built, not verified)"), flush=True)
-    built = []
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for i, ((kernel, valid), (error, seconds)) in enumerate(
-                zip(jobs, pool.map(lambda job: _build(job[1]), jobs)), 1):
-            if error is None:
-                built.append((kernel, valid))
-                print(f"[{i}/{total}] built {valid.name} [{valid.target}] in {seconds:.1f}s", flush=True)
-            else:
-                unbuilt += 1
-                print(f"[{i}/{total}] FAILED to build {valid.name} [{valid.target}] ({kernel.label}): {error}",
-                      flush=True)
+    from ..build import prebuild_many
+    from ..errors import BuildError
+    built, counted = [], [0]
+    start = time.perf_counter()
+
+    def report(i, outcome, kernels):   # from the build threads, as each outcome is known
+        kernel, valid = jobs[i]
+        counted[0] += 1
+        how = "cached" if kernels == 0 else f"compiled in a run of {kernels}"
+        if isinstance(outcome, BuildError):
+            print(f"[{counted[0]}/{total}] FAILED to build {valid.name} [{valid.target}] ({kernel.label}): {outcome}",
+                  flush=True)
+        else:
+            print(f"[{counted[0]}/{total}] built {valid.name} [{valid.target}] ({how}, "
+                  f"{time.perf_counter() - start:.0f}s so far)", flush=True)
+
+    outcomes = prebuild_many([valid for _, valid in jobs], max(1, args.jobs), report)
+    for job, outcome in zip(jobs, outcomes):
+        if isinstance(outcome, BuildError):
+            unbuilt += 1
+        else:
+            built.append(job)
     if device == "cuda":
         from ..prepare import Job, prepare_one
         for i, (kernel, valid) in enumerate(built, 1):

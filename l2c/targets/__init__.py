@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import Dict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Union
 
+from ..errors import BuildError
 from ..knobs import TARGETS
 
 
@@ -44,6 +46,23 @@ class Target(ABC):
     @abstractmethod
     def prebuild(self, valid) -> str:
         """Fill the build cache with no GPU; the cached file."""
+
+    def prebuild_many(self, valids, workers: int, done=None) -> List[Union[str, BuildError]]:
+        """`prebuild` for each spec, `workers` at a time: the cached file or the BuildError per spec, in order,
+        never raising; `done(index, outcome, kernels)` as each is known (`kernels`: how many specs the compiler
+        run that built it compiled, 0 for none). A target whose compiler takes several kernels at once batches."""
+        def one(i):
+            try:
+                outcome = self.prebuild(valids[i])
+            except BuildError as err:
+                outcome = err
+            except Exception as err:  # noqa: BLE001 - one spec's failure, not the batch's
+                outcome = BuildError(f"{self.name} build of {valids[i].name} failed: {type(err).__name__}: {err}")
+            if done:
+                done(i, outcome, 1)
+            return outcome
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            return list(pool.map(one, range(len(valids))))
 
 
 def get(name: str) -> Target:

@@ -40,5 +40,10 @@ class CutlassTarget(Target):
         from .build import compile_source
         return str(compile_source(render(valid), valid.name))
 
+    def prebuild_many(self, valids, workers: int, done=None):
+        """Several kernels per nvcc run where there are more kernels than workers (`build.compile_many`)."""
+        from .build import prebuild_many
+        return prebuild_many(valids, workers, done)
+
 
 TARGET = CutlassTarget()
