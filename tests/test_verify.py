@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from l2c.build import build
+from l2c.ir import KernelSpec
 from l2c.parser import parse_one
 from l2c.validate import validate
 from l2c.verify import TORCH_DTYPES, edge_shape, verify
@@ -178,3 +179,15 @@ def test_real_kernels_pass(spec, shape, seed):
     """Generated Triton kernels (interpreter) pass both checks, at the drawn shape and at its edge shape."""
     result = verify(build(validate(spec, "triton")), *shape, seed=seed)
     assert result.ok, (spec.to_l2(), shape, result)
+
+
+@pytest.mark.parametrize("alpha", [1e-6, 3e-8])
+def test_a_correct_kernel_whose_outputs_are_subnormal_in_its_output_type_passes(alpha):
+    """Storing a tiny result into f16 rounds it to a subnormal's spacing (6e-8) whatever the kernel does: the norm
+    check allows that much, and no more (the elementwise bound and a wrong element still fail it)."""
+    spec = KernelSpec(name="tiny", target="triton", types_a="f32", types_b="f32", types_c="f16", tile_m=16,
+                      tile_n=16, tile_k=16, epilogue_alpha=alpha)
+    kernel = build(validate(spec, "triton"))
+    for seed in range(4):
+        result = verify(kernel, 5, 3, 7, seed=seed)
+        assert result.ok, result
