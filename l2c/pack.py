@@ -17,9 +17,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .targets.cutlass.pack import Pack, PackEntry, PackError, check_libraries, read_pack, write_pack
 from .targets.cutlass.toolchain import NVCC_FLAGS, cutlass_version
+from .tuned_table import PLAIN_EPILOGUES
 
-# The calls each entry's kernel is prebuilt for: (has bias, activation). Bias is per column, as nn.Linear's.
-EPILOGUES: Tuple[Tuple[bool, str], ...] = ((False, "none"), (True, "none"))
+# The calls each entry's kernel is prebuilt for (has bias, activation): the ones `l2c warmup` prepares too.
+EPILOGUES = PLAIN_EPILOGUES
 
 @dataclass(frozen=True)
 class RequiredKernel:

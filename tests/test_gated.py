@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import l2c
-from l2c import cache
 from l2c.build import build
 from l2c.dispatch import default_dispatcher, set_tuned_table
 from l2c.errors import L2ValidationError
@@ -25,10 +24,8 @@ from .strategies import valid_specs
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cache_in_tmp(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
-        yield
+def _cache_in_tmp(cache_in_tmp):
+    """Every kernel of this module is built into a cache of its own."""
 
 
 def gated(**knobs) -> KernelSpec:

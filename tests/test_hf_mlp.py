@@ -4,10 +4,8 @@ import logging
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import l2c
-from l2c import cache
 from l2c.dispatch import set_tuned_table
 from l2c.ir import KernelSpec
 from l2c.knobs import ANY
@@ -21,10 +19,8 @@ TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_atte
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cache_in_tmp(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
-        yield
+def _cache_in_tmp(cache_in_tmp):
+    """Every kernel of this module is built into a cache of its own."""
 
 
 def tiny_model(kind="llama", dtype=torch.float32, **overrides):

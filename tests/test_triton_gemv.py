@@ -13,7 +13,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from l2c import cache
 from l2c.build import build
 from l2c.errors import L2ValidationError
 from l2c.ir import KernelSpec
@@ -26,10 +25,8 @@ from .strategies import valid_specs, with_reduce
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cache_in_tmp(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
-        yield
+def _cache_in_tmp(cache_in_tmp):
+    """Every kernel of this module is built into a cache of its own."""
 
 
 def gemv(**knobs) -> KernelSpec:

@@ -32,10 +32,8 @@ SMALL_TILES = (16, 32)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cache_in_tmp(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(cache.ENV_VAR, str(tmp_path_factory.mktemp("l2c_cache")))
-        yield
+def _cache_in_tmp(cache_in_tmp):
+    """Every kernel of this module is built into a cache of its own."""
 
 
 def kernel_for(**knobs) -> Kernel:
