@@ -117,6 +117,11 @@ def served(fn) -> Dict[str, int]:
     return {k: stats[k] - before.get(k, 0) for k in stats}
 
 
+def counts(text: str) -> List[int]:
+    """A comma-separated list of token counts; empty skips that part of the run."""
+    return [int(t) for t in text.split(",") if t.strip()]
+
+
 def mlp_rows(args, device, ceilings, model_cls_config, dtype_name, rng) -> List[dict]:
     from transformers.models.llama.modeling_llama import LlamaMLP
     dtype, short = DTYPES[dtype_name]
@@ -124,7 +129,9 @@ def mlp_rows(args, device, ceilings, model_cls_config, dtype_name, rng) -> List[
     hidden, inter = config.hidden_size, config.intermediate_size
     gate_up = lambda m: Problem(m, inter, hidden, dtype=short, out_dtype=short, layout_b="col", gate="silu")  # noqa: E731
     down = lambda m: Problem(m, hidden, inter, dtype=short, out_dtype=short, layout_b="col")  # noqa: E731
-    tokens_list = [int(t) for t in args.mlp_tokens.split(",")]
+    tokens_list = counts(args.mlp_tokens)
+    if not tokens_list:
+        return []
     copies = max(rotation_sets(p, device.l2_bytes, cold=True) for m in tokens_list for p in (gate_up(m), down(m)))
     torch.manual_seed(0)
     with torch.device(device.torch_device):
@@ -222,7 +229,7 @@ def model_rows(args, device, dtype_name, rng):
     models = {name: m for name, m in models.items() if name in args.sides}
     dev = device.torch_device
     prefill, decode = [], []
-    for tokens in (int(t) for t in args.prefill.split(",")):
+    for tokens in counts(args.prefill):
         ids = torch.randint(0, config.vocab_size, (1, tokens), device=dev)
         kwargs = {"use_cache": False, **({names["logits_to_keep"]: 1} if names["logits_to_keep"] else {})}
         with torch.no_grad():
@@ -239,7 +246,7 @@ def model_rows(args, device, dtype_name, rng):
         prefill.append(row)
         print(f"prefill {dtype_name} {tokens:>5} tokens: " + _line(seconds, row), flush=True)
     context = args.decode_context
-    for batch in (int(b) for b in args.decode_batch.split(",")):
+    for batch in counts(args.decode_batch):
         caches = {n: static_cache(ref, batch, context + 1, dev, dtype) for n in models}
         history = torch.randint(0, config.vocab_size, (batch, context), device=dev)
         token = torch.randint(0, config.vocab_size, (batch, 1), device=dev)
@@ -287,9 +294,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a tiny Llama config (hidden 64, MLP 160), for the CPU")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dtypes", default="fp16,bf16")
-    ap.add_argument("--mlp-tokens", default="1,16,128,512,2048,8192")
-    ap.add_argument("--prefill", default="128,512,2048,8192", help="prefill lengths (tokens of one sequence)")
-    ap.add_argument("--decode-batch", default="1,8,32,128,256")
+    ap.add_argument("--mlp-tokens", default="1,16,128,512,2048,8192", help="the MLP block's token counts ('' skips it)")
+    ap.add_argument("--prefill", default="128,512,2048,8192", help="prefill lengths, tokens of one sequence ('' skips)")
+    ap.add_argument("--decode-batch", default="1,8,32,128,256", help="decode batch sizes ('' skips)")
     ap.add_argument("--decode-context", type=int, default=1024, help="tokens already cached per sequence")
     ap.add_argument("--sides", default=",".join(SIDES), help=f"a subset of {','.join(SIDES)}")
     ap.add_argument("--compile-mode", default=None,
@@ -331,7 +338,8 @@ def main(argv=None) -> int:
         result["note"] = CPU_NOTE
     for dtype_name in args.dtypes.split(","):
         result["mlp"] += mlp_rows(args, device, ceilings, build_config(args), dtype_name, rng)
-        prefill, decode = model_rows(args, device, dtype_name, rng)
+        prefill, decode = (model_rows(args, device, dtype_name, rng) if counts(args.prefill) or counts(args.decode_batch)
+                           else ([], []))
         result["prefill"] += prefill
         result["decode"] += decode
         torch._dynamo.reset()   # the compiled functions hold this dtype's models: free them before the next

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from . import settings
-from .epilogue import activate, check_activation, check_gate, gate_product, torch_gated, torch_matmul, torch_residual
+from .epilogue import (activate, check_activation, check_gate, gate_product, torch_gated, torch_gated_linear,
+                       torch_matmul, torch_residual)
 from .errors import BuildError, L2Error
 from .kernel import call_signature
 from .parser import parse_one
@@ -302,8 +303,8 @@ class Dispatcher:
 
     def gated_matmul(self, a, b, gate, bias=None):
         """act(a @ b[:, :N] + bias[:N]) * (a @ b[:, N:] + bias[N:]) for b (K, 2N), the gate's columns then the up
-        projection's: a kernel measured on this gated problem where the table holds one, else torch (one GEMM over
-        both halves, then act(g) * u). Autograd recording runs torch."""
+        projection's: a kernel measured on this gated problem where the table holds one, else torch (`torch_gated`:
+        the two GEMMs apart, then act(g) * u). Autograd recording runs torch."""
         gate = check_gate(gate)
         if a.ndim != 2 or b.ndim != 2 or b.shape[1] % 2 or _needs_grad(a, b, bias) \
                 or not self.may_serve(a.shape[0], b.shape[1] // 2, a.shape[1], gate):
@@ -315,20 +316,20 @@ class Dispatcher:
 
     def gated_linear(self, x, weight, gate, bias=None):
         """`gated_matmul` for `l2c.nn.GatedMLP` in eager mode: x (..., K), weight (2N, K) the gate's rows then the
-        up projection's (as nn.Linear holds them), any leading dimensions. Unserved, this is F.linear over the
-        concatenated weight, then act(g) * u."""
+        up projection's (as nn.Linear holds them), any leading dimensions. Unserved, this is F.linear over each
+        half, then act(g) * u (`torch_gated_linear`)."""
         gate = check_gate(gate)
         n2, k = weight.shape if weight.ndim == 2 else (0, 0)
         if not (k and x.ndim and n2 % 2 == 0) or _needs_grad(x, weight, bias) \
                 or not self.may_serve(x.numel() // k, n2 // 2, k, gate):
             self.stats["fallback"] += 1
-            return gate_product(F.linear(x, weight, bias), gate)
+            return torch_gated_linear(x, weight, bias, gate)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()
         tensors = call_signature(x2, w_t, bias)
         y = self._run_tuned(self.resolve(x2, w_t, bias, "none", tensors, gate=gate), x2, w_t, bias, None, tensors)
         if y is None:
-            return gate_product(F.linear(x, weight, bias), gate)
+            return torch_gated_linear(x, weight, bias, gate)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n2 // 2)
 
     def linear(self, x, weight, bias=None, activation=None, residual=None):

@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .epilogue import activate, gate_product
+from .epilogue import activate, gate_product, torch_gated, torch_gated_linear
 
 PROTOCOLS = ("kernel", "call", "server")
 
@@ -166,8 +166,17 @@ class TorchMatmul:
         self.p = problem
         self.out_dtype = TORCH_DTYPES[problem.out_dtype]
 
+    def _gated_as_modules(self) -> bool:
+        """A gated problem an MLP module computes (no scaling, no C, no activation after the gate): torch's two
+        GEMMs apart then act(g) * u, as `torch_gated` (the dispatcher's fallback) runs it."""
+        p = self.p
+        return (p.gate != "none" and p.alpha == 1.0 and p.beta == 0.0 and p.activation == "none" and p.batch == 1
+                and p.bias != "row")
+
     def __call__(self, a, b, c=None, bias=None, out=None):
         p = self.p
+        if self._gated_as_modules():
+            return self._store(torch_gated(a, b, bias, p.gate), out)
         if p.plain:
             if out is None:
                 return torch.matmul(a, b)
@@ -199,6 +208,9 @@ class TorchMatmul:
             y.relu_()   # in place, as an eager user would
         else:
             y = activate(y, p.activation)
+        return self._store(y, out)
+
+    def _store(self, y, out):
         if out is not None:
             out.copy_(y)
             return out
@@ -211,6 +223,8 @@ class TorchLinear(TorchMatmul):
 
     def __call__(self, a, b, c=None, bias=None, out=None):
         p = self.p
+        if self._gated_as_modules():
+            return self._store(torch_gated_linear(a, b.mT, bias, p.gate), out)
         if p.beta != 0.0 or p.alpha != 1.0 or p.batch != 1 or p.bias == "row":
             return super().__call__(a, b, c=c, bias=bias, out=out)
         return self._finish(torch.nn.functional.linear(a, b.mT, bias), out)

@@ -73,8 +73,8 @@ class GatedMLP(torch.nn.Module):
 
     `gate_up_proj.weight` is (2I, H): rows [0, I) are gate_proj's weight, rows [I, 2I) up_proj's (its transpose is
     the K x 2N operand of the gated kernel, read column-major without a copy); `down_proj` is an `l2c.nn.Linear`.
-    Where no table entry measured on this gated problem serves a call, torch runs it: one F.linear over both
-    halves, then act(g) * u.
+    Where no table entry measured on this gated problem serves a call, torch runs it as the replaced module does:
+    F.linear over each half (views of the one weight), then act(g) * u.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, gate: str = "silu", bias: bool = False,

@@ -95,7 +95,7 @@ def gated_matmul(a: torch.Tensor, b: torch.Tensor, gate: str, bias: Optional[tor
     a: (M, K); b: (K, 2N), the gate projection's N columns then the up projection's (the transpose of
     torch.cat([gate_proj.weight, up_proj.weight])); gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU); bias: (2N,) or
     None. A tuned kernel with the fused gated epilogue serves it only where the table holds an entry measured on this
-    gated problem; otherwise torch runs one GEMM over both halves, then act(g) * u.
+    gated problem; otherwise torch runs the two halves' GEMMs apart (views, no copy), then act(g) * u.
     """
     dispatcher = dispatch._default or default_dispatcher()
     if torch.compiler.is_compiling() and a.dim() == 2 and b.dim() == 2:

@@ -15,7 +15,7 @@ nn.Linear's layout (B is the weight transposed). Stages:
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
   `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — GEMV kernels up to
   16 tokens, narrow and wide tensor-core tiles (pointer and TMA loads) above — each timed against torch's gated
-  projection (one cuBLAS GEMM over the 2N concatenated columns, then act(g) * u). `l2c table --ranges` makes gated
+  projection as the MLP modules run it (the gate's and the up projection's cuBLAS GEMMs, then act(g) * u). `l2c table --ranges` makes gated
   entries of the rows (their `gate` field), which only gated calls (`l2c.gated_matmul`, `l2c.nn.GatedMLP`) meet:
 
       python scripts/serve_sweep.py --out DIR --dtype f16 --stages gated --budget-s 1800
@@ -151,7 +151,7 @@ def gated_pool(m: int, dtype: str, gate: str):
             for reduce in ("step", "end"):
                 texts.append(_gated_spec(f"launch family=gemv warps={warps} evict=first reduce={reduce}\n  tile m={rows} "
                                          f"n={bn} k={bk}", dtype, gate, 1))
-    if 4 <= m <= 256:
+    if 2 <= m <= 256:
         tile_m = min(64, max(16, rows))
         for bn, bk, stages in GATED_NARROW:
             texts.append(_gated_spec(f"launch warps=4 evict=first\n  tile m={tile_m} n={bn} k={bk}\n  pipeline "

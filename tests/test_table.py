@@ -146,3 +146,52 @@ def test_ranges_cover_runs_of_consecutive_measured_wins_and_never_cross_a_loss(t
     table = TunedTable.load(out)
     served = {m for m in range(1, 129) if table.lookup("f16", "row,row,row", m, 64, 64) is not None}
     assert served == {1, 2, 3, 4} | set(range(16, 49)) | {64, 96}
+
+
+def test_into_adds_new_entries_to_a_table_replacing_those_of_the_same_problem(tmp_path):
+    """--into: a shipped table gains a new set of shapes; an entry of a problem the new results cover is replaced,
+    the others are kept, and a table of another protocol or GPU is refused (exit 2, no traceback)."""
+    base_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("a", 128, 1.20), row("b", 256, 1.30)]
+    new_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("c", 256, 1.40), row("d", 512, 1.10),
+                dict(row("e", 256, 1.25), gate="silu")]
+    for name, rows in (("base", base_rows), ("new", new_rows)):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    base, out = tmp_path / "base.json", tmp_path / "merged.json"
+
+    def table(*args):
+        return subprocess.run([sys.executable, "-m", "l2c", "table", *map(str, args)], capture_output=True, text=True)
+
+    assert table(tmp_path / "base.jsonl", "-o", base).returncode == 0
+    done = table(tmp_path / "new.jsonl", "-o", out, "--into", base)
+    assert done.returncode == 0, done.stderr
+    merged = json.loads(out.read_text())
+    got = sorted((e["m"], e.get("gate", "none"), e["spec"].split()[1]) for e in merged["entries"])
+    assert got == [(128, "none", "a"), (256, "none", "c"), (256, "silu", "e"), (512, "none", "d")]
+    assert merged["sources"] == [str(tmp_path / "base.jsonl"), str(tmp_path / "new.jsonl")]
+    assert TunedTable.load(out).lookup("f16", "row,row,row", 256, 64, 64).speedup == 1.40
+    call = dict(json.loads(base.read_text()), protocol="call")
+    base.write_text(json.dumps(call))
+    refused = table(tmp_path / "new.jsonl", "-o", out, "--into", base)
+    assert refused.returncode == 2 and "call protocol" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_ranges_with_confirmed_by_keep_the_ranges_of_specs_that_won_again(tmp_path):
+    """--ranges with --confirmed-by: a range's spec must have won again wherever the later results measured it (the
+    bench of a candidate table measures a range at one M); a spec that lost again makes no range, and the M where
+    only an unconfirmed spec won still counts as measured, so no range crosses it."""
+    g = KernelSpec(name="g", tile_m=16, problem_m="any").to_l2()
+    h = KernelSpec(name="h", tile_m=32, problem_m="any").to_l2()
+    first = [{"type": "env", "gpu": "NVIDIA H200"}]
+    first += [row("g", m, 1.2, spec=g) for m in (1, 2, 4, 16, 32, 64)] + [row("h", 8, 1.3, spec=h)]
+    first += [row("h", m, 1.25, spec=h) for m in (128, 256, 512)]
+    again = [{"type": "env", "gpu": "NVIDIA H200"}, row("g", 2, 1.1, spec=g), row("g", 32, 1.15, spec=g),
+             row("h", 256, 0.98, spec=h)]
+    paths = [tmp_path / "first.jsonl", tmp_path / "again.jsonl"]
+    for path, rows in zip(paths, (first, again)):
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "t.json"
+    done = subprocess.run([sys.executable, "-m", "l2c", "table", str(paths[0]), "-o", str(out), "--ranges",
+                           "--confirmed-by", str(paths[1])], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ranges = sorted(tuple(e["m_range"]) for e in json.loads(out.read_text())["entries"] if "m_range" in e)
+    assert ranges == [(1, 4), (16, 64)]       # g's runs either side of M = 8 (h's, unconfirmed); h lost again

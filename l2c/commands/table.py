@@ -43,6 +43,10 @@ def add_parser(sub) -> None:
     p.add_argument("--every-shape", action="store_true",
                    help="keep each shape's best candidate even where it loses to torch.matmul: a table for measuring "
                         "the kernels alone (l2c bench TABLE.json), not for dispatch")
+    p.add_argument("--into", metavar="TABLE",
+                   help="add the new entries to this tuned table's (same GPU and protocol), each replacing the entry "
+                        "of the same problem (dtype, layout, N, K, batch, gate, and its M or token range); the "
+                        "merged table goes to -o: how a shipped table gains a new set of shapes")
     p.add_argument("--confirmed-by", nargs="+", default=[], metavar="RESULTS",
                    help="candidates are only the specs that won again (speedup >= 1.0 in every row, same protocol "
                         "and shape) in these later measurements, e.g. `l2c bench` of the candidate table: each shape "
@@ -152,10 +156,12 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
 MIN_RANGE_POINTS = 3
 
 
-def range_rows(rows, protocol: str, min_speedup: float, cache=None):
+def range_rows(rows, protocol: str, min_speedup: float, cache=None, admit=None):
     """Token-count ranges (module docstring): (row of the run's best point, first M, last M, worst speedup) for
     each maximal run of >= MIN_RANGE_POINTS consecutive measured M at which one M-generic spec won by
-    `min_speedup`. Consecutive means among every M the results measured for that (N, K, batch, dtype, layout)."""
+    `min_speedup`. Consecutive means among every M the results measured for that (N, K, batch, dtype, layout), of
+    every spec, so that a range never crosses an M where all lost. `admit((group, spec))`, when given, decides which
+    specs may make ranges (--confirmed-by)."""
     cache = {} if cache is None else cache
     measured, by_spec = {}, {}
     for r in rows:
@@ -167,6 +173,8 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None):
             continue
         text = spec_text(r, cache)
         if not text or _problem_m(text) != "any":
+            continue
+        if admit is not None and not admit((group, text)):
             continue
         r = dict(r, spec=text)
         slot = by_spec.setdefault((group, text), {})
@@ -200,6 +208,39 @@ def won_again(rows, protocol: str):
     return verdicts
 
 
+def problem_key(entry) -> tuple:
+    """What one entry serves: two entries with the same key answer the same calls, so a merge keeps one."""
+    served_m = tuple(entry["m_range"]) if "m_range" in entry else entry["m"]
+    return (entry["dtype"], entry["layout"], entry["n"], entry["k"], entry.get("batch", 1),
+            entry.get("gate", "none"), served_m)
+
+
+def _read_table(path, error):
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise error(f"{path}: cannot read tuned table: {err}") from None
+    if not isinstance(table, dict) or not isinstance(table.get("entries"), list):
+        raise error(f"{path}: not a tuned table (no 'entries' list; see docs/CONTRACTS.md)")
+    return table
+
+
+def merged(base: dict, new: dict, error) -> dict:
+    """`base` with `new`'s entries added, each replacing base's entry of the same problem. Both must come from one
+    GPU and one protocol (a table's figures are ratios in its protocol); the margin kept is the smaller."""
+    if new["gpu"] is not None and base.get("gpu") not in (None, new["gpu"]):
+        raise error(f"--into table is for {base.get('gpu')}, the results for {new['gpu']}")
+    if base.get("protocol") != new["protocol"]:
+        raise error(f"--into table is in the {base.get('protocol')} protocol, the new entries in {new['protocol']}")
+    replaced = {problem_key(e) for e in new["entries"]}
+    kept = [e for e in base["entries"] if problem_key(e) not in replaced]
+    margins = [m for m in (base.get("min_speedup"), new["min_speedup"]) if m is not None]
+    return dict(base, gpu=base.get("gpu") or new["gpu"], min_speedup=min(margins) if margins else None,
+                sources=list(base.get("sources", [])) + new["sources"],
+                confirmed_by=list(base.get("confirmed_by", [])) + new["confirmed_by"],
+                entries=kept + new["entries"])
+
+
 def run(args) -> int:
     from ..results_file import read_rows
     from ..cli import UsageError
@@ -223,7 +264,7 @@ def run(args) -> int:
         names = ", ".join(f"{name} in {source or '(no source)'}" for source, name in unresolved[:5])
         raise UsageError(f"{len(unresolved)} measured kernel(s) whose spec text is neither in the row nor in the file "
                          f"it names: {names}{' ...' if len(unresolved) > 5 else ''}; put that file at that path")
-    admit = None
+    admit = admit_range = None
     if args.confirmed_by:   # only specs that won again are candidates: each shape keeps its best confirmed one
         checks = [r for path in args.confirmed_by for r in read_rows(path)]
         gpus.update(r["gpu"] for r in checks if r.get("type") == "env" and r.get("gpu"))
@@ -231,6 +272,11 @@ def run(args) -> int:
             raise UsageError(f"results from different GPUs: {sorted(gpus)}")
         verdicts = won_again(checks, args.protocol)
         admit = lambda r: verdicts.get((*shape_key(r), r["spec"]), False)  # noqa: E731
+        range_verdicts = {}
+        for (*shape, spec), won in verdicts.items():   # a range's spec: won again wherever it was measured again
+            key = (tuple(shape[1:]), spec)
+            range_verdicts[key] = range_verdicts.get(key, True) and won
+        admit_range = lambda key: range_verdicts.get(key, False)  # noqa: E731
     chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape, cache, admit)
     def entry(r):
         row = {"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
@@ -240,15 +286,15 @@ def run(args) -> int:
 
     entries = [entry(r) for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
     if args.ranges:
-        ranges = range_rows(rows if admit is None else [r for r in rows if r.get("kernel") == "torch"
-                                                         or admit(dict(r, spec=spec_text(r, cache)))],
-                            args.protocol, args.min_speedup, cache)
+        ranges = range_rows(rows, args.protocol, args.min_speedup, cache, admit_range)
         entries += [dict(entry(r), m_range=[lo, hi], range_min_speedup=worst)
                     for r, lo, hi, worst in sorted(ranges, key=lambda t: (t[0]["n"], t[0]["k"], t[1]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
              "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
              "sources": [str(p) for p in args.results], "confirmed_by": [str(p) for p in args.confirmed_by],
              "entries": entries}
+    if args.into:
+        table = merged(_read_table(args.into, UsageError), table, UsageError)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
@@ -256,5 +302,6 @@ def run(args) -> int:
     kept += ", won again in " + ", ".join(args.confirmed_by) if args.confirmed_by else ""
     ranged = sum(1 for e in entries if "m_range" in e)
     print(f"wrote {out}: {len(entries) - ranged} shape(s){f' and {ranged} token-count range(s)' if ranged else ''}, "
-          f"{kept} in the {args.protocol} protocol")
+          f"{kept} in the {args.protocol} protocol"
+          + (f"; with {args.into}'s, {len(table['entries'])} entries in all" if args.into else ""))
     return 0
