@@ -106,6 +106,10 @@ def _cublas(a):
     return [script("scripts/cublas_kernels.py", "--shapes", "llm", "--b-col", "--out", f"{a.out}/cublas_llm.json")]
 
 
+def _zerowait(a):
+    return [script("scripts/zero_wait.py", "--out", f"{a.out}/zero_wait_h200.json")]
+
+
 STAGES: Dict[str, Stage] = {
     "check": Stage("generated kernels verified on the GPU: random and fixed Triton specs, CUTLASS specs, one spec "
                    "on both targets, l2c.matmul through a tuned table (served kernels, autograd)", _check),
@@ -124,6 +128,8 @@ STAGES: Dict[str, Stage] = {
                    "max-autotune, l2c, l2c under torch.compile (examples/llama_e2e.py)", _model),
     "grid": Stage("the 1,000-shape grid: cuBLAS against itself (the noise floor) and the eager table", _grid),
     "cublas": Stage("which kernels cuBLAS runs on the decoding shapes (its tiles, split-K)", _cublas),
+    "zerowait": Stage("issue #19 with empty caches: first calls of a prebuilt and of an unbuilt kernel against "
+                      "torch, CUTLASS build seconds per kernel, a one-shape l2c tune's wall time", _zerowait),
 }
 
 
