@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Callable, Dict, Optional, Sequence
 
 from ..parser import parse_one
-from .runners import Runner, RunnerPoisoned, make_runner, precompile
+from .compile_pool import CompilePool
+from .runners import Runner, RunnerPoisoned, make_runner
 from .space import Problem
 from .store import Result, Store
 from .supervisor import POISONED_EXIT, probe_gpu_name, supervise
@@ -33,13 +33,15 @@ def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, s
     winners: Dict[str, Optional[Result]] = {}
     for p in problems:
         stored = store.best(p.key(), runner.gpu, runner.protocol)
-        spent = 0
+        spent, build_s, measure_s = 0, 0.0, 0.0
         while spent < budget:
             lead = store.best(p.key(), runner.gpu, runner.protocol)
             if lead is None or (lead.confirmed is not None and lead.confirmed >= since):
                 break
             outcome = runner.evaluate(parse_one(lead.spec), p)
             spent += 1
+            build_s += outcome.build_seconds
+            measure_s += outcome.seconds - outcome.build_seconds
             now = time.time()
             store.record(replace(lead, status=outcome.status, tflops=outcome.tflops,
                                  baseline_tflops=outcome.baseline_tflops, speedup=outcome.speedup,
@@ -50,7 +52,8 @@ def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, s
         win = winners[p.key()] = store.best(p.key(), runner.gpu, runner.protocol, confirmed_since=since)
         was = f"{stored.speedup:.3f}x" if stored is not None else "-"
         is_ = f"{win.speedup:.3f}x ({win.target})" if win is not None else "no verified kernel"
-        log(f"{p.shape}: confirmed {is_} after {spent} re-measurement(s); the store's best was {was}")
+        log(f"{p.shape}: confirmed {is_} after {spent} re-measurement(s) (build {build_s:.1f} s · measure "
+            f"{measure_s:.1f} s); the store's best was {was}")
     return winners
 
 
@@ -67,21 +70,25 @@ def _confirm_main(index, problems, protocol, runner_kind, store_path, since, bud
 
 def prebuild_leaders(problems: Sequence[Problem], store: Store, gpu: str, protocol: str, budget: int,
                      compile_workers: int, log: Callable[[str], None] = print) -> int:
-    """Build every spec confirm_leaders may measure, `compile_workers` at a time, before it measures any.
+    """Build every spec confirm_leaders may measure, `compile_workers` processes at a time, before it measures any.
 
     The leaders it measures are always a prefix of the stored order (a re-measured leader either holds or falls
     below the next one), so the top `budget` results per shape are all it can need. After a template change every
-    stored CUTLASS leader needs nvcc again, which one measuring process would otherwise do one at a time."""
+    stored CUTLASS leader needs nvcc again, which one measuring process would otherwise do one at a time; the
+    compile pool builds them all at once, several to an nvcc run. A spec that fails to build is measured (and
+    recorded) as failed by confirm_leaders."""
     if compile_workers < 1:
         return 0
     wanted = sorted({(r.spec, r.target, p.arch) for p in problems for r in store.top(p.key(), gpu, protocol, budget)})
     if not wanted:
         return 0
-    import multiprocessing as mp
-    with ProcessPoolExecutor(compile_workers, mp_context=mp.get_context("spawn")) as pool:
-        failures = [f for f in pool.map(precompile, *zip(*wanted)) if f is not None]
+    start = time.perf_counter()
+    with CompilePool(compile_workers) as pool:
+        built = pool.build([(parse_one(text), target, arch) for text, target, arch in wanted])
+    failures = sum(1 for b in built if b.failure is not None)
     log(f"confirmation: built {len(wanted)} stored leader(s) ahead, {compile_workers} at a time "
-        f"({len(failures)} failed to build: they will be recorded as failed)")
+        f"({failures} failed to build: they will be recorded as failed); build {sum(b.seconds for b in built):.1f} s "
+        f"of compile-pool time in {time.perf_counter() - start:.1f} s")
     return len(wanted)
 
 

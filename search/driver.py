@@ -2,20 +2,20 @@
 in this process or in one spawned worker process per GPU; resumable by running the same command again.
 
 The jobs it drives: study.py (settings, names, budget), storage.py, samplers.py, recovery.py (trials a dead
-worker left), warmstart.py, workers.py (the trial loop), supervisor.py (GPU worker processes), progress.py;
-after a tune, confirm.py and export.py.
+worker left), warmstart.py, workers.py (the trial loop), compile_pool.py (builds ahead of measurement),
+supervisor.py (GPU worker processes), progress.py; after a tune, confirm.py and export.py.
 """
 from __future__ import annotations
 
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Union
 
 import optuna
 
+from .compile_pool import CompilePool
 from .progress import Progress
 from .recovery import reclaim_lost_trials
 from .runners import Runner, RunnerPoisoned, make_runner
@@ -32,8 +32,7 @@ def _run_worker(problems, cfg, runner: Runner, store, storage, policy, worker_in
     studies = open_studies(storage, problems, cfg, runner.gpu, policy, worker_index)
     pool = None
     if cfg.compile_workers > 0 and runner.uses_compile_pool:
-        import multiprocessing as mp   # spawn: a forked child of a CUDA process cannot use CUDA
-        pool = ProcessPoolExecutor(cfg.compile_workers, mp_context=mp.get_context("spawn"))
+        pool = CompilePool(cfg.compile_workers)
     try:
         workers: List[StudyWorker] = []
         hook = (lambda w, r: share_best(w, r, workers)) if cfg.share_best and len(problems) > 1 else None
@@ -43,7 +42,7 @@ def _run_worker(problems, cfg, runner: Runner, store, storage, policy, worker_in
         run_studies(workers[k:] + workers[:k], batch=max(1, cfg.compile_workers), progress=progress)
     finally:
         if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            pool.shutdown()
 
 
 def _worker_main(index, problems, cfg, runner_kind, store_path, storage_arg, storage_dir, policy_path):

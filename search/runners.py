@@ -31,7 +31,8 @@ class Outcome:
     tflops: Optional[float] = None
     baseline_tflops: Optional[float] = None
     reason: str = ""
-    seconds: float = 0.0               # wall time spent evaluating
+    seconds: float = 0.0               # wall time spent evaluating, building included
+    build_seconds: float = 0.0         # of which building (or loading) the kernel: the rest is verify and measure
 
 
 class Runner(abc.ABC):
@@ -40,7 +41,7 @@ class Runner(abc.ABC):
 
     gpu: str            # what the figures were measured on (store / study key)
     protocol: str
-    uses_compile_pool: bool = False   # builds may go ahead to a CPU process pool (`precompile`)
+    uses_compile_pool: bool = False   # builds may go ahead to a CPU process pool (search/compile_pool.py)
 
     @abc.abstractmethod
     def evaluate(self, spec: KernelSpec, problem: Problem) -> Outcome:
@@ -52,21 +53,6 @@ class Runner(abc.ABC):
     def poisoned(self) -> Optional[str]:
         """Why this process can evaluate nothing more (a kernel broke its GPU context), or None."""
         return None
-
-
-def precompile(spec_text: str, target: str, arch: str) -> Optional[str]:
-    """Build one spec in a compile-pool process (fills the on-disk build cache; a Triton kernel is also compiled
-    ahead for `arch`, so one the GPU compiler rejects fails here, not on a GPU worker). None, or the failure."""
-    from ..build import prebuild
-    from ..errors import BuildError
-    from ..parser import parse_one
-    try:
-        prebuild(validate(parse_one(spec_text, file="<search>"), target, arch))
-        return None
-    except BuildError as err:
-        return f"build: {err}"
-    except Exception as err:   # a crash in a template or toolchain is a failed candidate, not a dead tuner
-        return f"build: {type(err).__name__}: {err}"
 
 
 # CUDA errors after which the process's context is unusable: every later launch fails too.
@@ -120,8 +106,9 @@ class PipelineRunner(Runner):
     def _evaluate(self, spec: KernelSpec, problem: Problem) -> Outcome:
         t0 = time.perf_counter()
         kernel = self._kernel(spec, problem)
+        built = time.perf_counter() - t0   # timed apart, so a tune shows whether it is compiler-bound
         if isinstance(kernel, str):
-            return Outcome("build_failed", reason=kernel, seconds=time.perf_counter() - t0)
+            return Outcome("build_failed", reason=kernel, seconds=built, build_seconds=built)
         from .. import devices, measure
         from ..evaluate import evaluate
         mp = measure.Problem.from_spec(kernel.valid.spec, problem.m, problem.n, problem.k, problem.batch)
@@ -129,12 +116,13 @@ class PipelineRunner(Runner):
                           seed=self.verify_seed, **self.measure_options)
         seconds = time.perf_counter() - t0
         if result.status is not None:
-            return Outcome(result.status, reason=f"verify: {result.reason}", seconds=seconds)
+            return Outcome(result.status, reason=f"verify: {result.reason}", seconds=seconds, build_seconds=built)
         if self.protocol in result.errors:   # the store records verdicts: a run that cannot time it fails it
-            return Outcome("verify_failed", reason=f"measure: {result.errors[self.protocol]}", seconds=seconds)
+            return Outcome("verify_failed", reason=f"measure: {result.errors[self.protocol]}", seconds=seconds,
+                           build_seconds=built)
         timing = result.timings[self.protocol]
         return Outcome("ok", speedup=timing.speedup, tflops=timing.candidate_tflops,
-                       baseline_tflops=timing.baseline_tflops, seconds=seconds)
+                       baseline_tflops=timing.baseline_tflops, seconds=seconds, build_seconds=built)
 
     measure_options: Dict[str, object] = {}   # measure.measure's keywords (tests shorten the protocols)
 

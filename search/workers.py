@@ -3,17 +3,18 @@
 A trial goes: ask -> define-by-run point (space.suggest_params) -> validation (an invalid point is told
 PRUNED with its rule and never built) -> duplicate check (a point already evaluated in the study is
 PRUNED, not re-run) -> results-store lookup (a result measured before, e.g. before a crash, is reused)
--> compile (a CPU process pool for runners that declare `uses_compile_pool`) -> evaluate on this process's
-GPU -> store -> tell. The objective is the speedup over torch.matmul; a build or verify failure is told FAIL
-with its reason and can never win. Specs are built shape-generic (M, N, K `any`), so one build serves every
-shape. Every outcome reaches the store before it is told (the crash-safety order search/recovery.py needs).
+-> compile (for runners that declare `uses_compile_pool`, the round's candidates go to the CPU processes of
+search/compile_pool.py, CUTLASS ones several to an nvcc run) -> evaluate on this process's GPU -> store -> tell
+(with the trial's build and measure seconds as user attrs `build_s` and `measure_s`, for search/progress.py).
+The objective is the speedup over torch.matmul; a build or verify failure is told FAIL with its reason and can
+never win. Specs are built shape-generic (M, N, K `any`), so one build serves every shape. Every outcome reaches
+the store before it is told (the crash-safety order search/recovery.py needs).
 """
 from __future__ import annotations
 
 import os
 import socket
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -21,7 +22,8 @@ import optuna
 from optuna.trial import TrialState
 
 from .recovery import is_orphan, reclaim_lost_trials
-from .runners import Outcome, Runner, RunnerPoisoned, precompile
+from .compile_pool import CompilePool, Ticket
+from .runners import Outcome, Runner, RunnerPoisoned
 from .samplers import source_of
 from .space import Problem, TARGET_PARAM, check_point, spec_from_params, suggest_params
 from .store import Result, Store
@@ -34,7 +36,7 @@ class _Pending:
     params: Dict[str, object]
     source: str
     spec: object = None
-    build: Optional[Future] = None
+    build: Optional[Ticket] = None
     cached: Optional[Result] = None
 
 
@@ -42,7 +44,7 @@ class StudyWorker:
     """Runs the trials of one study for one runner; `step()` evaluates one batch of asked trials."""
 
     def __init__(self, study: optuna.Study, problem: Problem, runner: Runner, store: Store, cfg: TuneConfig,
-                 pool: Optional[ProcessPoolExecutor] = None, on_result: Optional[Callable] = None):
+                 pool: Optional[CompilePool] = None, on_result: Optional[Callable] = None):
         self.study, self.problem, self.runner, self.store, self.cfg = study, problem, runner, store, cfg
         self.pool = pool
         self.on_result = on_result
@@ -70,10 +72,12 @@ class StudyWorker:
                       baseline_tflops=o.baseline_tflops, speedup=o.speedup, reason=o.reason or reason,
                       source=p.source, params=p.params)
 
-    def _tell(self, p: _Pending, r: Result) -> None:
+    def _tell(self, p: _Pending, r: Result, seconds: Optional[Dict[str, float]] = None) -> None:
         t = p.trial
         t.set_user_attr("status", r.status)
         t.set_user_attr("source", r.source)
+        for name, value in (seconds or {}).items():   # build_s, measure_s: where this trial's time went
+            t.set_user_attr(name, round(value, 3))
         if r.reason:
             t.set_user_attr("reason", r.reason[:500])
         if r.status == "ok":
@@ -132,9 +136,10 @@ class StudyWorker:
         return False
 
     def step(self, batch: int = 1) -> int:
-        """Keep up to `batch` trials in flight (their builds go to the compile pool), then evaluate the ones
-        whose build has finished; returns trials told. Never waits on a build: a slow nvcc run holds up only
-        its own trial while the other studies keep measuring."""
+        """Keep up to `batch` trials in flight (their builds are requested from the compile pool, which
+        run_studies flushes once per round, so that an nvcc run can take the candidates of several studies),
+        then evaluate the ones whose build has finished; returns trials told. Never waits on a build: a slow
+        nvcc run holds up only its own trials while the other studies keep measuring."""
         told = 0
         while len(self.pending) < batch and not self.done():
             p = self._ask()
@@ -142,21 +147,24 @@ class StudyWorker:
                 told += 1
                 continue
             if p.cached is None and self.pool is not None and self.runner.uses_compile_pool:
-                p.build = self.pool.submit(precompile, p.spec.to_l2(), p.params[TARGET_PARAM], self.problem.arch)
+                p.build = self.pool.request(p.spec, p.params[TARGET_PARAM], self.problem.arch)
             self.pending.append(p)
         ready = [p for p in self.pending if p.cached is not None or p.build is None or p.build.done()]
         for p in ready:
             self.pending.remove(p)
+            seconds = None
             if p.cached is not None:
                 r = replace(p.cached, source=p.source)
             else:
-                failure = p.build.result() if p.build is not None else None
-                if failure is not None:
-                    self.runner.note_build_failure(p.spec, failure)
+                built = p.build.result() if p.build is not None else None
+                if built is not None and built.failure is not None:   # a failed candidate, never built again
+                    self.runner.note_build_failure(p.spec, built.failure)
                 outcome = self.runner.evaluate(p.spec, self.problem)
                 r = self._result(p, outcome.status, outcome)
                 self.store.record(r)
-            self._tell(p, r)
+                seconds = {"build_s": (built.seconds if built is not None else 0.0) + outcome.build_seconds,
+                           "measure_s": max(0.0, outcome.seconds - outcome.build_seconds)}
+            self._tell(p, r, seconds)
             told += 1
             poisoned = self.runner.poisoned()
             if poisoned:   # recorded and told; trials still in flight are reclaimed by the next run
@@ -166,8 +174,11 @@ class StudyWorker:
 
 def run_studies(workers: List[StudyWorker], batch: int = 1, progress: Optional[Callable] = None) -> None:
     """Round-robin over the studies until each has spent its budget (or gave up asking) and has nothing in
-    flight. When every study is waiting on a build, sleep briefly instead of spinning."""
+    flight. After each round the compile pools get the round's build requests, all studies' together, so that
+    CUTLASS candidates share nvcc runs. When every study is waiting on a build, sleep briefly instead of
+    spinning."""
     active = list(workers)
+    pools = list({id(w.pool): w.pool for w in workers if w.pool is not None}.values())
     while active:
         told = 0
         for w in list(active):
@@ -177,6 +188,8 @@ def run_studies(workers: List[StudyWorker], batch: int = 1, progress: Optional[C
             told += w.step(batch)
             if progress:
                 progress()
+        for pool in pools:
+            pool.flush()
         if active and not told:
             time.sleep(0.05)
 

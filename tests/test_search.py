@@ -29,6 +29,7 @@ from l2c.search.store import Result, Store
 from l2c.search.study import COUNTED, TuneConfig, counted_trials
 from l2c.search.workers import StudyWorker, run_studies
 from l2c.validate import validate
+from tests.toolchain import needs_nvcc
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,6 +278,9 @@ def test_tune_command_confirms_leaders_with_interpreter_kernels_and_exports_them
     spent = int(re.search(r"32x32x32: confirmed .* after (\d) re-measurement", out.stderr).group(1))
     # the two leaders it may measure were built first, in the compile pool
     assert "confirmation: built 2 stored leader(s) ahead, 2 at a time (0 failed to build" in out.stderr
+    assert re.search(r"build [\d.]+ s of compile-pool time in [\d.]+ s", out.stderr)
+    assert re.search(r"32x32x32: confirmed .* re-measurement\(s\) \(build [\d.]+ s · measure [\d.]+ s\)", out.stderr)
+    assert re.search(r"trials 3/3 .* build [\d.]+ s · measure [\d.]+ s ", out.stderr)   # the tune's status line
     (entry,) = json.loads((tmp_path / "out" / "sm_90.json").read_text())["entries"]
     store = Store(tmp_path / "r.sqlite")
     confirmed = sorted((r for r in store.results(status="ok") if r.confirmed is not None), key=lambda r: -r.speedup)
@@ -577,15 +581,115 @@ def test_trials_killed_before_naming_their_worker_are_reclaimed_once_old(tmp_pat
     assert len(set(points)) == len(points)
 
 
-def test_compile_pool_builds_ahead_of_measurement(tmp_path):
+def test_compile_pool_builds_ahead_of_measurement_and_progress_shows_build_and_measure_time(tmp_path):
+    import io
+    from l2c.search.progress import time_spent
     runner = InterpreterRunner()
     runner.uses_compile_pool = True          # as the GPU runner: builds go to a CPU process pool first
     store = Store(tmp_path / "r.sqlite")
     # K=32 makes most split-K draws invalid: allow enough asks that 3 valid points are found whatever the space
     cfg = TuneConfig(targets=("triton",), n_trials=3, seed=2, compile_workers=2, max_ask_factor=200)
-    (study,) = tune([Problem(32, 16, 32)], cfg, runner, store, storage_arg=":memory:", log=lambda s: None)
-    assert len(counted_trials(study)) == 3
+    shown = io.StringIO()
+    (study,) = tune([Problem(32, 16, 32)], cfg, runner, store, storage_arg=":memory:", log=lambda s: None,
+                    progress_stream=shown)
+    counted = counted_trials(study)
+    assert len(counted) == 3
     assert all(r.status == "ok" for r in store.results() if r.status != "invalid")
+    # each evaluated trial carries where its time went: the pool's build (plus loading it here) and the measurement
+    assert all(t.user_attrs["build_s"] > 0 and t.user_attrs["measure_s"] > 0 for t in counted)
+    build, measure, timed = time_spent([study])
+    assert timed == 3 and build == pytest.approx(sum(t.user_attrs["build_s"] for t in counted))
+    # the status line shows them apart, in all and per trial
+    import re
+    line = shown.getvalue().strip().splitlines()[-1]
+    got = re.search(r"build ([\d.]+) s · measure ([\d.]+) s \(([\d.]+) s · ([\d.]+) s per trial\)", line)
+    assert got, line
+    assert [float(x) for x in got.groups()] == [round(build, 1), round(measure, 1), round(build / 3, 1),
+                                                round(measure / 3, 1)]
+
+
+def _shipped_cutlass_point(problem):
+    """The search point of a CUTLASS entry of the shipped table: the tuner's spec of it is in the shipped pack."""
+    entry = next(e for e in json.loads((ROOT / "l2c" / "tuned" / "sm_90.json").read_text())["entries"]
+                 if e["target"] == "cutlass")
+    params = params_from_spec(parse_one(entry["spec"]), "cutlass")
+    assert check_point(params, problem)[0] is not None
+    return params
+
+
+def test_compile_pool_jobs_put_cutlass_candidates_several_to_an_nvcc_run_and_triton_alone():
+    from l2c.search.compile_pool import plan_jobs
+    from l2c.targets.cutlass.build import BATCH_SIZE
+    members = [("cutlass", f"c{i}") for i in range(20)] + [("triton", "t0"), ("triton", "t1")]
+    for free, runs in ((8, 6), (4, 3), (0, 3), (30, 20)):   # runs: at least one per idle process, <= 8 kernels each
+        jobs = plan_jobs(members, free)
+        assert sorted(i for job in jobs for i in job) == list(range(len(members)))
+        assert [job for job in jobs if members[job[0]][0] == "triton"] == [[20], [21]]
+        cutlass = [job for job in jobs if members[job[0]][0] == "cutlass"]
+        assert len(cutlass) == runs and all(len(job) <= BATCH_SIZE for job in cutlass)
+    assert plan_jobs([("triton", "t")], 4) == [[0]] and plan_jobs([], 4) == []
+
+
+def test_a_failed_build_in_the_compile_pool_is_a_failed_candidate_and_the_others_build(tmp_path, monkeypatch):
+    """No nvcc here (as on a machine without the CUDA toolkit): the compile pool installs what the shipped pack
+    holds and fails what it does not; in one job, one verdict each. In the trial loop such a failure is a failed
+    trial, recorded with the compiler's reason, never built again where it is measured, never the best."""
+    from l2c.search.compile_pool import CompilePool
+    from tests.test_pack import _hide_nvcc
+    _hide_nvcc(monkeypatch, tmp_path)
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "cache"))
+    p = Problem(32, 32, 32)
+    packed = _shipped_cutlass_point(p)
+    unpacked = dict(_CUTLASS_POINT, tile_n=64)
+    from l2c.ir import KernelSpec
+    triton = params_from_spec(KernelSpec(name="t", target="triton", tile_m=32, tile_n=32, tile_k=32), "triton")
+    assert check_point(triton, p)[0] is not None
+    specs = [spec_from_params(params, p, generic=True) for params in (packed, unpacked, triton)]
+    with CompilePool(1) as pool:   # one idle process: both CUTLASS candidates in one job
+        built = pool.build([(spec, spec.target, "sm_90") for spec in specs] + [(specs[1], "cutlass", "sm_90")])
+    assert built[0].failure is None and built[0].kernels == 0                 # installed from the pack
+    assert "not in l2c's prebuilt pack" in built[1].failure and built[1].failure.startswith("build: ")
+    assert built[2].failure is None and built[2].kernels == 1 and built[2].seconds > 0
+    assert built[3].failure == built[1].failure and built[3].seconds == 0    # asked twice: built (and timed) once
+    assert list((tmp_path / "cache" / "cutlass").glob(f"{specs[0].name}_*.so"))
+
+    runner = InterpreterRunner()
+    runner.uses_compile_pool = True
+    store = Store(":memory:")
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    for params in (unpacked, triton):
+        study.enqueue_trial(params)
+    cfg = TuneConfig(targets=("triton", "cutlass"), n_trials=2, compile_workers=2)
+    with CompilePool(2) as pool:
+        run_studies([StudyWorker(study, p, runner, store, cfg, pool=pool)], batch=2)
+    failed, ok = study.trials[:2]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["status"] == "build_failed"
+    assert "not in l2c's prebuilt pack" in failed.user_attrs["reason"]
+    assert ok.user_attrs["status"] == "ok" and study.best_trial.number == ok.number
+    assert runner.builds == 1                  # only the Triton candidate was built (loaded) in this process
+    assert store.best(p.key(), runner.gpu, "kernel").target == "triton"
+    assert all("build_s" in t.user_attrs and "measure_s" in t.user_attrs for t in (failed, ok))
+
+
+@needs_nvcc
+def test_the_compile_pool_builds_a_round_of_cutlass_candidates_in_one_nvcc_run(tmp_path, monkeypatch):
+    """Real nvcc, the smallest batch: two CUTLASS candidates of a round in one job are one nvcc run (one library
+    under both cache names, each told it was one of 2); a spec that no longer validates (a stored leader after a
+    rule change) fails as a candidate in the same job while the others build. About a minute of one core."""
+    from l2c.search.compile_pool import CompilePool
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.tar.xz"))   # compiled here, not installed
+    p = Problem(512, 1024, 1024)
+    specs = [spec_from_params(dict(_CUTLASS_POINT, **knobs), p, generic=True)
+             for knobs in ({}, {"tile_n": 64}, {"tile_m": 32})]   # tile m=32: not a CUTLASS sm90 tile
+    with CompilePool(1) as pool:
+        built = pool.build([(spec, "cutlass", "sm_90") for spec in specs])
+    good = built[:2]
+    assert [b.failure for b in good] == [None, None] and [b.kernels for b in good] == [2, 2]
+    assert good[0].seconds == good[1].seconds > 0                   # the run's time, shared by its kernels
+    libraries = [next((tmp_path / "cache" / "cutlass").glob(f"{spec.name}_*.so")) for spec in specs[:2]]
+    assert os.path.samefile(*libraries)
+    assert built[2].failure.startswith("build: ") and "tile m=32" in built[2].failure and built[2].kernels == 0
 
 
 def test_two_worker_processes_through_tune(tmp_path):
@@ -602,6 +706,10 @@ def test_two_worker_processes_through_tune(tmp_path):
     pids = {t.user_attrs["worker"] for s in studies for t in counted_trials(
         optuna.load_study(study_name=s.study_name, storage=parse_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)))}
     assert len(pids) == 2 and os.getpid() not in {int(w.rsplit(":", 1)[1]) for w in pids}
+    # the status line, in this process, reads the workers' trial timings from the shared storage
+    from l2c.search.progress import time_spent
+    assert time_spent([optuna.load_study(study_name=s.study_name, storage=parse_storage(
+        f"journal:{tmp_path / 'j.log'}", tmp_path)) for s in studies])[2] >= 16
     # confirmation in worker processes too, each taking every other shape
     from l2c.search.confirm import confirm
     gpu = ModelRunner().gpu

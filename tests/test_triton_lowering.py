@@ -417,14 +417,15 @@ def test_generated_kernels_compile_for_the_gpu(tmp_path, reduce, specs):
 
 
 def test_tuner_compile_pool_compiles_triton_candidates_ahead(tmp_path):
-    """The tuner's compile pool (l2c.search.runners.precompile) compiles a Triton candidate with Triton's GPU
+    """The tuner's compile pool (a job of l2c.search.compile_pool) compiles a Triton candidate with Triton's GPU
     compiler when not interpreting, so a candidate that compiler rejects is failed on the CPU, before GPU time."""
     import subprocess
     import sys
     spec = KernelSpec(name="pool", target="triton", tile_m=64, tile_n=64, tile_k=32, split_k_slices=2).to_l2()
-    code = ("import sys; from l2c.search.runners import precompile; "
+    code = ("import sys; from l2c.search.compile_pool import build_batch; "
             "from l2c.targets.triton.build import interpreting; assert not interpreting(); "
-            "print(repr(precompile(sys.argv[1], 'triton', 'sm_90')))")
+            "(built,) = build_batch([(sys.argv[1], 'triton', 'sm_90')]); "
+            "assert built.kernels == 1 and built.seconds > 0, built; print(repr(built.failure))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["L2C_CACHE_DIR"] = str(tmp_path)
     done = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, env=env, timeout=300)
