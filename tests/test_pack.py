@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import torch
 
 from l2c import cache, pack
 from l2c.targets.cutlass import pack as pack_format
@@ -277,3 +278,204 @@ def test_a_corrupt_archive_fails_verify_and_installs_nothing_wrong(built, monkey
             continue
         assert hashlib.sha256(library.read_bytes()).hexdigest() == good[kernel.key].sha256
     assert refused >= 1
+
+
+# ---- reading one library alone (format 2), and kernels ready without a compiler
+
+def _library_entry(name: str, data: bytes) -> pack_format.PackEntry:
+    digest = hashlib.sha256(data).hexdigest()
+    return pack_format.PackEntry(name=name, spec=f"kernel {name} {{}}", key=hashlib.sha256(name.encode()).hexdigest(),
+                                 file=f"{name}_{digest[:24]}.so", sha256=digest, size=len(data),
+                                 nvcc_version="nvcc test", cuda_version="13.0")
+
+
+def _split_manifest(pack_path: Path):
+    """(the manifest as JSON, the archive's bytes after the manifest's xz stream)."""
+    import lzma
+    raw = pack_path.read_bytes()
+    decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    head = decompressor.decompress(raw)
+    assert decompressor.eof
+    with tarfile.open(fileobj=io.BytesIO(head), mode="r:") as tar:
+        manifest = json.loads(tar.extractfile(tar.next()).read())
+    return manifest, decompressor.unused_data
+
+
+def _with_manifest(pack_path: Path, out: Path, manifest: dict) -> Path:
+    """The format-2 pack with another manifest: the libraries' streams, and so their places from the end, unchanged."""
+    _, rest = _split_manifest(pack_path)
+    out.write_bytes(pack_format._xz(pack_format._tar_member("manifest.json", json.dumps(manifest).encode())) + rest)
+    return out
+
+
+def _solid(pack_path: Path, out: Path) -> Path:
+    """The pack as format 1 writes it (one xz stream, no index), as the shipped pack is."""
+    with tarfile.open(pack_path, "r:xz") as src, tarfile.open(out, "w:xz", preset=9) as dst:
+        for member in src:
+            data = src.extractfile(member).read()
+            if member.name == "manifest.json":
+                manifest = json.loads(data)
+                manifest["format"] = 1
+                for row in manifest["entries"]:
+                    del row["stream"]
+                data = json.dumps(manifest).encode()
+            member.size = len(data)
+            dst.addfile(member, io.BytesIO(data))
+    return out
+
+
+def test_each_library_is_read_alone_from_a_pack_that_stays_one_tar_xz(tmp_path, caplog):
+    datas = [os.urandom(3000 + 512 * i) * 3 for i in range(4)]   # compressible, each unlike the others
+    libraries = [(_library_entry(f"k{i}", data), data) for i, data in enumerate(datas)]
+    written = pack_format.write_pack(tmp_path / "p.tar.xz", "sm_90", libraries)
+    assert len(written.entries) == 4 and all(e.indexed for e in written.entries.values())
+    by_file = {entry.file: data for entry, data in libraries}
+    for entry in written.entries.values():
+        assert pack_format.read_library(entry, scan=False) == by_file[entry.file]
+    # every reader of a .tar.xz still reads the whole archive: tarfile, and tar itself
+    with tarfile.open(written.path, "r:xz") as tar:
+        assert {m.name: tar.extractfile(m).read() for m in tar if m.name != "manifest.json"} == by_file
+    listing = subprocess.run(["tar", "tJf", written.path], capture_output=True, text=True, check=True).stdout.split()
+    assert listing == ["manifest.json", *sorted(by_file)]
+    assert pack_format.check_libraries(written) == []
+
+    # an index that leads to another member: refused when reading alone, the whole archive read otherwise
+    manifest, _ = _split_manifest(Path(written.path))
+    rows = manifest["entries"]
+    rows[0]["stream"], rows[1]["stream"] = rows[1]["stream"], rows[0]["stream"]
+    swapped = pack_format.read_pack(_with_manifest(Path(written.path), tmp_path / "swapped.tar.xz", manifest))
+    entry = swapped.entries[rows[0]["key"]]
+    with pytest.raises(pack_format.PackError, match="index does not lead"):
+        pack_format.read_library(entry, scan=False)
+    assert pack_format.read_library(entry) == by_file[entry.file]
+    assert any("index: " in p for p in pack_format.check_libraries(swapped))
+
+    # format 1 (one stream): read only from the start of the archive
+    solid = pack_format.read_pack(_solid(Path(written.path), tmp_path / "solid.tar.xz"))
+    assert not any(e.indexed for e in solid.entries.values())
+    entry = next(iter(solid.entries.values()))
+    with pytest.raises(pack_format.PackError, match="format-1"):
+        pack_format.read_library(entry, scan=False)
+    assert pack_format.read_library(entry) == by_file[entry.file]
+    assert pack_format.check_libraries(solid) == []
+
+
+def test_the_shipped_pack_is_read_as_it_was_written():
+    """The shipped pack predates format 2: its libraries are read from the start of the archive, so the dispatcher
+    does not prepare them on a caller's thread (`Prebuilt.cheap`) until the pack is rebuilt."""
+    shipped = pack_format.read_pack(pack_format.default_pack_path("sm_90"))
+    assert shipped.entries and not any(e.indexed for e in shipped.entries.values())
+
+
+def _valid(kernel):
+    from l2c.validate import validate
+    return validate(parse_one(kernel.spec), "cutlass", "sm_90")
+
+
+@needs_nvcc
+def test_a_kernel_the_pack_holds_is_ready_without_a_compiler(built, monkeypatch, tmp_path):
+    """The seam the dispatcher asks before preparing a kernel on the calling thread: `prebuilt_library` says where
+    the library comes from with no compiler run, `build_prebuilt` installs and loads it, never compiling."""
+    from l2c.targets.cutlass.build import build_prebuilt, prebuilt_library
+    from l2c.targets.cutlass.kernel import CutlassKernel
+    root, _, pack_path, kernels = built
+    monkeypatch.setenv("L2C_PACK", str(pack_path))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    for kernel in kernels:
+        found = prebuilt_library(kernel.source, kernel.name)
+        assert found is not None and found.entry is not None and found.entry.key == kernel.key and found.cheap
+        assert not found.library.exists()
+        start = time.perf_counter()
+        loaded = build_prebuilt(_valid(kernel))
+        seconds = time.perf_counter() - start
+        print(f"\ninstalled {found.entry.file} from the pack and loaded it in {1e3 * seconds:.1f} ms")
+        assert isinstance(loaded, CutlassKernel) and seconds < 5     # an nvcc build takes tens of seconds
+        assert found.library.read_bytes() == (root / "cache" / "cutlass" / found.library.name).read_bytes()
+        assert prebuilt_library(kernel.source, kernel.name) == type(found)(found.library, None)   # a cache hit now
+    changed = kernels[0].source.replace("#include", "// a template change\n#include", 1)
+    assert prebuilt_library(changed, kernels[0].name) is None
+
+    # entries that do not match are never taken: another key (a stale pack), another nvcc than the one here
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-again"))
+    manifest, _ = _split_manifest(pack_path)
+    stale = json.loads(json.dumps(manifest))
+    stale["entries"][0]["key"] = "0" * 64
+    monkeypatch.setenv("L2C_PACK", str(_with_manifest(pack_path, tmp_path / "stale.tar.xz", stale)))
+    stale_one = next(k for k in kernels if k.key == manifest["entries"][0]["key"])
+    assert prebuilt_library(stale_one.source, stale_one.name) is None
+    other = json.loads(json.dumps(manifest))
+    for row in other["entries"]:
+        row["nvcc_version"] = "Cuda compilation tools, release 12.4, V12.4.131"
+    monkeypatch.setenv("L2C_PACK", str(_with_manifest(pack_path, tmp_path / "other-nvcc.tar.xz", other)))
+    assert all(prebuilt_library(k.source, k.name) is None for k in kernels)
+    # ... unless there is no nvcc here: then any nvcc's build is what runs, as compile_source takes it
+    _hide_nvcc(monkeypatch, tmp_path)
+    found = prebuilt_library(kernels[0].source, kernels[0].name)
+    assert found is not None and found.entry.nvcc_version.endswith("V12.4.131") and found.cheap
+
+    # a format-1 pack's entry matches, but reading it decompresses the archive up to it: not prepared inline
+    monkeypatch.setenv("L2C_PACK", str(_solid(pack_path, tmp_path / "solid.tar.xz")))
+    found = prebuilt_library(kernels[0].source, kernels[0].name)
+    assert found is not None and found.entry is not None and not found.cheap
+    assert build_prebuilt(_valid(kernels[0])) is None and not found.library.exists()
+
+
+@needs_nvcc
+def test_the_dispatcher_prepares_a_packed_kernel_on_the_calling_thread(built, monkeypatch, tmp_path):
+    """Background mode with a kernel the pack holds: the first call installs, loads and verifies it on the calling
+    thread, no worker process starts. On this CPU host the verification fails (a CUTLASS kernel runs on CUDA
+    tensors only), which is remembered as a worker's failure would be, and torch serves; a kernel the pack lacks
+    (a fused activation) goes to the worker."""
+    from l2c.prepare import FAILED
+    from l2c.targets.cutlass import shim
+    _, table_path, pack_path, _ = built
+    cache_dir = tmp_path / "empty-cache"
+    monkeypatch.setenv("L2C_PACK", str(pack_path))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(cache_dir))
+    _hide_nvcc(monkeypatch, tmp_path)          # nothing can be compiled: what is served comes from the pack
+    shim.shim_library.cache_clear()            # the call-plan shim is not built in this cache either
+    table = load_table(table_path)
+    dispatcher = Dispatcher(table, allow_cpu=True, prepare="background")
+    entry = next(iter(table.exact.values()))
+    a = torch.randn(entry.m, entry.k, dtype=torch.float16)
+    b = torch.randn(entry.k, entry.n, dtype=torch.float16)
+    bias = torch.randn(entry.n, dtype=torch.float16)
+
+    torch.testing.assert_close(dispatcher.matmul(a, b), torch.matmul(a, b))
+    job = dispatcher._job(entry, ("f16", "row,row,row", entry.m, entry.n, entry.k, False, "none", "cpu"))
+    assert dispatcher.preparer.state(job) == FAILED
+    reason = dispatcher.preparer.reason(job)
+    assert "verification failed" in reason and "CUDA tensors" in reason, reason
+    print(f"\nprepared on the calling thread in {1e3 * dispatcher.preparer.seconds[job.key]:.1f} ms")
+    assert len(list((cache_dir / "cutlass").glob("*.so"))) == 1     # installed from the pack during the call
+    assert dispatcher.preparer._thread is None                      # no worker process was asked
+    dispatcher.matmul(a, b)                                         # remembered: not tried again
+    dispatcher.matmul(a, b, bias=bias)                              # the bias kernel is in the pack too
+    assert len(list((cache_dir / "cutlass").glob("*.so"))) == 2
+    assert dispatcher.preparer._thread is None and dispatcher.stats == {"tuned": 0, "fallback": 3}
+
+    # a kernel the pack lacks goes the background way: the worker, which cannot build it here
+    torch.testing.assert_close(dispatcher.matmul(a, b, activation="relu"), torch.relu(torch.matmul(a, b)))
+    relu = dispatcher._job(entry, ("f16", "row,row,row", entry.m, entry.n, entry.k, False, "relu", "cpu"))
+    assert dispatcher.preparer.state(relu) in ("queued", FAILED) and dispatcher.preparer._thread is not None
+    assert dispatcher.wait(timeout=300)
+    assert dispatcher.preparer.state(relu) == FAILED and "not in l2c's prebuilt pack" in dispatcher.preparer.reason(relu)
+
+
+@needs_nvcc
+def test_a_kernel_loaded_before_the_shim_is_built_takes_it_later(built, monkeypatch, tmp_path):
+    """A kernel prepared on a caller's thread does not wait for the host C compiler to build the call-plan shim:
+    the shim builds in a daemon thread, and the kernel takes it once it is there."""
+    from l2c.targets.cutlass import shim
+    from l2c.targets.cutlass.build import build_prebuilt
+    _, _, pack_path, kernels = built
+    monkeypatch.setenv("L2C_PACK", str(pack_path))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    shim.shim_library.cache_clear()
+    kernel = build_prebuilt(_valid(kernels[0]))
+    assert kernel._run_planned is None and kernel._shim_pending
+    assert shim.building() or shim._ready()
+    shim._background.join(timeout=60)
+    kernel._adopt_shim()
+    assert kernel._run_planned is not None and not kernel._shim_pending
+    assert list((tmp_path / "empty-cache" / "native").glob("cutlass_call_plan_*.so"))
