@@ -490,3 +490,30 @@ def precompile(fn, *args, timeout: Optional[float] = None, **kwargs):
         if not dispatcher.wait(timeout):
             log.warning("l2c.precompile: kernels still being prepared after %s s", timeout)
         return fn(*args, **kwargs)
+
+
+def _compile_front_end() -> None:
+    """Build the .l2 parser and compile the kernel templates at import: the first call of a tuned signature parses
+    its entry's spec and renders it (for the build key) before it can look up a prebuilt kernel, and the two
+    one-time costs (about 70 and 50 ms on a 2-core host) would otherwise land on that call."""
+    from .grammar import lark_parser
+    from .lower import environment
+    lark_parser()
+    env = environment()
+    for name in env.list_templates(filter_func=lambda name: name.endswith(".j2")):
+        env.get_template(name)
+    threading.Thread(target=_query_toolchains, name="l2c-toolchains", daemon=True).start()
+
+
+def _query_toolchains() -> None:
+    """Each target's toolchain id (nvcc's version: a subprocess of some 20-50 ms), asked once off the calling
+    thread so that the first tuned call finds it cached; a toolchain that is missing or broken is the build's
+    concern, reported there."""
+    for name in targets.TARGETS:
+        try:
+            targets.get(name).toolchain_id()
+        except Exception:  # noqa: BLE001 - the build reports it where it matters
+            pass
+
+
+_compile_front_end()

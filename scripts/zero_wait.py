@@ -415,6 +415,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     ap.add_argument("--table", default=str(shipped("tuned", f"{ARCH}.json")),
                     help="the table (a)'s entry is chosen from and served by (default: the shipped eager table)")
+    ap.add_argument("--pack", default=None, help="the pack (a) and (b) install from (default: the shipped one)")
     ap.add_argument("--shape", type=parse_shape, default=None, help="MxNxK of (a)'s entry (default: see pick_prebuilt)")
     ap.add_argument("--dtype", choices=["f16", "bf16"], default=None)
     ap.add_argument("--layout", default=None, help="a,b,c layouts of (a)'s entry, e.g. row,col,row")
@@ -443,7 +444,9 @@ def main(argv=None) -> int:
         ap.error(f"unknown part(s) {', '.join(sorted(set(parts) - set(PARTS)))}")
     from l2c.targets.cutlass.pack import read_pack
     from l2c.tuned_table import load_table
-    pack = read_pack(shipped("packs", f"{ARCH}.tar.xz"))
+    pack_path = Path(args.pack).resolve() if args.pack else shipped("packs", f"{ARCH}.tar.xz")
+    pack = read_pack(pack_path)
+    pack_settings = {"L2C_PACK": str(pack_path)} if args.pack else {}
     table_path = Path(args.table).resolve()
     table_settings = {} if table_path == shipped("tuned", f"{ARCH}.json").resolve() else \
         {"L2C_TUNED_TABLE": str(table_path)}
@@ -467,7 +470,8 @@ def main(argv=None) -> int:
             root.mkdir()
             print(f"[{name}] ...", flush=True)
             if name == "prebuilt":
-                part = run_serve(name, prebuilt, root, args, table_settings, args.prebuilt_timeout_s)
+                part = run_serve(name, prebuilt, root, args, {**table_settings, **pack_settings},
+                                 args.prebuilt_timeout_s)
                 part.update(kernel=served_kernel(prebuilt)[2], in_pack=in_pack(prebuilt, pack))
                 verdict = judge_prebuilt(part)
             elif name == "unbuilt":
@@ -475,7 +479,8 @@ def main(argv=None) -> int:
                 table.write_text(json.dumps({"format": 1, "arch": ARCH, "protocol": "call",
                                              "note": f"(a)'s entry with {change}: a kernel the pack does not hold",
                                              "entries": [unbuilt.to_row()]}, indent=1) + "\n")
-                part = run_serve(name, unbuilt, root, args, {"L2C_TUNED_TABLE": str(table)}, args.unbuilt_timeout_s)
+                part = run_serve(name, unbuilt, root, args, {"L2C_TUNED_TABLE": str(table), **pack_settings},
+                                 args.unbuilt_timeout_s)
                 part.update(changed=change, kernel=served_kernel(unbuilt)[2], in_pack=in_pack(unbuilt, pack))
                 verdict = judge_unbuilt(part)
             elif name == "build":

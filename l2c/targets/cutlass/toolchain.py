@@ -76,7 +76,9 @@ def cuda_release(version: str) -> str:
     return found.group(1) if found else "unknown"
 
 
+@functools.lru_cache(maxsize=1)
 def cutlass_version() -> str:
+    """The installed CUTLASS package's version (part of every key; read once: a metadata scan costs ~20 ms)."""
     try:
         return metadata.version("nvidia-cutlass")
     except metadata.PackageNotFoundError:
