@@ -24,20 +24,6 @@ def build(valid: ValidSpec) -> Kernel:
         raise BuildError(f"{valid.target} build of {valid.name} failed: {type(err).__name__}: {err}") from err
 
 
-def build_prebuilt(valid: ValidSpec) -> Optional[Kernel]:
-    """`build(valid)` when that runs no compiler and takes milliseconds (a build-cache hit, a library the prebuilt
-    pack holds and reads alone: `Target.build_prebuilt`), else None; BuildError when such a kernel does not load."""
-    target = targets.get(valid.target)
-    if not target.prebuilt_kernels:
-        return None
-    try:
-        return target.build_prebuilt(valid)
-    except BuildError:
-        raise
-    except Exception as err:  # noqa: BLE001
-        raise BuildError(f"{valid.target} build of {valid.name} failed: {type(err).__name__}: {err}") from err
-
-
 def prebuild(valid: ValidSpec) -> str:
     """Fill the build cache for `valid` with no GPU and return the cached file (`l2c build`, the tuner's compile
     pool); BuildError on any failure. Each target says what that takes (`Target.prebuild`)."""

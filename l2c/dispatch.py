@@ -6,11 +6,8 @@ For a call the dispatcher:
    (`TunedTable.may_serve`), 2-D, no fused activation while autograd records; then CUDA tensors, f16/bf16 and
    layouts a kernel reads;
 2. asks the table (`l2c.tuned_table`: the dispatch rule) for the entry that serves exactly this call;
-3. specialises the entry's spec for the requested epilogue (bias per column, activation). A kernel that needs no
-   compiler (a CUTLASS library in the build cache, or in the prebuilt pack and read alone) it loads and verifies
-   on the calling thread, once, and serves from this very call; any other it hands to the `Preparer`, which builds
-   and verifies it in a background process while torch serves the call. Never on the calling thread inside a
-   CUDA-graph capture or torch.compile tracing (those calls queue it, or run torch);
+3. specialises the entry's spec for the requested epilogue (bias per column, activation) and hands it to the
+   `Preparer`, which builds and verifies it in a background process; torch serves the call meanwhile;
 4. once the kernel is ready, builds it in this process (a cache hit) and serves it. Inside a CUDA-graph
    capture only kernels that already ran eagerly for this signature serve; everything else runs torch.
 
@@ -27,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
@@ -35,7 +31,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import settings, targets
+from . import settings
 from .epilogue import (activate, check_activation, check_gate, gate_product, torch_gated, torch_gated_linear,
                        torch_matmul, torch_residual)
 from .errors import BuildError, L2Error
@@ -71,9 +67,8 @@ def tune_mode() -> str:
 
 
 def prepare_mode() -> str:
-    """`L2C_PREPARE`: `background` (default; no call waits for a compiler: kernels that need none are verified on
-    the calling thread, the others prepared by the worker process) or `inline` (build and verify on the calling
-    thread, in this process: the first call of a signature waits, for scripts that want no fallback)."""
+    """`L2C_PREPARE`: `background` (default; no call waits for a compiler) or `inline` (build and verify on the
+    calling thread, in this process: the first call of a signature waits, for scripts that want no fallback)."""
     mode = settings.value("L2C_PREPARE") or "background"
     if mode not in PREPARE_MODES:
         raise ValueError(f"L2C_PREPARE={mode!r}: expected one of {', '.join(PREPARE_MODES)}")
@@ -193,45 +188,10 @@ class Dispatcher:
                     log.warning("tuned kernel not served (torch runs this call): %s", reason)
                 self._kernels[key] = kernel if ok else None
             return self._kernels[key], True
-        if self.preparer.state(job) is None and self._may_prepare_here(job):
-            kernel, prepared = self._prepare_here(job)
-            if prepared:
-                return kernel, True
         state = self.preparer.request(job)
         if state == READY:
             return self._kernel(job), True
         return None, state == FAILED
-
-    def _may_prepare_here(self, job: Job) -> bool:
-        """Whether the calling thread may try preparing `job` itself: a target with kernels that need no compiler,
-        and no CUDA-graph capture or torch.compile tracing in progress (a verification launches, allocates and
-        synchronizes)."""
-        if job.candidates or not targets.get(job.target).prebuilt_kernels:
-            return False
-        if torch.compiler.is_compiling():
-            return False
-        return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-
-    def _prepare_here(self, job: Job) -> Tuple[Optional[Callable], bool]:
-        """(kernel or None, prepared): `job` prepared on the calling thread when its kernel needs no compiler
-        (`prepare.prepare_prebuilt`: load, verify once at the job's shape), its outcome recorded in the preparer as
-        the worker's would be; prepared False when it needs the background route."""
-        from .prepare import prepare_prebuilt
-        key = (job.spec_text, job.target, job.arch)
-        if key in self._kernels and self._kernels[key] is None:   # it failed to build here before
-            return None, False
-        start = time.perf_counter()
-        outcome = prepare_prebuilt(job, self._kernels.get(key))
-        if outcome is None:
-            return None, False
-        ok, reason, kernel = outcome
-        self.preparer.record(job, ok, reason, time.perf_counter() - start)
-        if not ok:
-            return None, True
-        self._kernels[key] = kernel
-        log.debug("prepared %s at %dx%dx%d on the calling thread in %.1f ms", job.spec_text.split("{", 1)[0].strip(),
-                  job.m, job.n, job.k, 1e3 * (time.perf_counter() - start))
-        return kernel, True
 
     def _resolve_online(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
         """A shape the table does not cover: the persisted decision, or an online-tuning job for the worker."""

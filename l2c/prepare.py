@@ -10,11 +10,6 @@ streams or a CUDA-graph capture in progress, a kernel that crashes takes down on
 builds lands in the shared build caches (l2c's content-hashed cache for CUTLASS libraries and Triton modules,
 Triton's own cache for compiled binaries), so the caller's own build of the same kernel is a cache hit.
 The worker starts on the first request and exits after `IDLE_EXIT_S` without work.
-
-A kernel that needs no compiler (its library in the build cache, or in the prebuilt pack and read alone:
-`l2c.build.build_prebuilt`) is not worth a worker: the dispatcher prepares it on the calling thread with
-`prepare_prebuilt` (load, verify once on the GPU) and records the outcome here (`Preparer.record`), so a failure is
-remembered as the worker's would be.
 """
 from __future__ import annotations
 
@@ -107,20 +102,6 @@ class Preparer:
                 self._idle.wait(left)
         return True
 
-    def record(self, job: Job, ok: bool, reason: str, seconds: float) -> None:
-        """The outcome of a job prepared elsewhere (on the caller's thread, `prepare_prebuilt`): from now on the job
-        is ready or failed as if the worker had prepared it."""
-        with self._idle:
-            if job.key in self._state:   # asked for meanwhile: the worker's answer stands
-                return
-            self._state[job.key] = READY if ok else FAILED
-            if not ok:
-                self._reasons[job.key] = reason
-            self.seconds[job.key] = seconds
-        if not ok:
-            log.warning("tuned kernel not served (torch runs this call): %s at %dx%dx%d: %s",
-                        job.spec_text.split("{", 1)[0].strip(), job.m, job.n, job.k, reason)
-
     def reply(self, job: Job) -> dict:
         return self.replies.get(job.key, {})
 
@@ -199,30 +180,6 @@ def prepare_one(job: Job) -> Tuple[bool, str, Optional[object]]:
     except (L2Error, BuildError) as err:
         return False, f"build failed: {err}", None
     result = verify(kernel, job.m, job.n, job.k, device=job.device)
-    return result.ok, "" if result.ok else f"verification failed: {result.reason}", kernel
-
-
-def prepare_prebuilt(job: Job, kernel=None) -> Optional[Tuple[bool, str, Optional[object]]]:
-    """`prepare_one` for a kernel that needs no compiler, on the calling thread: None when building it would run a
-    compiler or read the pack slowly (`l2c.build.build_prebuilt`), else (ok, why not, the kernel or None) after
-    one verification at the job's shape (on the GPU, reference included). `kernel`: the spec's kernel already
-    loaded in this process (only verified then)."""
-    from .build import build_prebuilt
-    from .errors import BuildError, L2Error
-    from .parser import parse_one
-    from .validate import validate
-    from .verify import verify
-    if kernel is None:
-        try:
-            kernel = build_prebuilt(validate(parse_one(job.spec_text, file="<tuned table>"), job.target, job.arch))
-        except (L2Error, BuildError) as err:
-            return False, f"build failed: {err}", None
-        if kernel is None:
-            return None
-    try:
-        result = verify(kernel, job.m, job.n, job.k, device=job.device, reference_on_device=True)
-    except Exception as err:  # noqa: BLE001 - as the worker replies: a failure, never an exception into the call
-        return False, f"verification failed: {type(err).__name__}: {err}", None
     return result.ok, "" if result.ok else f"verification failed: {result.reason}", kernel
 
 

@@ -14,9 +14,8 @@ SETTINGS = {
     "L2C_TUNE": "`off` (default: serve only what the table measured) or `online` (time candidates for shapes no "
                 "table covers, once per GPU, driver and l2c version)",
     "L2C_TUNE_MARGIN": "how much faster than torch an online choice must be to serve (default 1.05)",
-    "L2C_PREPARE": "`background` (default: no call waits for a compiler; a kernel that needs none, from the build "
-                   "cache or the prebuilt pack, is verified on the calling thread and serves from its first call) or "
-                   "`inline` (the first call of a signature builds and verifies its kernel on the calling thread)",
+    "L2C_PREPARE": "`background` (default: no call waits for a compiler) or `inline` (the first call of a signature "
+                   "builds and verifies its kernel on the calling thread)",
     "L2C_PACK": "the prebuilt pack of CUTLASS libraries to install from (default: the one shipped in the package)",
     "L2C_NVCC": "the nvcc to compile CUTLASS kernels with (default: nvcc on PATH, then $CUDA_HOME/bin)",
     "L2C_TRITON_PLANS": "`0` turns off the replayed launch plans of Triton kernels (every call through Triton's JIT "

@@ -4,7 +4,7 @@ Inputs are drawn anew for every check from a normal distribution (zeros or 0/1 m
 precision and indexing bugs), laid out as the spec says (column-major operands are transposes of
 contiguous tensors), and the output buffer is poisoned with NaN first, so an element the kernel never
 writes cannot pass. The reference is float64 on the CPU, or float32 (no TF32) on the GPU when the problem
-is too large for that or the caller asks for it (`reference_on_device`). A kernel that raises is a failed check, never an exception out of `verify`.
+is too large for that. A kernel that raises is a failed check, never an exception out of `verify`.
 
 Two checks, both must hold: the relative Frobenius error against a per-dtype tolerance, and an elementwise bound
 (`element_bound`), because a norm over millions of elements lets one wrong element, a wrong 3x3 block or one
@@ -229,12 +229,8 @@ def _exact_fp32_matmul():
 
 
 def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, torch.device, None] = None,
-           seed: Optional[int] = None, reference_on_device: bool = False) -> VerifyResult:
+           seed: Optional[int] = None) -> VerifyResult:
     """Check `kernel` (an l2c Kernel) on one problem, and on `edge_shape` of it; see the module docstring.
-
-    `reference_on_device`: on a GPU, the float32 reference at every size, not only above GPU_REFERENCE_MACS (the
-    float64 one on the host costs up to seconds and gigabytes for a large K x N: what a check on a caller's thread
-    cannot spend).
 
     Raises MemoryError when the inputs of the problem cannot be allocated (a problem too large, not a failed kernel).
     """
@@ -242,10 +238,10 @@ def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, to
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else secrets.randbits(63))
-    result = _verify_shape(kernel, m, n, k, batch, device, gen, allocating_calls=True, on_device=reference_on_device)
+    result = _verify_shape(kernel, m, n, k, batch, device, gen, allocating_calls=True)
     edge = edge_shape(spec, m, n, k)
     if result.ok and edge is not None:
-        again = _verify_shape(kernel, *edge, batch, device, gen, allocating_calls=False, on_device=reference_on_device)
+        again = _verify_shape(kernel, *edge, batch, device, gen, allocating_calls=False)
         if not again.ok:
             return VerifyResult(False, again.rel_error, again.tolerance,
                                 f"{again.reason} (at {edge[0]}x{edge[1]}x{edge[2]}, which has partial tiles)")
@@ -253,7 +249,7 @@ def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, to
 
 
 def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.device, gen,
-                  allocating_calls: bool, on_device: bool = False) -> VerifyResult:
+                  allocating_calls: bool) -> VerifyResult:
     spec = kernel.valid.spec
     tol = tolerance(spec, k)
     try:
@@ -277,7 +273,7 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
     if torch.isnan(out).any():
         return VerifyResult(False, math.nan, tol, f"unwritten output (NaN) at element {_first_nan(out)}")
 
-    if device.type == "cuda" and (on_device or batch * m * n * k > GPU_REFERENCE_MACS):
+    if device.type == "cuda" and batch * m * n * k > GPU_REFERENCE_MACS:
         dtype, unit, as_ref = torch.float32, UNIT_ROUNDOFF["f32"], lambda t: t.float()
         ops = (a, b, c, bias)
     else:

@@ -78,22 +78,8 @@ def run_verify(args) -> int:
         print(problem)
     if unused:
         print(f"{unused} librar{'y' if unused == 1 else 'ies'} in the pack no table asks for")
-    _note_format(path)
     if problems:
         print(f"{path}: FAILED ({len(problems)} problem{'s' if len(problems) != 1 else ''})")
         return 1
     print(f"{path}: ok, holds all {len(kernels)} kernels")
     return 0
-
-
-def _note_format(path) -> None:
-    """A pack of format 1 serves, but its libraries are read by decompressing the archive up to them, so the
-    dispatcher does not prepare them on a caller's thread: say so (not a failure)."""
-    from ..targets.cutlass.pack import PackError, read_pack
-    try:
-        entries = read_pack(path).entries.values()
-    except PackError:
-        return
-    if entries and not any(entry.indexed for entry in entries):
-        print("note: format 1 (one xz stream): a library is read by decompressing the archive up to it, so calls "
-              "wait for the background worker; `l2c pack build` writes format 2, each library read alone")

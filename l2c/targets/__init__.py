@@ -43,15 +43,6 @@ class Target(ABC):
     def build(self, valid):
         """The built Kernel (docs/CONTRACTS.md); BuildError on failure."""
 
-    # Whether `build_prebuilt` can ever give a kernel: asked before a spec is validated for it.
-    prebuilt_kernels = False
-
-    def build_prebuilt(self, valid):
-        """The built Kernel when building it runs no compiler and takes milliseconds (its compiled form is cached or
-        shipped prebuilt), else None; BuildError when such a form exists but does not load. Never compiles: the
-        dispatcher prepares such kernels on the calling thread (`l2c.dispatch`). None for targets without one."""
-        return None
-
     @abstractmethod
     def prebuild(self, valid) -> str:
         """Fill the build cache with no GPU; the cached file."""

@@ -34,13 +34,6 @@ class CutlassTarget(Target):
         from .build import build_cutlass
         return build_cutlass(valid)
 
-    prebuilt_kernels = True
-
-    def build_prebuilt(self, valid):
-        """From the build cache or the prebuilt pack, when the pack's entry is read alone (`build.build_prebuilt`)."""
-        from .build import build_prebuilt
-        return build_prebuilt(valid)
-
     def prebuild(self, valid) -> str:
         """Compiled with nvcc (no GPU needed)."""
         from ...lower import render

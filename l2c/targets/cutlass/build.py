@@ -315,69 +315,6 @@ def compile_source(source: str, name: str) -> Path:
     return outcome
 
 
-# ---- without a compiler ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Prebuilt:
-    """Where a kernel's library comes from with no compiler run: the build cache's file, and the pack entry that
-    installs it there (None: the cache holds it already)."""
-    library: Path
-    entry: Optional[pack.PackEntry]
-
-    @property
-    def cheap(self) -> bool:
-        """Ready in milliseconds: a cache hit, or a pack entry read from its own stream (format 2) rather than by
-        decompressing the archive up to it (format 1: up to half a second for the shipped pack)."""
-        return self.entry is None or self.entry.indexed
-
-
-def prebuilt_library(source: str, name: str) -> Optional[Prebuilt]:
-    """The kernel's library as `compile_source` would find it without running nvcc, or None when it would compile
-    (or fail): the build-cache file for this source and the local nvcc's version (for the pack entry's nvcc where
-    none is installed), or else the pack's entry that `compile_source` installs there, one with the same key and
-    spec name built by the local nvcc's version (by any, where none is installed). An entry of another key or
-    another nvcc is never taken: such a kernel goes to nvcc. Reads no library."""
-    try:
-        nvcc: Optional[str] = find_nvcc()
-    except BuildError:
-        nvcc = None
-    key = pack_key(source)
-    entry = None if nvcc is not None else pack.lookup(ARCH, key, name)
-    if nvcc is None and entry is None:
-        return None
-    compiler = nvcc_version(nvcc) if nvcc is not None else entry.nvcc_version
-    library = cache.cache_dir("cutlass") / f"{name}_{library_digest(source, compiler)}.so"
-    if library.exists():
-        return Prebuilt(library, None)
-    if nvcc is not None:   # asked only on a miss, as compile_source does
-        entry = pack.lookup(ARCH, key, name)
-    if entry is None or entry.nvcc_version != compiler:
-        return None
-    return Prebuilt(library, entry)
-
-
-def build_prebuilt(valid: ValidSpec) -> Optional[CutlassKernel]:
-    """The loaded kernel when that takes no compiler and no slow pack read (`Prebuilt.cheap`), else None; never
-    runs nvcc, nor the host C compiler (the call-plan shim builds in the background if it is missing, `shim.py`).
-    A pack library that cannot be installed (damaged, an index that does not lead to it) is None too: the normal
-    build decides about it. BuildError when the library does not load."""
-    if valid.target != "cutlass":
-        raise BuildError(f"{valid.name} was validated for {valid.target}, not cutlass")
-    source = render(valid)
-    found = prebuilt_library(source, valid.name)
-    if found is None or not found.cheap:
-        return None
-    if found.entry is not None:
-        with cache.locked(found.library):
-            if not found.library.exists():
-                try:
-                    cache.write_atomic(found.library, pack.read_library(found.entry, scan=False))
-                except pack.PackError as err:
-                    log.warning("%s; %s goes the normal build's way", err, valid.name)
-                    return None
-    return load_cutlass(valid, found.library, source, build_shim=False)
-
-
 # ---- build --------------------------------------------------------------------------------------------
 
 def build_cutlass(valid: ValidSpec) -> CutlassKernel:

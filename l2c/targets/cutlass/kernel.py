@@ -36,7 +36,7 @@ class CutlassKernel(Kernel):
 
     target = "cutlass"
 
-    def __init__(self, valid: ValidSpec, source: str, library_path: Union[str, Path], build_shim: bool = True):
+    def __init__(self, valid: ValidSpec, source: str, library_path: Union[str, Path]):
         super().__init__(valid, source)
         self.path = Path(library_path)
         self.library = ctypes.CDLL(str(self.path))
@@ -58,10 +58,7 @@ class CutlassKernel(Kernel):
         self._fixed = (spec.problem_m, spec.problem_n, spec.problem_k, spec.problem_batch)
         # Call plans: the fully checked, shape-derived part of a call, per call signature (see __call__).
         self._plans: Dict[tuple, _CallPlan] = {}
-        # None: planned calls use the 20-argument entry. Without build_shim a shim that is not built yet is built in
-        # the background (no compiler runs on the thread loading the kernel) and taken once it is there.
-        self._run_planned = shim.planned_call(build=build_shim)
-        self._shim_pending = self._run_planned is None and not build_shim
+        self._run_planned = shim.planned_call()   # None: planned calls use the 20-argument entry
         self._get_device, self._get_stream = cuda_accessors()
 
     @property
@@ -138,8 +135,6 @@ class CutlassKernel(Kernel):
                 else:
                     status = self._run(pa, pb, None, pbias, out.data_ptr(), *plan.arguments,
                                        self._get_stream(plan.device))
-                    if self._shim_pending:
-                        self._adopt_shim()
                 if status != 0:
                     raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
                 return out
@@ -147,19 +142,6 @@ class CutlassKernel(Kernel):
         if key is not None and plan is not None:
             self._plans[key] = plan
         return result
-
-    def _adopt_shim(self) -> None:
-        """Take the call-plan shim once its background build is done: the plans made without it are dropped, so the
-        next call of each signature plans anew through it. Never inside a CUDA-graph capture."""
-        import torch
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return
-        run_planned = shim.planned_call(build=False)
-        if run_planned is not None:
-            self._run_planned, self._shim_pending = run_planned, False
-            self._plans.clear()
-        elif not shim.building():   # no shim to be had (no C compiler, or it failed to build)
-            self._shim_pending = False
 
     def _checked_call(self, a, b, c, bias, out):
         """Check everything, launch; returns (out, the plan that replays this call, or None)."""
@@ -299,11 +281,9 @@ def _leading_dims(name: str, t, layout: str) -> Tuple[int, int]:
     return ld, batch_stride
 
 
-def load_cutlass(valid: ValidSpec, library_path: Union[str, Path], source: Optional[str] = None,
-                 build_shim: bool = True) -> CutlassKernel:
-    """Wrap a compiled .so as a CutlassKernel (ctypes load; calling it needs a GPU). `build_shim` False: the call-plan
-    shim is not compiled on this thread if it is missing (`shim.planned_call`)."""
+def load_cutlass(valid: ValidSpec, library_path: Union[str, Path], source: Optional[str] = None) -> CutlassKernel:
+    """Wrap a compiled .so as a CutlassKernel (ctypes load; calling it needs a GPU)."""
     try:
-        return CutlassKernel(valid, source if source is not None else render(valid), library_path, build_shim)
+        return CutlassKernel(valid, source if source is not None else render(valid), library_path)
     except (OSError, AttributeError) as err:
         raise BuildError(f"loading {library_path} for {valid.name} failed: {err}") from err

@@ -10,9 +10,7 @@ the three operand pointers, the output pointer and the stream.
 
 The shim is C source compiled once per machine with the host C compiler into the build cache (keyed by its
 text and the compiler's path). It does not touch the generated CUTLASS libraries, so no kernel is rebuilt.
-Without a C compiler `planned_call()` returns None and kernels keep the 20-argument call. A kernel prepared on a
-caller's thread (`planned_call(build=False)`) never waits for that compile (about 40 ms): it starts the build in a
-daemon thread and takes the shim once it is there.
+Without a C compiler `planned_call()` returns None and kernels keep the 20-argument call.
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 from typing import Optional
 
@@ -72,18 +69,15 @@ def find_c_compiler() -> Optional[str]:
     return None
 
 
-def _library_path(compiler: str) -> Path:
-    return cache.cache_dir("native") / f"cutlass_call_plan_{cache.content_hash(SOURCE, compiler)[:24]}.so"
-
-
 @functools.lru_cache(maxsize=None)
 def shim_library() -> Optional[ctypes.CDLL]:
     """The compiled shim, built into the cache on first use; None (and a one-line warning) if it cannot be built."""
     compiler = find_c_compiler()
     if compiler is None:
         return None
-    library = _library_path(compiler)
-    folder = library.parent
+    digest = cache.content_hash(SOURCE, compiler)[:24]
+    folder = cache.cache_dir("native")
+    library = folder / f"cutlass_call_plan_{digest}.so"
     try:
         with cache.locked(library):
             if not library.exists():
@@ -106,36 +100,8 @@ def shim_library() -> Optional[ctypes.CDLL]:
     return lib
 
 
-_background: Optional[threading.Thread] = None
-_background_lock = threading.Lock()
-
-
-def _ready() -> bool:
-    """Whether `shim_library()` answers at once: it did before, or the shim is built in the cache, or there is no C
-    compiler to build it with."""
-    if shim_library.cache_info().currsize:
-        return True
-    compiler = find_c_compiler()
-    return compiler is None or _library_path(compiler).exists()
-
-
-def building() -> bool:
-    """Whether a daemon thread is building the shim now (`planned_call(build=False)`)."""
-    return _background is not None and _background.is_alive()
-
-
-def planned_call(build: bool = True):
-    """The shim's `l2c_run_planned(plan, a, b, bias, d, stream)` ctypes function, or None.
-
-    With `build` False the shim is never compiled on this thread: when it is not built yet, None, and a daemon
-    thread builds it for later calls."""
-    global _background
-    if not build and not _ready():
-        with _background_lock:
-            if not building() and not _ready():
-                _background = threading.Thread(target=shim_library, name="l2c-shim", daemon=True)
-                _background.start()
-        return None
+def planned_call():
+    """The shim's `l2c_run_planned(plan, a, b, bias, d, stream)` ctypes function, or None."""
     lib = shim_library()
     return None if lib is None else lib.l2c_run_planned
 
