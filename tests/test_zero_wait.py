@@ -49,12 +49,11 @@ def test_a_packed_entry_and_a_one_knob_variant_the_pack_lacks(zw, pack, prebuilt
 
 
 def test_the_watched_job_is_the_one_the_dispatcher_queues(zw, prebuilt):
-    """The job whose state the part reads is the one the dispatcher prepares: here the pack's kernel is prepared
-    on the calling thread and fails its check (a CUTLASS kernel needs CUDA tensors), which the preparer records
-    under that job's key."""
+    """The job whose state the part reads is the one the dispatcher queues: the background worker takes it (and, on
+    a CPU, fails its check: a CUTLASS kernel needs CUDA tensors), and the preparer records it under that key."""
     import dataclasses
     from l2c.dispatch import Dispatcher
-    from l2c.prepare import FAILED
+    from l2c.prepare import FAILED, QUEUED
     from l2c.tuned_table import TunedTable
     entry = dataclasses.replace(prebuilt, m=64, n=128, k=64)   # same spec and layouts, a shape the CPU runs fast
     dispatcher = Dispatcher(TunedTable([entry]), allow_cpu=True, prepare="background", online=False)
@@ -62,7 +61,9 @@ def test_the_watched_job_is_the_one_the_dispatcher_queues(zw, prebuilt):
     b = torch.randn(128, 64, dtype=torch.float16).t() if entry.layout.split(",")[1] == "col" else \
         torch.randn(64, 128, dtype=torch.float16)
     dispatcher.matmul(a, b)
-    assert dispatcher.preparer.state(zw.queued_job(entry, "cpu")) == FAILED
+    job = zw.queued_job(entry, "cpu")
+    assert dispatcher.preparer.state(job) in (QUEUED, FAILED)
+    assert dispatcher.wait(300) and dispatcher.preparer.state(job) == FAILED
     assert dispatcher.stats == {"tuned": 0, "fallback": 1}
 
 
