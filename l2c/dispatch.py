@@ -31,9 +31,9 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import settings
-from .epilogue import (activate, check_activation, check_gate, gate_product, torch_gated, torch_gated_linear,
-                       torch_matmul, torch_residual)
+from . import settings, targets
+from .epilogue import (activate, check_activation, check_gate, torch_gated, torch_gated_linear, torch_matmul,
+                       torch_residual)
 from .errors import BuildError, L2Error
 from .kernel import call_signature
 from .parser import parse_one

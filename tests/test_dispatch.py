@@ -323,3 +323,19 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
     assert not Decisions("cpu", "none", version="0.0.0-other").entries   # another l2c version starts afresh
     assert not Decisions("cpu", "other-driver").entries
     set_tuned_table(None)
+
+
+def test_importing_the_dispatcher_asks_for_the_toolchains_off_the_calling_thread():
+    """At import, l2c.dispatch builds the parser and templates and starts a thread that asks each target for its
+    toolchain id (nvcc's version), so the first tuned call finds both cached; a fresh process shows the thread ran
+    to the end (the CUTLASS version, part of that id, is cached) and printed nothing."""
+    import subprocess
+    import sys
+    code = ("import threading, l2c.dispatch\n"
+            "[t.join(60) for t in threading.enumerate() if t.name == 'l2c-toolchains']\n"
+            "from l2c.grammar import lark_parser\n"
+            "from l2c.targets.cutlass.toolchain import cutlass_version\n"
+            "print(lark_parser.cache_info().currsize, cutlass_version.cache_info().currsize)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["1", "1"], done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
