@@ -2,7 +2,6 @@
 (`dispatch[:TABLE]`, `linear[:TABLE]`), and the plan of which candidate runs on which shape."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -85,13 +84,13 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
     from .parser import parse_one
     from .validate import validate
 
+    from .tuned_table import TableError, read_table_data
+
     try:
-        table = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise BenchError(f"{path}: cannot read tuned table: {err}") from None
-    entries = table.get("entries") if isinstance(table, dict) else None
-    if not isinstance(entries, list):
-        raise BenchError(f"{path}: not a tuned table (no 'entries' list; see docs/CONTRACTS.md)")
+        table = read_table_data(path)
+    except TableError as err:
+        raise BenchError(str(err)) from None
+    entries = table["entries"]
     table_arch = table.get("arch", arch)
     out = []
     for i, entry in enumerate(entries):

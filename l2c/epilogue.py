@@ -58,16 +58,9 @@ def torch_gated(a, b, bias, gate):
     (cuBLAS's pick for 2N columns: 0.91-0.99x at 512-8192 tokens of Llama-8B's MLP), and a fallback slower than
     the module it replaces would make a model slower."""
     n = b.shape[-1] // 2
-    halves = []
-    for cols, part in ((slice(0, n), 0), (slice(n, 2 * n), 1)):
-        bias_half = None if bias is None else bias[part * n:(part + 1) * n]
-        b_half = b[..., cols]
-        if bias_half is not None and a.dim() == 2 and b.dim() == 2:
-            halves.append(torch.addmm(bias_half, a, b_half))
-        else:
-            y = torch.matmul(a, b_half)
-            halves.append(y if bias_half is None else y + bias_half)
-    return gate_activation(halves[0], gate) * halves[1]
+    g, u = (torch_matmul(a, b[..., cols], None if bias is None else bias[cols], "none", None)
+            for cols in (slice(0, n), slice(n, 2 * n)))
+    return gate_activation(g, gate) * u
 
 
 def torch_gated_linear(x, weight, bias, gate):

@@ -166,16 +166,9 @@ class TorchMatmul:
         self.p = problem
         self.out_dtype = TORCH_DTYPES[problem.out_dtype]
 
-    def _gated_as_modules(self) -> bool:
-        """A gated problem an MLP module computes (no scaling, no C, no activation after the gate): torch's two
-        GEMMs apart then act(g) * u, as `torch_gated` (the dispatcher's fallback) runs it."""
-        p = self.p
-        return (p.gate != "none" and p.alpha == 1.0 and p.beta == 0.0 and p.activation == "none" and p.batch == 1
-                and p.bias != "row")
-
     def __call__(self, a, b, c=None, bias=None, out=None):
         p = self.p
-        if self._gated_as_modules():
+        if p.gate != "none" and p.alpha == 1.0:   # as an MLP module (and the dispatcher's fallback) runs it
             return self._store(torch_gated(a, b, bias, p.gate), out)
         if p.plain:
             if out is None:
@@ -223,10 +216,10 @@ class TorchLinear(TorchMatmul):
 
     def __call__(self, a, b, c=None, bias=None, out=None):
         p = self.p
-        if self._gated_as_modules():
-            return self._store(torch_gated_linear(a, b.mT, bias, p.gate), out)
         if p.beta != 0.0 or p.alpha != 1.0 or p.batch != 1 or p.bias == "row":
             return super().__call__(a, b, c=c, bias=bias, out=out)
+        if p.gate != "none":
+            return self._store(torch_gated_linear(a, b.mT, bias, p.gate), out)
         return self._finish(torch.nn.functional.linear(a, b.mT, bias), out)
 
 

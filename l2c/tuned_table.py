@@ -278,8 +278,9 @@ def served_kernels(table: "TunedTable", epilogues=PLAIN_EPILOGUES) -> List[Serve
     return list(kernels.values())
 
 
-def load_table(path) -> TunedTable:
-    """Read a tuned table; TableError for a file that is not one. Malformed entries are skipped and counted."""
+def read_table_data(path) -> dict:
+    """A tuned table's JSON object as written (an object with an 'entries' list); TableError for a file that is not
+    one. `load_table` builds the table from it; `l2c table --into` and `l2c bench TABLE.json` read it as it is."""
     path = Path(path)
     try:
         if not path.is_file():
@@ -293,6 +294,13 @@ def load_table(path) -> TunedTable:
         raise TableError(f"{path}: cannot read tuned table: {type(err).__name__}: {err}") from None
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise TableError(f"{path}: not a tuned table (an object with an 'entries' list; see docs/CONTRACTS.md)")
+    return data
+
+
+def load_table(path) -> TunedTable:
+    """Read a tuned table; TableError for a file that is not one. Malformed entries are skipped and counted."""
+    path = Path(path)
+    data = read_table_data(path)
     arch = data.get("arch", "sm_90")
     if not isinstance(arch, str):
         raise TableError(f"{path}: 'arch' must be a string, got {arch!r}")

@@ -25,7 +25,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from .epilogue import activate, gate_activation
+from .epilogue import activate, gate_activation, gate_product
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -173,9 +173,7 @@ def epilogue(spec, product: torch.Tensor, c: Optional[torch.Tensor] = None,
     (M x 2N) and the result is act(gate) * up."""
     dtype = product.dtype
     if _gated(spec):
-        pre = _pre_activation(spec, product, bias)
-        n = pre.shape[-1] // 2
-        return gate_activation(pre[..., :n], spec.epilogue_gate) * pre[..., n:]
+        return gate_product(_pre_activation(spec, product, bias), spec.epilogue_gate)
     result = product
     if spec.epilogue_alpha != 1.0:
         result = result * spec.epilogue_alpha

@@ -215,16 +215,6 @@ def problem_key(entry) -> tuple:
             entry.get("gate", "none"), served_m)
 
 
-def _read_table(path, error):
-    try:
-        table = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise error(f"{path}: cannot read tuned table: {err}") from None
-    if not isinstance(table, dict) or not isinstance(table.get("entries"), list):
-        raise error(f"{path}: not a tuned table (no 'entries' list; see docs/CONTRACTS.md)")
-    return table
-
-
 def merged(base: dict, new: dict, error) -> dict:
     """`base` with `new`'s entries added, each replacing base's entry of the same problem. Both must come from one
     GPU and one protocol (a table's figures are ratios in its protocol); the margin kept is the smaller."""
@@ -294,7 +284,12 @@ def run(args) -> int:
              "sources": [str(p) for p in args.results], "confirmed_by": [str(p) for p in args.confirmed_by],
              "entries": entries}
     if args.into:
-        table = merged(_read_table(args.into, UsageError), table, UsageError)
+        from ..tuned_table import TableError, read_table_data
+        try:
+            base = read_table_data(args.into)
+        except TableError as err:
+            raise UsageError(str(err)) from None
+        table = merged(base, table, UsageError)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
