@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Dict, Iterator, Union
 
 import filelock
 import platformdirs
@@ -64,3 +65,32 @@ def write_atomic(path: Union[str, Path], data: Union[str, bytes]) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+class KeyedRecords:
+    """A JSON map persisted in the cache for one identity (a GPU, its driver and the l2c version, say): what one
+    process learned, later processes of the same identity reuse. The file is named by a hash of the identity, so
+    another identity starts empty; concurrent writers merge under the file lock; an unreadable file reads empty."""
+
+    def __init__(self, folder: str, prefix: str, identity: Dict[str, str]):
+        self.key = dict(identity)
+        digest = content_hash(json.dumps(self.key, sort_keys=True))[:16]
+        self.path = cache_dir(folder) / f"{prefix}_{digest}.json"
+        self.entries: Dict[str, object] = self._on_disk()
+
+    def _on_disk(self) -> Dict[str, object]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("key") != self.key or not isinstance(data.get("entries"), dict):
+            return {}
+        return data["entries"]
+
+    def put(self, name: str, value: object) -> None:
+        """Record `name` = `value` here and in the file (with whatever other processes recorded meanwhile)."""
+        self.entries[name] = value
+        with locked(self.path):
+            merged = {**self._on_disk(), **self.entries}
+            write_atomic(self.path, json.dumps({"key": self.key, "entries": merged}, indent=1))
+            self.entries = merged

@@ -7,7 +7,7 @@ figures say nothing about performance. The protocols in `l2c.measure` take eithe
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Tuple
 
 import torch
 
@@ -109,3 +109,12 @@ class CudaDevice:
 
 def get_device(kind: str):
     return CudaDevice() if kind == "cuda" else CpuDevice()
+
+
+def gpu_identity() -> Tuple[str, str]:
+    """(GPU name, driver version) that per-GPU records persisted in the cache belong to (online decisions,
+    verified kernels); ("cpu", "none") without a GPU."""
+    if not torch.cuda.is_available():
+        return "cpu", "none"
+    from .results_file import driver_version
+    return torch.cuda.get_device_name(), driver_version() or "unknown"

@@ -8,8 +8,10 @@ For a call the dispatcher:
 2. asks the table (`l2c.tuned_table`: the dispatch rule) for the entry that serves exactly this call;
 3. specialises the entry's spec for the requested epilogue (bias per column, activation) and hands it to the
    `Preparer`, which builds and verifies it in a background process; torch serves the call meanwhile;
-4. once the kernel is ready, builds it in this process (a cache hit) and serves it. Inside a CUDA-graph
-   capture only kernels that already ran eagerly for this signature serve; everything else runs torch.
+4. once the kernel is ready, builds it in this process (a cache hit) and serves it, and records that it passed
+   verification at this shape (`l2c.verified`): a later process on the same GPU, driver and l2c version serves
+   it from its first call where loading it runs no compiler. Inside a CUDA-graph capture only kernels that
+   already ran eagerly for this signature serve; everything else runs torch.
 
 Two more epilogues go the same way: a residual added to the product (`residual=`: the entry's spec with beta=1 and
 the residual as its C input), and the gated MLP projection (`gated_matmul`, `gated_linear`: act(gate) * up over
@@ -103,8 +105,9 @@ class Dispatcher:
         self.online = tune_mode() == "online" if online is None else online
         self.decisions = None
         if self.online:
-            from .online import Decisions, identity
-            self.decisions = Decisions(*identity())
+            from .devices import gpu_identity
+            from .online import Decisions
+            self.decisions = Decisions(*gpu_identity())
         self.allow_cpu = allow_cpu
         self.prepare = prepare or prepare_mode()
         self.preparer = Preparer()
@@ -114,6 +117,7 @@ class Dispatcher:
         # (deriving the job parses and renders the entry's spec: about 2.5 ms a call on the H200's host)
         self._jobs: Dict[Tuple, Optional[Job]] = {}
         self._ran: set = set()          # (call signature, kernel) pairs that ran eagerly: may serve in a capture
+        self._verified = None           # this GPU's VerifiedKernels, read at the first job (l2c.verified)
         self._lock = threading.Lock()
         self.stats = {"tuned": 0, "fallback": 0}
 
@@ -171,6 +175,25 @@ class Dispatcher:
                 self._kernels[key] = None
         return self._kernels[key]
 
+    def _verified_kernels(self):
+        if self._verified is None:
+            from .devices import gpu_identity
+            from .verified import VerifiedKernels
+            self._verified = VerifiedKernels(*gpu_identity())
+        return self._verified
+
+    def _verified_before(self, job: Job) -> bool:
+        """Whether an earlier process verified `job`'s kernel at its shape on this GPU, driver and l2c version, and
+        building it here runs no compiler: then it serves from this call on, with no worker."""
+        if not self._verified_kernels().holds(job):
+            return False
+        from .validate import validate
+        try:
+            valid = validate(parse_one(job.spec_text), job.target, job.arch)
+        except L2Error:
+            return False
+        return targets.get(job.target).built(valid)
+
     def _resolve_signature(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
         """(kernel or None, final): final False means "not yet" (being prepared): ask again on a later call."""
         dtype, layout, m, n, k = sig[:5]
@@ -185,18 +208,25 @@ class Dispatcher:
             job = self._jobs[sig] = self._job(entry, sig)
         if job is None:
             return None, True
+        if self._verified_before(job):
+            return self._kernel(job), True
         if self.prepare == "inline":
             key = (job.spec_text, job.target, job.arch)
             if key not in self._kernels:   # built and verified here, on the calling thread
                 from .prepare import prepare_one
                 ok, reason, kernel = prepare_one(job)
-                if not ok:
+                if ok:
+                    self._verified_kernels().record(job)
+                else:
                     log.warning("tuned kernel not served (torch runs this call): %s", reason)
                 self._kernels[key] = kernel if ok else None
             return self._kernels[key], True
         state = self.preparer.request(job)
         if state == READY:
-            return self._kernel(job), True
+            kernel = self._kernel(job)
+            if kernel is not None:
+                self._verified_kernels().record(job)
+            return kernel, True
         return None, state == FAILED
 
     def _resolve_online(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
@@ -476,13 +506,15 @@ def _compile_front_end() -> None:
 
 def _query_toolchains() -> None:
     """Each target's toolchain id (nvcc's version: a subprocess of some 20-50 ms), asked once off the calling
-    thread so that the first tuned call finds it cached; a toolchain that is missing or broken is the build's
-    concern, reported there."""
+    thread so that the first tuned call finds it cached, and CUTLASS's call-plan shim (a C compile of about 0.1 s,
+    once per machine) built; a toolchain that is missing or broken is the build's concern, reported there."""
     for name in targets.TARGETS:
         try:
             targets.get(name).toolchain_id()
         except Exception:  # noqa: BLE001 - the build reports it where it matters
             pass
+    from .targets.cutlass import shim
+    shim.shim_library()
 
 
 _compile_front_end()

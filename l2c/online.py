@@ -15,7 +15,6 @@ shape-generic kernels for the same dtype and layouts. They are the configuration
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Dict, List, Optional, Tuple
 
@@ -92,32 +91,17 @@ def candidate_specs(dtype: str, layout: str, m: int, n: int, k: int, table=None)
     return out
 
 
-def identity() -> Tuple[str, str]:
-    """(GPU name, driver version) this process's decisions belong to; ("cpu", "none") without a GPU."""
-    import torch
-    if not torch.cuda.is_available():
-        return "cpu", "none"
-    from .results_file import driver_version
-    name = torch.cuda.get_device_name()
-    driver = driver_version() or "unknown"
-    return name, driver
-
-
 class Decisions:
     """The persisted online decisions of one (GPU, driver, l2c version): signature -> spec text or None (torch)."""
 
     def __init__(self, gpu: str, driver: str, version: Optional[str] = None):
         from . import __version__
-        self.key = {"gpu": gpu, "driver": driver, "l2c": version or __version__}
-        digest = cache.content_hash(json.dumps(self.key, sort_keys=True))[:16]
-        self.path = cache.cache_dir("online") / f"decisions_{digest}.json"
-        self.entries: Dict[str, Optional[dict]] = {}
-        try:
-            data = json.loads(self.path.read_text())
-            if data.get("key") == self.key and isinstance(data.get("entries"), dict):
-                self.entries = data["entries"]
-        except (OSError, ValueError, AttributeError):
-            pass
+        self.records = cache.KeyedRecords("online", "decisions", {"gpu": gpu, "driver": driver,
+                                                                  "l2c": version or __version__})
+
+    @property
+    def entries(self) -> Dict[str, Optional[dict]]:
+        return self.records.entries  # type: ignore[return-value]
 
     @staticmethod
     def signature(dtype: str, layout: str, m: int, n: int, k: int, bias: bool, activation: str) -> str:
@@ -132,15 +116,7 @@ class Decisions:
 
     def record(self, signature: str, spec: Optional[str], speedup: Optional[float]) -> None:
         """Persist one decision; concurrent processes merge theirs under the file lock."""
-        self.entries[signature] = {"spec": spec, "speedup": speedup}
-        with cache.locked(self.path):
-            try:
-                on_disk = json.loads(self.path.read_text()).get("entries", {})
-            except (OSError, ValueError, AttributeError):
-                on_disk = {}
-            on_disk.update(self.entries)
-            self.entries = on_disk
-            cache.write_atomic(self.path, json.dumps({"key": self.key, "entries": on_disk}, indent=1))
+        self.records.put(signature, {"spec": spec, "speedup": speedup})
 
 
 def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activation: str, device_kind: str,

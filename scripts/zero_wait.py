@@ -2,7 +2,7 @@
 """Issue #19's done-when, measured with empty user caches: what the first calls of l2c.matmul cost, how soon they
 are served tuned, and how long new CUTLASS kernels and a tune of one new shape take (GPU).
 
-    python scripts/zero_wait.py --out OUT/zero_wait_h200.json     # all four parts: about 5 minutes, at most 9.5
+    python scripts/zero_wait.py --out OUT/zero_wait_h200.json     # all five parts: about 5 minutes, at most 10
 
 Each part runs in a fresh subprocess (its own process group, killed when the part ends) with its own empty
 temporary caches: L2C_CACHE_DIR (CUTLASS libraries, the call-plan shim, Triton modules, online decisions),
@@ -14,6 +14,9 @@ L2C_* setting but L2C_NVCC is removed, so each part sees l2c's defaults (backgro
      on the same operands in the same process (torch first warmed on another shape, so cuBLAS's start-up is charged
      to neither), synchronized wall times, and whether the dispatcher's tuned kernel served the call (its `stats`
      counter). Criterion: the first call costs <= 50 ms more than torch's and the kernel serves from call 1 or 2.
+ (a') later: (a) again in a second fresh process that keeps the caches (a) left (its verification record and the
+     installed library), as a user's next run would. Criterion: the first call costs <= 50 ms more than torch's and
+     the kernel serves from call 1. Runs after (a) (`--parts prebuilt,later`).
  (b) unbuilt: the same with a one-entry table whose spec is (a)'s with one knob changed (checked to validate and to
      be absent from the pack), so the kernel is compiled by the background worker. Criterion: no call costs more
      than 50 ms extra, and the kernel serves once built and verified (the time until then is reported).
@@ -51,7 +54,7 @@ BUILD_CPU_S = 10.0       # (c): CPU seconds per new CUTLASS kernel
 TUNE_WALL_S = 60.0       # (d)
 TUNE_ARGS = ("tune", "--shapes", "16x14336x4096", "--layout", "row,col,row", "--trials", "16",
              "--target", "triton,cutlass")
-PARTS = ("prebuilt", "unbuilt", "build", "tune")
+PARTS = ("prebuilt", "later", "unbuilt", "build", "tune")
 # Knob changes tried in order to make (b)'s spec: each keeps the kernel correct and valid for every shape.
 VARIANTS = (("swizzle_raster", "n"), ("swizzle_raster", "m"), ("swizzle_group", 4), ("swizzle_group", 2),
             ("swizzle_group", 16), ("swizzle_group", 1))
@@ -330,6 +333,15 @@ def judge_prebuilt(part: dict) -> dict:
             "max_extra_ms": s.get("max_extra_ms"), "pass": bool(ok)}
 
 
+def judge_later(part: dict) -> dict:
+    s = part.get("summary") or {}
+    first = (s.get("first_call") or {}).get("extra_ms")
+    ok = first is not None and first <= EXTRA_MS and s.get("first_served_call") == 1
+    return {"criterion": f"a later process with (a)'s caches: first l2c.matmul <= {EXTRA_MS:g} ms over torch.matmul "
+                         f"and served tuned from call 1", "first_call_extra_ms": first,
+            "first_served_call": s.get("first_served_call"), "max_extra_ms": s.get("max_extra_ms"), "pass": bool(ok)}
+
+
 def judge_unbuilt(part: dict) -> dict:
     s = part.get("summary") or {}
     worst = s.get("max_extra_ms")
@@ -442,6 +454,8 @@ def main(argv=None) -> int:
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if set(parts) - set(PARTS):
         ap.error(f"unknown part(s) {', '.join(sorted(set(parts) - set(PARTS)))}")
+    if "later" in parts and ("prebuilt" not in parts or parts.index("prebuilt") > parts.index("later")):
+        ap.error("the later part reuses the caches of the prebuilt part: list prebuilt before it")
     from l2c.targets.cutlass.pack import read_pack
     from l2c.tuned_table import load_table
     pack_path = Path(args.pack).resolve() if args.pack else shipped("packs", f"{ARCH}.tar.xz")
@@ -466,14 +480,19 @@ def main(argv=None) -> int:
     incomplete = 0
     try:
         for name in parts:
-            root = tmp / name
-            root.mkdir()
+            root = tmp / ("prebuilt" if name == "later" else name)
+            root.mkdir(exist_ok=name == "later")
             print(f"[{name}] ...", flush=True)
             if name == "prebuilt":
                 part = run_serve(name, prebuilt, root, args, {**table_settings, **pack_settings},
                                  args.prebuilt_timeout_s)
                 part.update(kernel=served_kernel(prebuilt)[2], in_pack=in_pack(prebuilt, pack))
                 verdict = judge_prebuilt(part)
+            elif name == "later":
+                part = run_serve(name, prebuilt, root, args, {**table_settings, **pack_settings},
+                                 args.prebuilt_timeout_s)
+                part.update(kernel=served_kernel(prebuilt)[2], in_pack=in_pack(prebuilt, pack))
+                verdict = judge_later(part)
             elif name == "unbuilt":
                 table = root / "unbuilt_table.json"
                 table.write_text(json.dumps({"format": 1, "arch": ARCH, "protocol": "call",

@@ -88,7 +88,8 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner: Union[Runner, str
             log(f"{p.shape}: {lost} trial(s) lost by an earlier run re-enqueued")
         added = warm_start(s, p, cfg, policy=policy, llm=llm, store=store, log=log)
         if any(added.values()):
-            log(f"{p.shape}: warm start with {added['seed']} seed spec(s), {added['policy']} policy and "
+            log(f"{p.shape}: warm start with {added['seed']} seed spec(s), {added['pack']} prebuilt CUTLASS "
+                f"kernel(s), {added['policy']} policy and "
                 f"{added['llm']} LLM proposal(s)")
     progress = Progress(studies, cfg.n_trials, stream=progress_stream)
     if workers == 1 and not isinstance(runner, str):

@@ -21,7 +21,7 @@ from typing import Dict, Iterator, List, Optional, Union
 from ..errors import DataFileError
 
 STATUSES = ("ok", "build_failed", "verify_failed", "invalid")
-SOURCES = ("tpe", "random", "policy", "llm", "enqueued", "import")   # import: `l2c import` of `l2c bench` rows
+SOURCES = ("tpe", "random", "policy", "llm", "pack", "enqueued", "import")   # import: `l2c import` of `l2c bench` rows
 
 
 def default_store_path() -> Path:

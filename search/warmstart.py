@@ -1,21 +1,56 @@
-"""What a study tries first: the user's seed specs, then, in a study not started yet, proposals of the learned
-policy and of an LLM; each enqueued with its source so the store credits it."""
+"""What a study tries first: the user's seed specs, then, in a study not started yet, prebuilt CUTLASS kernels
+(the pack's: no compiler runs for them), proposals of the learned policy and of an LLM; each enqueued with its
+source so the store credits it."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import optuna
 
-from .space import Problem, params_from_spec
+from .space import Problem, check_point, params_from_spec, spec_from_params
 from .store import Store
 from .study import TuneConfig, point_key
+
+
+def prebuilt_points(problem: Problem, policy=None) -> List[Dict[str, object]]:
+    """Search-space points of `problem` whose CUTLASS kernel, built as the tuner builds it (shape-generic, no
+    epilogue), the prebuilt pack holds byte for byte: each costs a measurement and no nvcc run (40-60 s of a core
+    otherwise). The policy's most likely first, else in the pack's order."""
+    from ..errors import L2Error
+    from ..lower import render
+    from ..parser import parse_one
+    from ..targets.cutlass.pack import PackError, default_pack_path, read_pack
+    from ..targets.cutlass.toolchain import pack_key
+    from ..validate import validate
+    path = default_pack_path(problem.arch)
+    if not path.exists():
+        return []
+    try:
+        entries = read_pack(path).entries
+    except PackError:
+        return []
+    points: Dict[tuple, Dict[str, object]] = {}
+    for key, entry in sorted(entries.items()):
+        try:
+            params = params_from_spec(parse_one(entry.spec, file="<pack>"), "cutlass")
+            if check_point(params, problem)[0] is None:
+                continue
+            generic = validate(spec_from_params(params, problem, generic=True), "cutlass", problem.arch)
+            if pack_key(render(generic)) == key:
+                points.setdefault(point_key(params), params)
+        except (L2Error, ValueError):
+            continue
+    found = list(points.values())
+    if policy is not None:
+        found.sort(key=lambda params: -policy.log_prob(problem, params))
+    return found
 
 
 def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=None, llm=None,
                store: Optional[Store] = None, log: Callable[[str], None] = lambda s: None) -> Dict[str, int]:
     """Enqueue the user's seed specs (into any study: a resumed tune given new seeds tries them, and seeds it
     already tried are skipped), then policy and LLM proposals into a study that has not started yet."""
-    added = {"seed": 0, "policy": 0, "llm": 0}
+    added = {"seed": 0, "pack": 0, "policy": 0, "llm": 0}
     trials = study.get_trials(deepcopy=False)
     # points already in the study: run (params) or waiting to run (enqueued: their fixed params)
     tried = {point_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
@@ -32,11 +67,20 @@ def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=No
             study.enqueue_trial(params, user_attrs={"source": "seed"}, skip_if_exists=True)
             tried.add(point_key(params))
             added["seed"] += 1
-    if trials:   # a study that already ran keeps its own course: no policy or LLM warm start
+    if trials:   # a study that already ran keeps its own course: no pack, policy or LLM warm start
         return added
-    if policy is not None and cfg.warm_start > 0:
-        for params in policy.propose(problem, cfg.targets, cfg.warm_start):
+    if "cutlass" in cfg.targets and cfg.warm_start > 0:   # half the warm start, where the pack has that many
+        for params in prebuilt_points(problem, policy)[:max(1, cfg.warm_start // 2)]:
+            if point_key(params) not in tried:
+                study.enqueue_trial(params, user_attrs={"source": "pack"}, skip_if_exists=True)
+                tried.add(point_key(params))
+                added["pack"] += 1
+    if policy is not None and cfg.warm_start > added["pack"]:
+        for params in policy.propose(problem, cfg.targets, cfg.warm_start - added["pack"]):
+            if point_key(params) in tried:
+                continue
             study.enqueue_trial(params, user_attrs={"source": "policy"}, skip_if_exists=True)
+            tried.add(point_key(params))
             added["policy"] += 1
     if llm is not None:
         from ..parser import parse_one

@@ -196,9 +196,10 @@ def test_the_tuned_path_keeps_autograd_and_its_gradients_match_torch():
     set_tuned_table(None)
 
 
-def test_kernels_are_prepared_in_a_background_process_and_torch_serves_meanwhile():
+def test_kernels_are_prepared_in_a_background_process_and_torch_serves_meanwhile(tmp_path, monkeypatch):
     """The default mode: the first call of a signature runs torch and queues the kernel for the worker process
     (a real subprocess, here on the Triton interpreter); once it is built and verified, calls are tuned."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))   # no earlier process verified it
     dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="background")
     a = torch.randn(32, 40, dtype=torch.float16)
     w = torch.randn(48, 40, dtype=torch.float16)
@@ -213,9 +214,10 @@ def test_kernels_are_prepared_in_a_background_process_and_torch_serves_meanwhile
     set_tuned_table(None)
 
 
-def test_calls_made_while_a_kernel_is_prepared_derive_its_job_once(monkeypatch):
+def test_calls_made_while_a_kernel_is_prepared_derive_its_job_once(tmp_path, monkeypatch):
     """While the worker prepares a signature's kernel, each call asks only for the job's state: deriving the job
     (the entry's spec parsed and specialised) is done once, not per call (it cost ~2.5 ms a call on the H200)."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     import l2c.dispatch as dispatch
     derived, real = [], dispatch.served_spec
     monkeypatch.setattr(dispatch, "served_spec", lambda *args, **kw: derived.append(args[1]) or real(*args, **kw))
@@ -228,6 +230,40 @@ def test_calls_made_while_a_kernel_is_prepared_derive_its_job_once(monkeypatch):
     assert dispatcher.wait(timeout=300)
     l2c.matmul(a, w.t())
     assert derived == [32] and dispatcher.stats["tuned"] >= 1
+    set_tuned_table(None)
+
+
+def test_a_kernel_verified_by_an_earlier_process_serves_from_the_first_call(tmp_path, monkeypatch):
+    """Once the worker verified a kernel at a shape, the pass is recorded for this GPU, driver and l2c version: a
+    later process (a new dispatcher on the same cache) whose build of it runs no compiler (here: the interpreter)
+    serves it from its first call, with no worker; another driver or l2c version, or another kernel, waits for
+    the worker's check again."""
+    from l2c.verified import VerifiedKernels
+    from l2c.prepare import Job
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    table = TunedTable([entry(32, 48, 40)])
+    a = torch.randn(32, 40, dtype=torch.float16)
+    w = torch.randn(48, 40, dtype=torch.float16)
+    expect = a.float() @ w.float().t()
+    first = set_tuned_table(table, allow_cpu=True, prepare="background")
+    l2c.matmul(a, w.t())
+    assert first.wait(timeout=300)
+    l2c.matmul(a, w.t())
+    assert first.stats == {"tuned": 1, "fallback": 1}
+    later = set_tuned_table(table, allow_cpu=True, prepare="background")
+    torch.testing.assert_close(l2c.matmul(a, w.t()).float(), expect, atol=2e-2, rtol=2e-2)
+    job = next(iter(first._jobs.values()))
+    assert later.stats == {"tuned": 1, "fallback": 0} and later.preparer.state(job) is None   # no worker asked
+    assert VerifiedKernels("cpu", "none").holds(job)
+    assert not VerifiedKernels("cpu", "other-driver").holds(job)
+    assert not VerifiedKernels("cpu", "none", version="0.0.0-other").holds(job)
+    assert not VerifiedKernels("cpu", "none").holds(Job(job.spec_text, job.target, job.arch, 64, 48, 40, "cpu"))
+    other = entry(32, 48, 40, spec=KernelSpec(name="other", problem_m=32, problem_n=48, problem_k=40, tile_m=16,
+                                              tile_n=16, tile_k=16, layout_b="col", swizzle_group=2, launch_warps=4))
+    elsewhere = set_tuned_table(TunedTable([other]), allow_cpu=True, prepare="background")
+    l2c.matmul(a, w.t())
+    assert elsewhere.stats == {"tuned": 0, "fallback": 1}      # another kernel: the worker checks it first
+    assert elsewhere.wait(timeout=300)
     set_tuned_table(None)
 
 
@@ -327,15 +363,18 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
 
 def test_importing_the_dispatcher_asks_for_the_toolchains_off_the_calling_thread():
     """At import, l2c.dispatch builds the parser and templates and starts a thread that asks each target for its
-    toolchain id (nvcc's version), so the first tuned call finds both cached; a fresh process shows the thread ran
-    to the end (the CUTLASS version, part of that id, is cached) and printed nothing."""
+    toolchain id (nvcc's version) and builds CUTLASS's call-plan shim, so the first tuned call finds them cached; a
+    fresh process shows the thread ran to the end (the CUTLASS version, part of that id, and the shim are cached)
+    and printed nothing."""
     import subprocess
     import sys
     code = ("import threading, l2c.dispatch\n"
             "[t.join(60) for t in threading.enumerate() if t.name == 'l2c-toolchains']\n"
             "from l2c.grammar import lark_parser\n"
             "from l2c.targets.cutlass.toolchain import cutlass_version\n"
-            "print(lark_parser.cache_info().currsize, cutlass_version.cache_info().currsize)\n")
+            "from l2c.targets.cutlass.shim import shim_library\n"
+            "print(lark_parser.cache_info().currsize, cutlass_version.cache_info().currsize,\n"
+            "      shim_library.cache_info().currsize)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.split() == ["1", "1"], done.stdout + done.stderr
+    assert done.returncode == 0 and done.stdout.split() == ["1", "1", "1"], done.stdout + done.stderr
     assert "Traceback" not in done.stderr

@@ -26,7 +26,7 @@ from l2c.search.space import (KNOB_PARAMS, Problem, check_point, params_from_spe
                               shapes_from_arg, spec_from_params, suggest_params)
 from l2c.search.storage import parse_storage
 from l2c.search.store import Result, Store
-from l2c.search.study import COUNTED, TuneConfig, counted_trials
+from l2c.search.study import COUNTED, TuneConfig, counted_trials, point_key
 from l2c.search.workers import StudyWorker, run_studies
 from l2c.validate import validate
 from tests.toolchain import needs_nvcc
@@ -402,9 +402,37 @@ def test_a_gpu_tune_without_enough_stored_results_starts_from_the_shipped_policy
     p = Problem(2048, 4096, 4096)
     study = optuna.create_study(direction="maximize")
     added = warm_start(study, p, TuneConfig(n_trials=8, warm_start=4), policy=policy, store=Store(tmp_path / "r.sqlite"))
-    assert added["policy"] == 4
+    assert added["pack"] == 2 and added["policy"] == 2      # half the warm start from the pack: no nvcc for those
     for trial in study.get_trials(deepcopy=False):   # every proposal validates for the problem
-        assert trial.user_attrs["source"] == "policy" and check_point(trial.system_attrs["fixed_params"], p)[0]
+        assert trial.user_attrs["source"] in ("pack", "policy")
+        assert check_point(trial.system_attrs["fixed_params"], p)[0]
+
+
+def test_the_pack_warm_start_holds_kernels_the_pack_has_byte_for_byte():
+    """A tune searching CUTLASS starts with prebuilt kernels: points whose shape-generic build (what a trial builds)
+    renders to a library the shipped pack holds, so they are measured with no nvcc run; ranked by the policy."""
+    from l2c.lower import render
+    from l2c.search.policy import Policy, shipped_policy_path
+    from l2c.search.warmstart import prebuilt_points, warm_start
+    from l2c.targets.cutlass.pack import default_pack_path, read_pack
+    from l2c.targets.cutlass.toolchain import pack_key
+    from l2c.validate import validate
+    held = read_pack(default_pack_path("sm_90")).entries
+    p = Problem(16, 14336, 4096, layout_b="col")
+    points = prebuilt_points(p)
+    assert len(points) >= 8
+    for params in points:
+        assert params["target"] == "cutlass" and check_point(params, p)[0] is not None
+        assert pack_key(render(validate(spec_from_params(params, p, generic=True), "cutlass", "sm_90"))) in held
+    policy = Policy.load(shipped_policy_path("sm_90"))
+    ranked = prebuilt_points(p, policy)
+    scores = [policy.log_prob(p, params) for params in ranked]
+    assert sorted(map(point_key, ranked)) == sorted(map(point_key, points)) and scores == sorted(scores, reverse=True)
+    for targets, expect in ((("triton", "cutlass"), 3), (("triton",), 0)):
+        study = optuna.create_study(direction="maximize")
+        added = warm_start(study, p, TuneConfig(targets=targets, warm_start=6))
+        assert added["pack"] == expect
+        assert [t.user_attrs["source"] for t in study.get_trials(deepcopy=False)] == ["pack"] * expect
 
 
 # ------------------------------------------------------------------------------ resume and workers
@@ -738,8 +766,8 @@ def test_llm_proposals_enter_the_study_tagged_llm():
 
     llm = OneSpecProposer()
     study = optuna.create_study(direction="maximize")
-    added = warm_start(study, p, TuneConfig(n_trials=3), llm=llm, store=Store(":memory:"))
-    assert added == {"seed": 0, "policy": 0, "llm": 1}
+    added = warm_start(study, p, TuneConfig(n_trials=3, warm_start=0), llm=llm, store=Store(":memory:"))
+    assert added == {"seed": 0, "pack": 0, "policy": 0, "llm": 1}
     assert [c[3] for c in llm.calls] == ["triton", "cutlass"]
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), TuneConfig(n_trials=3))])
     first = study.trials[0]
@@ -787,7 +815,7 @@ def test_seed_specs_enter_a_resumed_study_once():
     # resumed with one old and one new seed: only the new one is enqueued, and it is evaluated first
     cfg = replace(cfg, n_trials=3, seed_specs=(seed_a, seed_b))
     first_new = len(study.trials)   # the first run's trials (invalid random draws are trials too)
-    assert warm_start(study, p, cfg) == {"seed": 1, "policy": 0, "llm": 0}
+    assert warm_start(study, p, cfg) == {"seed": 1, "pack": 0, "policy": 0, "llm": 0}
     assert warm_start(study, p, cfg)["seed"] == 0
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), cfg)])
     assert study.trials[first_new].params == params_from_spec(seed_b, "triton")

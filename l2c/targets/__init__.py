@@ -47,6 +47,11 @@ class Target(ABC):
     def prebuild(self, valid) -> str:
         """Fill the build cache with no GPU; the cached file."""
 
+    def built(self, valid) -> bool:
+        """Whether `build(valid)` here runs no compiler, now or at its first launch (a load of milliseconds, which
+        the dispatcher may do on a caller's thread). False where the target cannot tell."""
+        return False
+
     def prebuild_many(self, valids, workers: int, done=None) -> List[Union[str, BuildError]]:
         """`prebuild` for each spec, `workers` at a time: the cached file or the BuildError per spec, in order,
         never raising; `done(index, outcome, kernels)` as each is known (`kernels`: how many specs the compiler

@@ -40,6 +40,12 @@ class CutlassTarget(Target):
         from .build import compile_source
         return str(compile_source(render(valid), valid.name))
 
+    def built(self, valid) -> bool:
+        """The library is in the build cache (a pack install, which decompresses, does not count)."""
+        from ...lower import render
+        from .build import cached_library
+        return cached_library(render(valid), valid.name) is not None
+
     def prebuild_many(self, valids, workers: int, done=None):
         """Several kernels per nvcc run where there are more kernels than workers (`build.compile_many`)."""
         from .build import prebuild_many

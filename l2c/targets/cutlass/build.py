@@ -315,6 +315,19 @@ def compile_source(source: str, name: str) -> Path:
     return outcome
 
 
+def cached_library(source: str, name: str) -> Optional[Path]:
+    """The library of this source in the build cache, or None: loading it then runs no compiler."""
+    try:
+        nvcc, no_nvcc = find_nvcc(), ""
+    except BuildError as err:
+        nvcc, no_nvcc = None, str(err)
+    try:
+        job = _job(source, name, nvcc, no_nvcc)
+    except BuildError:
+        return None
+    return job.library if job.library.exists() else None
+
+
 # ---- build --------------------------------------------------------------------------------------------
 
 def build_cutlass(valid: ValidSpec) -> CutlassKernel:

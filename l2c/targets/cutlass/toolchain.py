@@ -10,9 +10,10 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from importlib import metadata
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 from ... import settings
 from ... import cache
@@ -62,12 +63,20 @@ def find_nvcc() -> str:
                      "put its bin/ folder on PATH.")
 
 
-@functools.lru_cache(maxsize=None)
+_versions: Dict[str, str] = {}
+_versions_lock = threading.Lock()
+
+
 def nvcc_version(nvcc: str) -> str:
-    done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise BuildError(f"{nvcc} --version failed: {done.stderr.strip()}")
-    return done.stdout.strip()
+    """`nvcc --version`, asked once per process: a caller arriving while another thread asks (l2c.dispatch asks at
+    import) waits for that answer rather than starting a second nvcc."""
+    with _versions_lock:
+        if nvcc not in _versions:
+            done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise BuildError(f"{nvcc} --version failed: {done.stderr.strip()}")
+            _versions[nvcc] = done.stdout.strip()
+        return _versions[nvcc]
 
 
 def cuda_release(version: str) -> str:

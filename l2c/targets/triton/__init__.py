@@ -20,6 +20,12 @@ class TritonTarget(Target):
         from .build import build_triton
         return build_triton(valid)
 
+    def built(self, valid) -> bool:
+        """Only under the interpreter, where nothing compiles: on a GPU the JIT compiles at the first launch, or
+        loads its own cache's binary, and which of the two l2c cannot tell beforehand."""
+        from .build import interpreting
+        return interpreting()
+
     def prebuild(self, valid) -> str:
         """Generated, imported and, unless Triton is interpreting, compiled for the spec's arch with Triton's own
         compiler, so a kernel the GPU compiler rejects fails here."""
