@@ -492,25 +492,38 @@ def precompile(fn, *args, timeout: Optional[float] = None, **kwargs):
 
 
 def _compile_front_end() -> None:
-    """Build the .l2 parser and compile the kernel templates at import: the first call of a tuned signature parses
-    its entry's spec and renders it (for the build key) before it can look up a prebuilt kernel, and the two
-    one-time costs (about 70 and 50 ms on a 2-core host) would otherwise land on that call."""
+    """Build the .l2 parser, compile the kernel templates and take one spec through parse, validate and render for
+    each target at import: the first call of a tuned signature parses its entry's spec and renders it (for the
+    build key) before it can look up a prebuilt kernel, and the one-time costs (the parser, the templates, the
+    lexer's regular expressions, compiled at a first parse, and the modules the stages import: 150 ms on a 2-core
+    host) would otherwise land on that call."""
     from .grammar import lark_parser
-    from .lower import environment
+    from .ir import KernelSpec
+    from .lower import environment, render
+    from .validate import validate
     lark_parser()
     env = environment()
     for name in env.list_templates(filter_func=lambda name: name.endswith(".j2")):
         env.get_template(name)
+    spec = parse_one(KernelSpec(name="warm", epilogue_bias="col").to_l2(), file="<import>")
+    for target in targets.TARGETS:
+        try:
+            render(validate(spec, target, "sm_90"))
+        except L2Error:   # the warm-up spec not valid for a target: the first call pays that target's imports
+            pass
+    from . import build, verified  # noqa: F401 - imported here, not on a first call
     threading.Thread(target=_query_toolchains, name="l2c-toolchains", daemon=True).start()
 
 
 def _query_toolchains() -> None:
     """Each target's toolchain id (nvcc's version: a subprocess of some 20-50 ms), asked once off the calling
-    thread so that the first tuned call finds it cached, and CUTLASS's call-plan shim (a C compile of about 0.1 s,
-    once per machine) built; a toolchain that is missing or broken is the build's concern, reported there."""
+    thread so that the first tuned call finds it cached, each target's builder imported, and CUTLASS's call-plan
+    shim (a C compile of about 0.1 s, once per machine) built; a toolchain that is missing or broken is the build's concern, reported there."""
+    import importlib
     for name in targets.TARGETS:
         try:
             targets.get(name).toolchain_id()
+            importlib.import_module(f"{targets.__name__}.{name}.build")   # the builder a first tuned call loads
         except Exception:  # noqa: BLE001 - the build reports it where it matters
             pass
     from .targets.cutlass import shim

@@ -70,23 +70,39 @@ def _confirm_main(index, problems, protocol, runner_kind, store_path, since, bud
 
 def prebuild_leaders(problems: Sequence[Problem], store: Store, gpu: str, protocol: str, budget: int,
                      compile_workers: int, log: Callable[[str], None] = print) -> int:
-    """Build every spec confirm_leaders may measure, `compile_workers` processes at a time, before it measures any.
+    """Build every CUTLASS spec confirm_leaders may measure that is not built yet, `compile_workers` processes at a
+    time, before it measures any.
 
     The leaders it measures are always a prefix of the stored order (a re-measured leader either holds or falls
     below the next one), so the top `budget` results per shape are all it can need. After a template change every
     stored CUTLASS leader needs nvcc again, which one measuring process would otherwise do one at a time; the
-    compile pool builds them all at once, several to an nvcc run. A spec that fails to build is measured (and
+    compile pool builds them all at once, several to an nvcc run. Leaders already built (those the tune just ran)
+    and Triton leaders (compiled at their first launch in the measuring process, from Triton's cache when the tune
+    just ran them) are left alone: a pool costs seconds to start. A spec that fails to build is measured (and
     recorded) as failed by confirm_leaders."""
     if compile_workers < 1:
         return 0
-    wanted = sorted({(r.spec, r.target, p.arch) for p in problems for r in store.top(p.key(), gpu, protocol, budget)})
+    from ..errors import L2Error
+    from ..targets import get as get_target
+    from ..validate import validate
+    wanted = []
+    for text, target, arch in sorted({(r.spec, r.target, p.arch) for p in problems
+                                      for r in store.top(p.key(), gpu, protocol, budget)}):
+        if target != "cutlass":
+            continue
+        try:
+            if get_target(target).built(validate(parse_one(text), target, arch)):
+                continue
+        except L2Error:
+            pass   # measured, and recorded as failed, by confirm_leaders
+        wanted.append((text, target, arch))
     if not wanted:
         return 0
     start = time.perf_counter()
     with CompilePool(compile_workers) as pool:
         built = pool.build([(parse_one(text), target, arch) for text, target, arch in wanted])
     failures = sum(1 for b in built if b.failure is not None)
-    log(f"confirmation: built {len(wanted)} stored leader(s) ahead, {compile_workers} at a time "
+    log(f"confirmation: built {len(wanted)} stored CUTLASS leader(s) ahead, {compile_workers} at a time "
         f"({failures} failed to build: they will be recorded as failed); build {sum(b.seconds for b in built):.1f} s "
         f"of compile-pool time in {time.perf_counter() - start:.1f} s")
     return len(wanted)

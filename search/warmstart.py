@@ -76,7 +76,9 @@ def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=No
                 tried.add(point_key(params))
                 added["pack"] += 1
     if policy is not None and cfg.warm_start > added["pack"]:
-        for params in policy.propose(problem, cfg.targets, cfg.warm_start - added["pack"]):
+        # the CUTLASS share of the warm start is the pack's, ranked by the policy: its own proposals take the rest
+        others = tuple(t for t in cfg.targets if t != "cutlass") if added["pack"] else cfg.targets
+        for params in policy.propose(problem, others or cfg.targets, cfg.warm_start - added["pack"]):
             if point_key(params) in tried:
                 continue
             study.enqueue_trial(params, user_attrs={"source": "policy"}, skip_if_exists=True)

@@ -3,7 +3,8 @@
 A trial goes: ask -> define-by-run point (space.suggest_params) -> validation (an invalid point is told
 PRUNED with its rule and never built) -> duplicate check (a point already evaluated in the study is
 PRUNED, not re-run) -> results-store lookup (a result measured before, e.g. before a crash, is reused)
--> compile (for runners that declare `uses_compile_pool`, the round's candidates go to the CPU processes of
+-> a sampled new CUTLASS kernel set aside while the pack holds untried ones for the problem (PRUNED, a prebuilt
+point enqueued instead: no nvcc) -> compile (for runners that declare `uses_compile_pool`, the round's candidates go to the CPU processes of
 search/compile_pool.py, CUTLASS ones several to an nvcc run) -> evaluate on this process's GPU -> store -> tell
 (with the trial's build and measure seconds as user attrs `build_s` and `measure_s`, for search/progress.py).
 The objective is the speedup over torch.matmul; a build or verify failure is told FAIL with its reason and can
@@ -51,6 +52,7 @@ class StudyWorker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.pending: List[_Pending] = []     # asked, building or built, not yet evaluated
         self._last_reclaim = 0.0
+        self._prebuilt: Optional[List[Dict[str, object]]] = None   # the problem's prebuilt CUTLASS points
 
     def done(self) -> bool:
         trials = self.study.get_trials(deepcopy=False)
@@ -84,7 +86,7 @@ class StudyWorker:
             t.set_user_attr("tflops", r.tflops)
             t.set_user_attr("baseline_tflops", r.baseline_tflops)
             self.study.tell(t, r.speedup)
-        elif r.status in ("invalid", "duplicate"):
+        elif r.status in ("invalid", "duplicate", "deferred"):
             self.study.tell(t, state=TrialState.PRUNED)
         else:
             self.study.tell(t, state=TrialState.FAIL)
@@ -112,11 +114,35 @@ class StudyWorker:
                 r = self._result(p, "duplicate", reason=f"same point as trial {t.number}")
                 self._tell(p, r)
                 return None
+        if self._defer_new_cutlass(trial, params):
+            self._tell(p, self._result(p, "deferred", reason="a new CUTLASS kernel waits until the prebuilt ones "
+                                                           "for this problem are tried"))
+            return None
         p.cached = self.store.get(self.problem.key(), p.spec.to_l2(), params[TARGET_PARAM], self.runner.gpu,
                                   self.runner.protocol)
         if p.cached is not None and p.cached.status not in COUNTED:
             p.cached = None
         return p
+
+    def _defer_new_cutlass(self, trial, params: Dict[str, object]) -> bool:
+        """A new CUTLASS kernel costs an nvcc run (40-60 s of a core) where one the pack holds costs none: while the
+        pack holds points of this problem the study has not run (`warmstart.prebuilt_points`), a sampled new one
+        is set aside (PRUNED, not counted against the budget) and the next prebuilt point enqueued in its place.
+        Enqueued points (seeds, policy and LLM proposals) always run."""
+        if params[TARGET_PARAM] != "cutlass" or "source" in trial.user_attrs:
+            return False
+        if self._prebuilt is None:
+            from .warmstart import prebuilt_points
+            self._prebuilt = prebuilt_points(self.problem, getattr(self.study.sampler, "policy", None))
+        if point_key(params) in {point_key(q) for q in self._prebuilt}:
+            return False
+        tried = {point_key(t.params or t.system_attrs.get("fixed_params", {}))
+                 for t in self.study.get_trials(deepcopy=False) if t.number != trial.number}
+        for q in self._prebuilt:
+            if point_key(q) not in tried:
+                self.study.enqueue_trial(q, user_attrs={"source": "pack"}, skip_if_exists=True)
+                return True
+        return False
 
     def idle(self) -> bool:
         """Nothing in flight and the budget spent: this study is finished for this worker.

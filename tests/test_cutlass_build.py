@@ -252,3 +252,30 @@ def test_swizzle_examples_from_the_h200_screens(built):
     assert kernels["swap_192"].swizzle(12288, 2048) == 8
     assert kernels["coop_fused"].swizzle(4096, 4096) == 8
     assert kernels["coop_fused"].swizzle(1100, 4096) == 1   # 9 tiles along M: any swizzle pads them
+
+
+def test_nvcc_version_is_asked_once_per_binary_and_remembered_in_the_cache(tmp_path, monkeypatch):
+    """The toolchain id's `nvcc --version` is kept in the cache for that binary (resolved path, size, modification
+    time): a later process reads it without running nvcc; a binary that changed is asked again."""
+    import shutil
+    from l2c.targets.cutlass import toolchain
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    nvcc = toolchain.find_nvcc()
+    monkeypatch.setattr(toolchain, "_versions", {})
+    first = toolchain.nvcc_version(nvcc)
+    assert first.startswith("nvcc: NVIDIA")
+    ran = []
+    real_run = toolchain.subprocess.run
+    monkeypatch.setattr(toolchain.subprocess, "run", lambda *a, **kw: ran.append(a) or real_run(*a, **kw))
+    monkeypatch.setattr(toolchain, "_versions", {})            # a new process: only the cache remembers
+    assert toolchain.nvcc_version(nvcc) == first and not ran
+    copy = tmp_path / "bin" / "nvcc"
+    copy.parent.mkdir()
+    shutil.copy2(os.path.realpath(nvcc), copy)
+    os.utime(copy, ns=(1, 1))                                   # another binary: asked again
+    monkeypatch.setattr(toolchain, "_versions", {})
+    try:
+        toolchain.nvcc_version(str(copy))
+    except BuildError:
+        pass   # a copied nvcc may not find its toolkit; what matters is that it was run
+    assert ran

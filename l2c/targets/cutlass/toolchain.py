@@ -68,14 +68,24 @@ _versions_lock = threading.Lock()
 
 
 def nvcc_version(nvcc: str) -> str:
-    """`nvcc --version`, asked once per process: a caller arriving while another thread asks (l2c.dispatch asks at
-    import) waits for that answer rather than starting a second nvcc."""
+    """`nvcc --version` (a subprocess of 20-50 ms), asked once per process and remembered in the cache for that
+    nvcc binary (its resolved path, size and modification time), so a later process's first tuned call does not
+    wait for it. A caller arriving while another thread asks (l2c.dispatch asks at import) waits for that answer
+    rather than starting a second nvcc."""
     with _versions_lock:
         if nvcc not in _versions:
-            done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise BuildError(f"{nvcc} --version failed: {done.stderr.strip()}")
-            _versions[nvcc] = done.stdout.strip()
+            real = os.path.realpath(nvcc)
+            stat = os.stat(real)
+            records = cache.KeyedRecords("toolchain", "nvcc", {"path": real, "size": str(stat.st_size),
+                                                               "mtime_ns": str(stat.st_mtime_ns)})
+            known = records.entries.get("version")
+            if not isinstance(known, str):
+                done = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise BuildError(f"{nvcc} --version failed: {done.stderr.strip()}")
+                known = done.stdout.strip()
+                records.put("version", known)
+            _versions[nvcc] = known
         return _versions[nvcc]
 
 
