@@ -95,6 +95,16 @@ def _graph_needs_torch(activation, out, a, b, bias) -> bool:
     return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
 
 
+class _AnyShape:
+    """Holds every (N, K): the `served_nk` of a dispatcher that tunes online."""
+
+    def __contains__(self, nk) -> bool:
+        return True
+
+
+_ANY_SHAPE = _AnyShape()
+
+
 class Dispatcher:
     """Resolves calls to tuned kernels; one per process (see `default_dispatcher`)."""
 
@@ -108,6 +118,11 @@ class Dispatcher:
             from .devices import gpu_identity
             from .online import Decisions
             self.decisions = Decisions(*gpu_identity())
+        # the (N, K) of a plain call some entry may serve, as a weight's shape (`linear`, l2c.nn.Linear) and as b's
+        # (K, N) (l2c.ops.matmul): a call whose shape is not here is torch's after one set lookup; online tuning
+        # may serve any shape
+        self.served_nk = _ANY_SHAPE if self.online else frozenset(table.served_m if table is not None else ())
+        self.served_kn = _ANY_SHAPE if self.online else frozenset((k, n) for n, k in self.served_nk)
         self.allow_cpu = allow_cpu
         self.prepare = prepare or prepare_mode()
         self.preparer = Preparer()
@@ -382,8 +397,12 @@ class Dispatcher:
             n = weight.shape[0]
             y = self._addmm(x.reshape(-1, x.shape[-1]), weight.t(), bias, activation, None, residual.reshape(-1, n))
             return y.reshape(*x.shape[:-1], n)
+        if weight.shape not in self.served_nk:   # the hot unserved path: no entry for this (N, K), F.linear
+            self.stats["fallback"] += 1
+            y = F.linear(x, weight, bias)
+            return y if activation is None else activate(y, check_activation(activation))
         n, k = weight.shape if weight.ndim == 2 else (0, 0)
-        if not (k and x.ndim and self.may_serve(x.numel() // k, n, k)):   # the hot unserved path: F.linear
+        if not (k and x.ndim and self.may_serve(x.numel() // k, n, k)):
             self.stats["fallback"] += 1
             y = F.linear(x, weight, bias)
             return y if activation is None else activate(y, check_activation(activation))

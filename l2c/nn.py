@@ -38,12 +38,12 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`activation(x @ W^T + b)`, or `residual + x @ W^T + b` (the residual added in the GEMM's epilogue)."""
-        if not torch.compiler.is_compiling():   # eager: straight to the dispatcher (F.linear when unserved)
-            dispatcher = dispatch._default or default_dispatcher()
-            if self.activation is None and residual is None and self.in_features \
-                    and not dispatcher.may_serve(x.numel() // self.in_features, self.out_features, self.in_features):
-                dispatcher.stats["fallback"] += 1   # dispatcher.linear's first test, without its call: the hot path
-                return F.linear(x, self.weight, self.bias)
+        dispatcher = dispatch._default or default_dispatcher()
+        if self.activation is None and residual is None \
+                and (self.out_features, self.in_features) not in dispatcher.served_nk:
+            dispatcher.stats["fallback"] += 1   # no entry for this (N, K): F.linear, eager and traced alike
+            return F.linear(x, self.weight, self.bias)
+        if not torch.compiler.is_compiling():   # eager: straight to the dispatcher
             return dispatcher.linear(x, self.weight, self.bias, self.activation, residual=residual)
         lead = x.shape[:-1]
         y = matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, activation=self.activation,

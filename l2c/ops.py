@@ -78,7 +78,16 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     (added in the kernel's epilogue as its C input; no activation with it).
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
-    dispatcher = dispatch._default or default_dispatcher()
+    return matmul_with(dispatch._default or default_dispatcher(), a, b, bias, activation, out, residual)
+
+
+def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`matmul` through `dispatcher` (what `l2c bench dispatch:TABLE` times: a user's call with another table)."""
+    if residual is None and bias is None and activation is None and b.shape not in dispatcher.served_kn:
+        dispatcher.stats["fallback"] += 1   # no entry for this (N, K): torch, in eager mode and traced alike
+        return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
     if torch.compiler.is_compiling() and out is None and a.dim() == 2 and b.dim() == 2:
         if residual is not None:
             if check_activation(activation) != "none":

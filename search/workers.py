@@ -129,7 +129,10 @@ class StudyWorker:
         pack holds points of this problem the study has not run (`warmstart.prebuilt_points`), a sampled new one
         is set aside (PRUNED, not counted against the budget) and the next prebuilt point enqueued in its place.
         Enqueued points (seeds, policy and LLM proposals) always run."""
-        if params[TARGET_PARAM] != "cutlass" or "source" in trial.user_attrs:
+        if params[TARGET_PARAM] != "cutlass":
+            return False
+        trials = self.study.get_trials(deepcopy=False)
+        if any(t.number == trial.number and "fixed_params" in t.system_attrs for t in trials):   # enqueued: runs
             return False
         if self._prebuilt is None:
             from .warmstart import prebuilt_points
@@ -137,7 +140,7 @@ class StudyWorker:
         if point_key(params) in {point_key(q) for q in self._prebuilt}:
             return False
         tried = {point_key(t.params or t.system_attrs.get("fixed_params", {}))
-                 for t in self.study.get_trials(deepcopy=False) if t.number != trial.number}
+                 for t in trials if t.number != trial.number}
         for q in self._prebuilt:
             if point_key(q) not in tried:
                 self.study.enqueue_trial(q, user_attrs={"source": "pack"}, skip_if_exists=True)

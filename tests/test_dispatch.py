@@ -54,6 +54,32 @@ def test_a_kernel_never_serves_an_m_outside_what_was_measured_for_it(rows, m):
         assert hit.m == m or (hit.serves_range and hit.m_lo <= m <= hit.m_hi)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([32, 48, 64]), st.sampled_from([32, 40]), st.integers(1, 64),
+                          st.booleans()), min_size=0, max_size=6),
+       st.sampled_from([32, 48, 64]), st.sampled_from([32, 40]), st.integers(1, 64))
+def test_the_shape_prefilter_sends_to_torch_only_what_no_entry_may_serve(rows, n, k, m):
+    """l2c.matmul's and nn.Linear's first test (b's (K, N), the weight's (N, K) against the dispatcher's sets) never
+    sends a call to torch that the table may serve: whatever it lets through, may_serve decides."""
+    table = TunedTable([entry(em, en, ek, m_range=(1, em) if ranged else None) for en, ek, em, ranged in rows])
+    dispatcher = Dispatcher(table, allow_cpu=True, online=False)
+    if table.may_serve(m, n, k):
+        assert (k, n) in dispatcher.served_kn and (n, k) in dispatcher.served_nk
+    assert ((k, n) in dispatcher.served_kn) == ((n, k) in dispatcher.served_nk)
+    assert (7, 7) in Dispatcher(None, allow_cpu=True, online=True).served_kn    # online: any shape may be tuned
+
+
+def test_calls_no_entry_may_serve_are_torch_and_counted():
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True)
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    v = torch.randn(40, dtype=torch.float16)
+    for args in ((a, v), (a[:, :32], w[:, :32].t()), (a.float(), w.float().t()[:, :7])):
+        torch.testing.assert_close(l2c.matmul(*args), torch.matmul(*args))
+    assert l2c.nn.Linear(40, 7)(a.float()).shape == (32, 7)
+    assert dispatcher.stats == {"tuned": 0, "fallback": 4}
+    set_tuned_table(None)
+
+
 def test_entries_slower_than_cublas_are_never_chosen():
     table = TunedTable([entry(128, 64, 32, tflops=0.9, baseline=1.0)])
     assert table.lookup("f16", "row,col,row", 128, 64, 32) is None and len(table) == 0

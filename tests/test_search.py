@@ -358,7 +358,8 @@ def test_policy_save_load_and_proposals_are_valid(tmp_path):
     sampler = PolicySampler(again, p, ["triton", "cutlass"], fraction=0.5, seed=0)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), TuneConfig(n_trials=12))])
-    assert {t.user_attrs["source"] for t in study.trials} == {"policy", "tpe"}
+    sources = {t.user_attrs["source"] for t in study.trials}   # pack: prebuilt CUTLASS points run before new ones
+    assert {"policy", "tpe"} <= sources <= {"policy", "tpe", "pack"}
 
 
 def test_a_policy_saved_before_the_space_grew_loads_as_itself(tmp_path):
