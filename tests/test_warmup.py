@@ -70,3 +70,34 @@ def test_warmup_of_a_file_that_is_not_a_table_is_one_line(tmp_path, no_nvcc_env)
     bad.write_text("{")
     done = _warmup(bad, env=no_nvcc_env)
     assert done.returncode == 2 and "Traceback" not in done.stderr and "bad.json" in done.stderr
+
+
+def test_warmup_records_each_verified_kernel_so_a_later_process_serves_it_from_its_first_call(tmp_path, monkeypatch):
+    """What `l2c warmup` does on a GPU, here on the interpreter: each served kernel is verified at the shape it serves
+    and the pass recorded under the job a call at that shape makes; a dispatcher of a later process then serves the
+    kernel from its first call, with no worker."""
+    import torch
+    import l2c
+    from l2c.commands.warmup import verify_served
+    from l2c.dispatch import set_tuned_table
+    from l2c.parser import parse_one
+    from l2c.build import build
+    from l2c.tuned_table import load_table, served_kernels
+    from l2c.validate import validate
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "cache"))
+    spec = KernelSpec(name="w", target="triton", problem_m="any", problem_n="any", problem_k="any", tile_m=16,
+                      tile_n=16, tile_k=16, layout_b="col", swizzle_group=1, launch_warps=4)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": 1, "arch": "sm_90", "protocol": "kernel", "entries": [
+        {"m": 32, "n": 48, "k": 40, "batch": 1, "dtype": "f16", "layout": "row,col,row", "target": "triton",
+         "spec": spec.to_l2(), "tflops": 2.0, "baseline_tflops": 1.0}]}))
+    table = load_table(path)
+    built = [(k, validate(parse_one(k.spec_text), k.target, "sm_90")) for k in served_kernels(table)]
+    for _, valid in built:
+        build(valid)
+    assert len(built) == 2 and verify_served(built, "cpu") == 0        # with and without a bias
+    dispatcher = set_tuned_table(table, allow_cpu=True, prepare="background")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    torch.testing.assert_close(l2c.matmul(a, w.t()).float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats == {"tuned": 1, "fallback": 0} and not dispatcher.preparer.seconds
+    set_tuned_table(None)

@@ -4,8 +4,10 @@ The dispatcher never blocks a call on a compiler: a kernel that is not built yet
 while torch serves the call. Whoever wants the tuned path from the first call runs this once per machine (or
 `l2c.precompile(model, example_input)` in the process itself): CUTLASS libraries land in the build cache (from the
 prebuilt pack or nvcc, several kernels per nvcc run, `-j` runs at once), Triton modules are generated and, with a GPU, compiled into Triton's cache
-by their first launch, and each kernel is checked against the reference at a shape it serves. A kernel that fails
-is named with the reason and the command exits 1; the dispatcher then falls back to torch for it, as it would.
+by their first launch, and each kernel is checked against the reference at a shape it serves. Each pass is recorded
+for the GPU, driver and l2c version (`l2c.verified`), so every later process serves those kernels from its first
+call. A kernel that fails is named with the reason and the command exits 1; the dispatcher then falls back to
+torch for it, as it would.
 """
 from __future__ import annotations
 
@@ -79,15 +81,28 @@ def run(args) -> int:
         else:
             built.append(job)
     if device == "cuda":
-        from ..prepare import Job, prepare_one
-        for i, (kernel, valid) in enumerate(built, 1):
-            start = time.perf_counter()
-            ok, reason, _ = prepare_one(Job(kernel.spec_text, kernel.target, valid.arch.name, kernel.m, kernel.n,
-                                            kernel.k, "cuda"))
-            state = "verified" if ok else f"FAILED ({reason})"
-            unverified += not ok
-            print(f"[{i}/{len(built)}] {state} {valid.name} at {kernel.m}x{kernel.n}x{kernel.k} in "
-                  f"{time.perf_counter() - start:.1f}s", flush=True)
+        unverified = verify_served(built, device)
     failed = invalid + unbuilt + unverified
     print(f"{len(built) - unverified} ready, {failed} failed", file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0
+
+
+def verify_served(built, device: str) -> int:
+    """Check each built (served kernel, ValidSpec) at the shape it serves, as the dispatcher's worker would, and
+    record each pass (`l2c.verified`) under the job a call at that shape makes; the number that failed."""
+    from ..devices import gpu_identity
+    from ..prepare import Job, prepare_one
+    from ..verified import VerifiedKernels
+    records = VerifiedKernels(*gpu_identity())
+    failed = 0
+    for i, (kernel, valid) in enumerate(built, 1):
+        start = time.perf_counter()
+        job = Job(kernel.spec_text, kernel.target, valid.arch.name, kernel.m, kernel.n, kernel.k, device)
+        ok, reason, _ = prepare_one(job)
+        if ok:
+            records.record(job)
+        failed += not ok
+        state = "verified" if ok else f"FAILED ({reason})"
+        print(f"[{i}/{len(built)}] {state} {valid.name} at {kernel.m}x{kernel.n}x{kernel.k} in "
+              f"{time.perf_counter() - start:.1f}s", flush=True)
+    return failed
