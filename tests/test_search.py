@@ -893,3 +893,13 @@ def test_runners_and_our_mixing_sampler_declare_what_the_search_calls():
     assert issubclass(PolicySampler, SourcedSampler)
     assert source_of(optuna.samplers.RandomSampler(), 0) == "random"
     assert source_of(optuna.samplers.TPESampler(), 0) == "tpe"
+
+
+def test_a_store_trained_policy_replaces_the_shipped_one_only_once_the_store_is_as_large():
+    from l2c.commands.tune import MIN_STORE_RESULTS, policy_source
+    assert policy_source("auto", False, 35, 4965) == "shipped"          # one tune's results do not undo 4,965
+    assert policy_source("auto", False, 4965, 4965) == "store"
+    assert policy_source("auto", False, MIN_STORE_RESULTS - 1, None) == "none"
+    assert policy_source("auto", False, MIN_STORE_RESULTS, None) == "store"
+    assert policy_source("my.pt", True, 0, None) == "file"
+    assert policy_source("my.pt", False, MIN_STORE_RESULTS, None) == "store"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional
 
 
 def add_parser(sub) -> None:
@@ -56,8 +57,22 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+MIN_STORE_RESULTS = 20   # results a store needs before a policy is trained on it
+
 _CAVEAT = {"model": "; analytic cost MODEL, not a measurement",
            "interpreter": "; CPU interpreter, not a performance figure"}
+
+
+def policy_source(policy_arg: str, file_exists: bool, stored: int, shipped_trained_on: Optional[int]) -> str:
+    """Which policy a tune starts from: "file" (`--policy PATH` that exists), "store" (trained on the store's
+    results for this GPU and protocol), "shipped" or "none". A policy trained on the store replaces the shipped one
+    only once the store holds as many results as that one learned from: one tune's few dozen results would
+    otherwise undo thousands."""
+    if policy_arg != "auto" and file_exists:
+        return "file"
+    if stored >= max(MIN_STORE_RESULTS, shipped_trained_on or 0):
+        return "store"
+    return "shipped" if shipped_trained_on is not None else "none"
 
 
 def _shipped_policy(args, log):
@@ -150,23 +165,25 @@ def run(args) -> int:
         from l2c.search.policy import Policy, default_policy_path
         save_path = default_policy_path(store.path) if args.policy == "auto" else Path(args.policy)
         n = sum(1 for _ in store.results(gpu=gpu, protocol=args.protocol)) if gpu else 0
-        if args.policy != "auto" and save_path.exists():
+        shipped, shipped_path = _shipped_policy(args, log) if args.policy == "auto" else (None, None)
+        source = policy_source(args.policy, save_path.exists(), n, shipped.trained_on if shipped else None)
+        if source == "file":
             policy, policy_path = Policy.load(save_path), save_path
             log(f"policy loaded from {save_path} (trained on {policy.trained_on} results)")
-        elif n >= 20:
+        elif source == "store":
             policy = Policy(seed=args.seed or 0)
             policy.fit_store(store, gpu=gpu, protocol=args.protocol)
             policy.save(save_path)
             policy_path = save_path
             log(f"policy trained on {n} stored results for {gpu}/{args.protocol}; saved to {save_path}")
+        elif source == "shipped":
+            policy, policy_path = shipped, shipped_path
+            log(f"policy: {n} stored results for this GPU and protocol, fewer than the {shipped.trained_on} "
+                f"measured results the policy shipped for {args.arch} learned from; starting from it ({policy_path})")
         else:
-            policy, policy_path = _shipped_policy(args, log) if args.policy == "auto" else (None, None)
-            if policy is not None:
-                log(f"policy: only {n} stored results for this GPU and protocol; starting from the policy shipped "
-                    f"for {args.arch} ({policy_path}, trained on {policy.trained_on} measured results)")
-            else:
-                log(f"policy: only {n} stored results for this GPU and protocol; searching with "
-                    f"{'TPE' if args.sampler in ('auto', 'policy') else args.sampler} alone until there are more")
+            log(f"policy: only {n} stored results for this GPU and protocol; searching with "
+                f"{'TPE' if args.sampler in ('auto', 'policy') else args.sampler} alone until there are "
+                f"{MIN_STORE_RESULTS}")
         if policy is None and cfg.sampler == "policy":
             cfg.sampler = "tpe"
 
