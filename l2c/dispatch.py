@@ -132,6 +132,9 @@ class Dispatcher:
         # (deriving the job parses and renders the entry's spec: about 2.5 ms a call on the H200's host)
         self._jobs: Dict[Tuple, Optional[Job]] = {}
         self._ran: set = set()          # (call signature, kernel) pairs that ran eagerly: may serve in a capture
+        # (call signature, activation argument) -> the kernel that served such a plain call eagerly (no out=, no
+        # autograd): the steady-state path, one lookup and the launch (`_served_call`)
+        self._served: Dict[Tuple, Callable] = {}
         self._verified = None           # this GPU's VerifiedKernels, read at the first job (l2c.verified)
         self._lock = threading.Lock()
         self.stats = {"tuned": 0, "fallback": 0}
@@ -325,9 +328,31 @@ class Dispatcher:
         any lookup."""
         return (self.online and gate == "none") or (self.table is not None and self.table.may_serve(m, n, k, gate))
 
+    def _served_call(self, a, b, bias, activation, tensors):
+        """The result of the kernel that served this signature eagerly before (no checks left to make but the
+        kernel's own per-call ones), or None: not served before, or the kernel declined this call."""
+        kernel = self._served.get((tensors, activation))
+        if kernel is None:
+            return None
+        try:
+            y = kernel.call_planned(tensors, a, b, bias)
+        except ValueError as err:   # this call only (e.g. a misaligned pointer): the full path decides
+            log.debug("tuned kernel declined the call (%s)", err)
+            return None
+        self.stats["tuned"] += 1
+        return y
+
     def matmul(self, a, b, bias=None, activation=None, out=None, residual=None):
         if residual is not None:
             return self._addmm(a, b, bias, activation, out, residual)
+        grad = _needs_grad(a, b, bias)
+        plain = out is None and not grad
+        if plain:
+            tensors = call_signature(a, b, bias)
+            y = self._served_call(a, b, bias, activation, tensors)
+            if y is not None:
+                return y
+        asked = activation
         if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]):
             self.stats["fallback"] += 1
             if bias is None and activation is None:   # the hot unserved path: one torch call
@@ -338,9 +363,13 @@ class Dispatcher:
             self.stats["fallback"] += 1
             return torch_matmul(a, b, bias, activation, out)
         tensors = call_signature(a, b, bias)
-        result = self._run_tuned(self.resolve(a, b, bias, activation, tensors), a, b, bias, out, tensors,
-                                 _needs_grad(a, b, bias))
-        return result if result is not None else torch_matmul(a, b, bias, activation, out)
+        kernel = self.resolve(a, b, bias, activation, tensors)
+        result = self._run_tuned(kernel, a, b, bias, out, tensors, grad)
+        if result is None:
+            return torch_matmul(a, b, bias, activation, out)
+        if plain and tensors is not None:
+            self._served[(tensors, asked)] = kernel
+        return result
 
     def _addmm(self, a, b, bias, activation, out, residual):
         """residual + a @ b (+ bias): the served kernel adds the residual as its C input (beta=1), torch in addmm."""
@@ -401,22 +430,32 @@ class Dispatcher:
             self.stats["fallback"] += 1
             y = F.linear(x, weight, bias)
             return y if activation is None else activate(y, check_activation(activation))
+        grad = _needs_grad(x, weight, bias)
+        if not grad and x.ndim:   # served before for this signature: the launch and nothing else
+            x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+            w_t = weight.t()
+            tensors = call_signature(x2, w_t, bias)
+            y = self._served_call(x2, w_t, bias, activation, tensors)
+            if y is not None:
+                return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
         n, k = weight.shape if weight.ndim == 2 else (0, 0)
         if not (k and x.ndim and self.may_serve(x.numel() // k, n, k)):
             self.stats["fallback"] += 1
             y = F.linear(x, weight, bias)
             return y if activation is None else activate(y, check_activation(activation))
-        activation = check_activation(activation)
+        asked, activation = activation, check_activation(activation)
         if _graph_needs_torch(activation, None, x, weight, bias):
             self.stats["fallback"] += 1
             return activate(F.linear(x, weight, bias), activation)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()
         tensors = call_signature(x2, w_t, bias)
-        y = self._run_tuned(self.resolve(x2, w_t, bias, activation, tensors), x2, w_t, bias, None, tensors,
-                            _needs_grad(x2, w_t, bias))
+        kernel = self.resolve(x2, w_t, bias, activation, tensors)
+        y = self._run_tuned(kernel, x2, w_t, bias, None, tensors, grad)
         if y is None:
             return activate(F.linear(x, weight, bias), activation)
+        if not grad and tensors is not None:
+            self._served[(tensors, asked)] = kernel
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
 
     def wait(self, timeout: Optional[float] = None) -> bool:
