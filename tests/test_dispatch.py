@@ -170,6 +170,15 @@ def test_steady_state_resolution_still_tells_signatures_apart():
     # and the first signature still runs the tuned kernel
     l2c.matmul(a, w.t())
     assert dispatcher.stats == {"tuned": 3, "fallback": 2}
+    # same signature, another epilogue: its own kernel (the fused activation), not the plain one served before
+    for _ in range(2):
+        y = l2c.matmul(a, w.t(), activation="relu")
+        assert torch.allclose(y.float(), (a.float() @ w.float().t()).relu(), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats == {"tuned": 5, "fallback": 2}
+    # and through nn.Linear's path (x @ W^T): the plain kernel again, from the same served signature
+    y = dispatcher.linear(a, w)
+    assert torch.allclose(y.float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats == {"tuned": 6, "fallback": 2}
     set_tuned_table(None)
 
 
