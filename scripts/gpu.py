@@ -128,8 +128,9 @@ STAGES: Dict[str, Stage] = {
                    "max-autotune, l2c, l2c under torch.compile (examples/llama_e2e.py)", _model),
     "grid": Stage("the 1,000-shape grid: cuBLAS against itself (the noise floor) and the eager table", _grid),
     "cublas": Stage("which kernels cuBLAS runs on the decoding shapes (its tiles, split-K)", _cublas),
-    "zerowait": Stage("issue #19 with empty caches: first calls of a prebuilt and of an unbuilt kernel against "
-                      "torch, CUTLASS build seconds per kernel, a one-shape l2c tune's wall time", _zerowait),
+    "zerowait": Stage("issue #19 with empty caches: first calls of a prebuilt kernel (a first and a later process) "
+                      "and of an unbuilt one against torch, CUTLASS build seconds per kernel, a one-shape l2c "
+                      "tune's wall time", _zerowait),
 }
 
 
