@@ -347,8 +347,8 @@ class Dispatcher:
             return self._addmm(a, b, bias, activation, out, residual)
         grad = _needs_grad(a, b, bias)
         plain = out is None and not grad
-        if plain:
-            tensors = call_signature(a, b, bias)
+        tensors = call_signature(a, b, bias) if plain else None
+        if plain:   # served before for this signature: the launch and nothing else
             y = self._served_call(a, b, bias, activation, tensors)
             if y is not None:
                 return y
@@ -362,7 +362,8 @@ class Dispatcher:
         if _graph_needs_torch(activation, out, a, b, bias):
             self.stats["fallback"] += 1
             return torch_matmul(a, b, bias, activation, out)
-        tensors = call_signature(a, b, bias)
+        if tensors is None:
+            tensors = call_signature(a, b, bias)
         kernel = self.resolve(a, b, bias, activation, tensors)
         result = self._run_tuned(kernel, a, b, bias, out, tensors, grad)
         if result is None:
@@ -431,6 +432,7 @@ class Dispatcher:
             y = F.linear(x, weight, bias)
             return y if activation is None else activate(y, check_activation(activation))
         grad = _needs_grad(x, weight, bias)
+        tensors = None
         if not grad and x.ndim:   # served before for this signature: the launch and nothing else
             x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
             w_t = weight.t()
@@ -447,9 +449,10 @@ class Dispatcher:
         if _graph_needs_torch(activation, None, x, weight, bias):
             self.stats["fallback"] += 1
             return activate(F.linear(x, weight, bias), activation)
-        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-        w_t = weight.t()
-        tensors = call_signature(x2, w_t, bias)
+        if tensors is None:
+            x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+            w_t = weight.t()
+            tensors = call_signature(x2, w_t, bias)
         kernel = self.resolve(x2, w_t, bias, activation, tensors)
         y = self._run_tuned(kernel, x2, w_t, bias, None, tensors, grad)
         if y is None:
