@@ -75,28 +75,39 @@ class StudyWorker:
                       source=p.source, params=p.params)
 
     def _tell(self, p: _Pending, r: Result, seconds: Optional[Dict[str, float]] = None) -> None:
+        """Record the outcome on the trial and tell it. A trial another worker told first is left as that worker
+        told it: SQLite cannot lock a row, so two processes may both pop one enqueued trial (Optuna's queue takes
+        the first that marks it running) and evaluate it; the second outcome is then dropped, the store keeps one
+        row for the point."""
         t = p.trial
-        t.set_user_attr("status", r.status)
-        t.set_user_attr("source", r.source)
-        for name, value in (seconds or {}).items():   # build_s, measure_s: where this trial's time went
-            t.set_user_attr(name, round(value, 3))
-        if r.reason:
-            t.set_user_attr("reason", r.reason[:500])
+        try:
+            t.set_user_attr("status", r.status)
+            t.set_user_attr("source", r.source)
+            for name, value in (seconds or {}).items():   # build_s, measure_s: where this trial's time went
+                t.set_user_attr(name, round(value, 3))
+            if r.reason:
+                t.set_user_attr("reason", r.reason[:500])
+            if r.status == "ok":
+                t.set_user_attr("tflops", r.tflops)
+                t.set_user_attr("baseline_tflops", r.baseline_tflops)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return
         if r.status == "ok":
-            t.set_user_attr("tflops", r.tflops)
-            t.set_user_attr("baseline_tflops", r.baseline_tflops)
-            self.study.tell(t, r.speedup)
+            self.study.tell(t, r.speedup, skip_if_finished=True)
         elif r.status in ("invalid", "duplicate", "deferred"):
-            self.study.tell(t, state=TrialState.PRUNED)
+            self.study.tell(t, state=TrialState.PRUNED, skip_if_finished=True)
         else:
-            self.study.tell(t, state=TrialState.FAIL)
+            self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
         if self.on_result:
             self.on_result(self, r)
 
     def _ask(self) -> Optional[_Pending]:
         trial = self.study.ask()
-        trial.set_user_attr("worker", self.worker_id)
-        params = suggest_params(trial, self.cfg.targets)
+        try:
+            trial.set_user_attr("worker", self.worker_id)
+            params = suggest_params(trial, self.cfg.targets)
+        except optuna.exceptions.UpdateFinishedTrialError:   # popped by another worker too, and told (see _tell)
+            return None
         p = _Pending(trial, params, self._source(trial))
         p.spec = spec_from_params(params, self.problem, generic=True)
         valid, reason = check_point(params, self.problem)
