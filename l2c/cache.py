@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator, Union
+from typing import Dict, Iterator, Optional, Union
 
 import filelock
 import platformdirs
@@ -77,6 +77,12 @@ class KeyedRecords:
         digest = content_hash(json.dumps(self.key, sort_keys=True))[:16]
         self.path = cache_dir(folder) / f"{prefix}_{digest}.json"
         self.entries: Dict[str, object] = self._on_disk()
+
+    @classmethod
+    def of_gpu(cls, folder: str, prefix: str, gpu: str, driver: str, version: Optional[str] = None) -> "KeyedRecords":
+        """The records of one GPU (name), driver and l2c version (this one unless given)."""
+        from . import __version__
+        return cls(folder, prefix, {"gpu": gpu, "driver": driver, "l2c": version or __version__})
 
     def _on_disk(self) -> Dict[str, object]:
         try:

@@ -24,6 +24,7 @@ whose shape no entry serves costs one set lookup on top of torch.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from importlib import resources
@@ -93,6 +94,17 @@ def _needs_grad(a, b, bias) -> bool:
 def _graph_needs_torch(activation, out, a, b, bias) -> bool:
     """A fused activation (or `out=`) has no backward here: where autograd records, torch serves the call."""
     return (activation != "none" or out is not None) and _needs_grad(a, b, bias)
+
+
+@functools.lru_cache(maxsize=None)
+def _validate_text(spec_text: str, target: str, arch: str):
+    from .validate import validate
+    return validate(parse_one(spec_text), target, arch)
+
+
+def _validated(job: Job):
+    """The ValidSpec of a job's kernel, parsed and validated once per process (L2Error if it does not validate)."""
+    return _validate_text(job.spec_text, job.target, job.arch)
 
 
 class _AnyShape:
@@ -185,9 +197,8 @@ class Dispatcher:
         key = (job.spec_text, job.target, job.arch)
         if key not in self._kernels:
             from .build import build
-            from .validate import validate
             try:
-                self._kernels[key] = build(validate(parse_one(job.spec_text), job.target, job.arch))
+                self._kernels[key] = build(_validated(job))
             except (L2Error, BuildError) as err:
                 log.warning("tuned kernel unusable, falling back to torch: %s", err)
                 self._kernels[key] = None
@@ -205,12 +216,10 @@ class Dispatcher:
         building it here runs no compiler: then it serves from this call on, with no worker."""
         if not self._verified_kernels().holds(job):
             return False
-        from .validate import validate
         try:
-            valid = validate(parse_one(job.spec_text), job.target, job.arch)
+            return targets.get(job.target).built(_validated(job))
         except L2Error:
             return False
-        return targets.get(job.target).built(valid)
 
     def _resolve_signature(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
         """(kernel or None, final): final False means "not yet" (being prepared): ask again on a later call."""
@@ -347,7 +356,7 @@ class Dispatcher:
             return self._addmm(a, b, bias, activation, out, residual)
         grad = _needs_grad(a, b, bias)
         plain = out is None and not grad
-        tensors = call_signature(a, b, bias) if plain else None
+        tensors = call_signature(a, b, bias)
         if plain:   # served before for this signature: the launch and nothing else
             y = self._served_call(a, b, bias, activation, tensors)
             if y is not None:
@@ -355,15 +364,13 @@ class Dispatcher:
         asked = activation
         if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]):
             self.stats["fallback"] += 1
-            if bias is None and activation is None:   # the hot unserved path: one torch call
+            if bias is None and activation is None:   # an M no entry serves (l2c.ops.matmul sent other shapes)
                 return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
             return torch_matmul(a, b, bias, check_activation(activation), out)
         activation = check_activation(activation)
         if _graph_needs_torch(activation, out, a, b, bias):
             self.stats["fallback"] += 1
             return torch_matmul(a, b, bias, activation, out)
-        if tensors is None:
-            tensors = call_signature(a, b, bias)
         kernel = self.resolve(a, b, bias, activation, tensors)
         result = self._run_tuned(kernel, a, b, bias, out, tensors, grad)
         if result is None:
@@ -427,39 +434,35 @@ class Dispatcher:
             n = weight.shape[0]
             y = self._addmm(x.reshape(-1, x.shape[-1]), weight.t(), bias, activation, None, residual.reshape(-1, n))
             return y.reshape(*x.shape[:-1], n)
-        if weight.shape not in self.served_nk:   # the hot unserved path: no entry for this (N, K), F.linear
-            self.stats["fallback"] += 1
-            y = F.linear(x, weight, bias)
-            return y if activation is None else activate(y, check_activation(activation))
+        if weight.shape not in self.served_nk or weight.ndim != 2 or not (weight.shape[1] and x.ndim):
+            return self._torch_linear(x, weight, bias, activation)   # the hot unserved path: no entry for (N, K)
+        n, k = weight.shape
         grad = _needs_grad(x, weight, bias)
-        tensors = None
-        if not grad and x.ndim:   # served before for this signature: the launch and nothing else
-            x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-            w_t = weight.t()
-            tensors = call_signature(x2, w_t, bias)
+        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        w_t = weight.t()
+        tensors = call_signature(x2, w_t, bias)
+        if not grad:   # served before for this signature: the launch and nothing else
             y = self._served_call(x2, w_t, bias, activation, tensors)
             if y is not None:
-                return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
-        n, k = weight.shape if weight.ndim == 2 else (0, 0)
-        if not (k and x.ndim and self.may_serve(x.numel() // k, n, k)):
-            self.stats["fallback"] += 1
-            y = F.linear(x, weight, bias)
-            return y if activation is None else activate(y, check_activation(activation))
+                return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
+        if not self.may_serve(x.numel() // k, n, k):
+            return self._torch_linear(x, weight, bias, activation)
         asked, activation = activation, check_activation(activation)
         if _graph_needs_torch(activation, None, x, weight, bias):
-            self.stats["fallback"] += 1
-            return activate(F.linear(x, weight, bias), activation)
-        if tensors is None:
-            x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-            w_t = weight.t()
-            tensors = call_signature(x2, w_t, bias)
+            return self._torch_linear(x, weight, bias, activation)
         kernel = self.resolve(x2, w_t, bias, activation, tensors)
         y = self._run_tuned(kernel, x2, w_t, bias, None, tensors, grad)
         if y is None:
             return activate(F.linear(x, weight, bias), activation)
         if not grad and tensors is not None:
             self._served[(tensors, asked)] = kernel
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
+
+    def _torch_linear(self, x, weight, bias, activation):
+        """What torch.nn.Linear runs (F.linear, the bias fused) and then the activation: a fallback."""
+        self.stats["fallback"] += 1
+        y = F.linear(x, weight, bias)
+        return y if activation is None else activate(y, check_activation(activation))
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until every kernel asked for so far is prepared (or failed); False on timeout."""
@@ -579,7 +582,8 @@ def _compile_front_end() -> None:
 def _query_toolchains() -> None:
     """Each target's toolchain id (nvcc's version: a subprocess of some 20-50 ms), asked once off the calling
     thread so that the first tuned call finds it cached, each target's builder imported, and CUTLASS's call-plan
-    shim (a C compile of about 0.1 s, once per machine) built; a toolchain that is missing or broken is the build's concern, reported there."""
+    shim (a C compile of about 0.1 s, once per machine) built; a toolchain that is missing or broken is the build's
+    concern, reported there."""
     import importlib
     for name in targets.TARGETS:
         try:

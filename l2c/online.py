@@ -95,9 +95,7 @@ class Decisions:
     """The persisted online decisions of one (GPU, driver, l2c version): signature -> spec text or None (torch)."""
 
     def __init__(self, gpu: str, driver: str, version: Optional[str] = None):
-        from . import __version__
-        self.records = cache.KeyedRecords("online", "decisions", {"gpu": gpu, "driver": driver,
-                                                                  "l2c": version or __version__})
+        self.records = cache.KeyedRecords.of_gpu("online", "decisions", gpu, driver, version)
 
     @property
     def entries(self) -> Dict[str, Optional[dict]]:

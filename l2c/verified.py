@@ -19,9 +19,7 @@ class VerifiedKernels:
     """The persisted verification passes of one (GPU, driver, l2c version)."""
 
     def __init__(self, gpu: str, driver: str, version: Optional[str] = None):
-        from . import __version__
-        self.records = cache.KeyedRecords("verified", "kernels", {"gpu": gpu, "driver": driver,
-                                                                  "l2c": version or __version__})
+        self.records = cache.KeyedRecords.of_gpu("verified", "kernels", gpu, driver, version)
 
     @staticmethod
     def name(job) -> Optional[str]:

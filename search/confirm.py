@@ -90,17 +90,18 @@ def prebuild_leaders(problems: Sequence[Problem], store: Store, gpu: str, protoc
                                       for r in store.top(p.key(), gpu, protocol, budget)}):
         if target != "cutlass":
             continue
+        spec = parse_one(text)
         try:
-            if get_target(target).built(validate(parse_one(text), target, arch)):
+            if get_target(target).built(validate(spec, target, arch)):
                 continue
         except L2Error:
             pass   # measured, and recorded as failed, by confirm_leaders
-        wanted.append((text, target, arch))
+        wanted.append((spec, target, arch))
     if not wanted:
         return 0
     start = time.perf_counter()
     with CompilePool(compile_workers) as pool:
-        built = pool.build([(parse_one(text), target, arch) for text, target, arch in wanted])
+        built = pool.build(wanted)
     failures = sum(1 for b in built if b.failure is not None)
     log(f"confirmation: built {len(wanted)} stored CUTLASS leader(s) ahead, {compile_workers} at a time "
         f"({failures} failed to build: they will be recorded as failed); build {sum(b.seconds for b in built):.1f} s "

@@ -86,6 +86,11 @@ def point_key(params: Dict[str, object]) -> Tuple:
     return tuple(sorted((k, str(v)) for k, v in params.items()))
 
 
+def trial_point(trial) -> Tuple:
+    """The point a trial runs: its params once asked, its fixed params while it waits in the queue (enqueued)."""
+    return point_key(trial.params or trial.system_attrs.get("fixed_params", {}))
+
+
 def counted_trials(study: optuna.Study) -> List[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
             if t.user_attrs.get("status") in COUNTED]

@@ -9,7 +9,7 @@ import optuna
 
 from .space import Problem, check_point, params_from_spec, spec_from_params
 from .store import Store
-from .study import TuneConfig, point_key
+from .study import TuneConfig, point_key, trial_point
 
 
 def prebuilt_points(problem: Problem, policy=None) -> List[Dict[str, object]]:
@@ -53,7 +53,7 @@ def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=No
     added = {"seed": 0, "pack": 0, "policy": 0, "llm": 0}
     trials = study.get_trials(deepcopy=False)
     # points already in the study: run (params) or waiting to run (enqueued: their fixed params)
-    tried = {point_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
+    tried = {trial_point(t) for t in trials}
     for spec in cfg.seed_specs:
         targets = cfg.targets if spec.target == "any" else (spec.target,)
         for target in (t for t in targets if t in cfg.targets):

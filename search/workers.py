@@ -28,7 +28,7 @@ from .runners import Outcome, Runner, RunnerPoisoned
 from .samplers import source_of
 from .space import Problem, TARGET_PARAM, check_point, spec_from_params, suggest_params
 from .store import Result, Store
-from .study import COUNTED, TuneConfig, best_of, point_key
+from .study import COUNTED, TuneConfig, best_of, point_key, trial_point
 
 
 @dataclass
@@ -53,6 +53,7 @@ class StudyWorker:
         self.pending: List[_Pending] = []     # asked, building or built, not yet evaluated
         self._last_reclaim = 0.0
         self._prebuilt: Optional[List[Dict[str, object]]] = None   # the problem's prebuilt CUTLASS points
+        self._prebuilt_keys: frozenset = frozenset()
 
     def done(self) -> bool:
         trials = self.study.get_trials(deepcopy=False)
@@ -148,10 +149,10 @@ class StudyWorker:
         if self._prebuilt is None:
             from .warmstart import prebuilt_points
             self._prebuilt = prebuilt_points(self.problem, getattr(self.study.sampler, "policy", None))
-        if point_key(params) in {point_key(q) for q in self._prebuilt}:
+            self._prebuilt_keys = frozenset(map(point_key, self._prebuilt))
+        if point_key(params) in self._prebuilt_keys:
             return False
-        tried = {point_key(t.params or t.system_attrs.get("fixed_params", {}))
-                 for t in trials if t.number != trial.number}
+        tried = {trial_point(t) for t in trials if t.number != trial.number}
         for q in self._prebuilt:
             if point_key(q) not in tried:
                 self.study.enqueue_trial(q, user_attrs={"source": "pack"}, skip_if_exists=True)
