@@ -9,9 +9,11 @@ import time
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from l2c.build import build
-from l2c.measure import Problem, TorchMatmul, measure, measure_call, measure_kernel, parse_protocols
+from l2c.measure import (Problem, TorchMatmul, measure, measure_call, measure_kernel, paired_speedup,
+                         parse_protocols)
 from l2c.devices import CpuDevice
 from l2c.parser import parse_one
 from l2c.validate import validate
@@ -113,7 +115,8 @@ def test_kernel_protocol_rotates_buffers_and_times_both_sides_alike(kernel):
         assert len(calls) == 1 + 1 + launches + 3 * launches
         assert all(given_out for *_, given_out in calls)                  # preallocated, rotated outputs
     assert t.candidate_s == statistics.median(t.candidate_samples)
-    assert t.speedup == pytest.approx(t.baseline_s / t.candidate_s)
+    assert t.speedup == pytest.approx(statistics.median(
+        b / c for c, b in zip(t.candidate_samples, t.baseline_samples)))
 
 
 @pytest.mark.parametrize("protocol", ["kernel", "call"])
@@ -161,3 +164,15 @@ def test_parse_protocols():
     assert parse_protocols("kernel, call,kernel") == ["kernel", "call"]
     with pytest.raises(ValueError, match="warm"):
         parse_protocols("kernel,warm")
+
+
+@settings(max_examples=200, deadline=None)
+@given(clocks=st.lists(st.sampled_from([1.0, 1.12, 1.3]), min_size=1, max_size=15),
+       ratio=st.floats(0.5, 2.0), seconds=st.floats(1e-6, 1e-2))
+def test_kernel_speedup_is_immune_to_clock_changes_between_repetitions(clocks, ratio, seconds):
+    """Each repetition times both sides at one clock; whatever the clock does between repetitions, the figure is
+    the true ratio (a ratio of per-side medians is not: it can pair fast samples of one side with slow ones of
+    the other)."""
+    candidate = [seconds * f for f in clocks]
+    baseline = [seconds * ratio * f for f in clocks]
+    assert paired_speedup(candidate, baseline) == pytest.approx(ratio)
