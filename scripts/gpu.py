@@ -54,11 +54,12 @@ def _overhead(a):
 
 def _dispatch(a):
     table = a.eager_table
-    return [l2c("bench", f"dispatch:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
+    return [l2c("warmup", table),
+            l2c("bench", f"dispatch:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
                 "--iters", "10", "-o", f"{a.out}/dispatch_offgrid.jsonl"),
             l2c("bench", f"linear:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
                 "--iters", "10", "-o", f"{a.out}/linear_offgrid.jsonl"),
-            l2c("bench", f"dispatch:{table}", "--shapes", "grid", "--limit", "200", "--protocol", "kernel,call",
+            l2c("bench", f"dispatch:{table}", "--shapes", "grid", "--protocol", "kernel,call",
                 "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_grid.jsonl")]
 
 

@@ -195,3 +195,52 @@ def test_ranges_with_confirmed_by_keep_the_ranges_of_specs_that_won_again(tmp_pa
     assert done.returncode == 0, done.stderr
     ranges = sorted(tuple(e["m_range"]) for e in json.loads(out.read_text())["entries"] if "m_range" in e)
     assert ranges == [(1, 4), (16, 64)]       # g's runs either side of M = 8 (h's, unconfirmed); h lost again
+
+
+def _table_run(tmp_path, rows, *args):
+    results = tmp_path / "r.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H200"}] + rows) + "\n")
+    out = tmp_path / "t.json"
+    done = subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(out), *args],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+def test_two_protocols_admit_a_kernel_only_where_it_is_slower_in_neither(tmp_path):
+    """--protocol kernel,call: a win by the margin in one protocol and no loss in the other; no evidence in one of
+    them is no entry (a kernel measured only back to back says nothing of what an eager call costs)."""
+    rows = [row("both", 64, 1.10), row("both", 64, 1.01, protocol="call"),          # kept: kernel win, call >= 1
+            row("eager", 128, 1.00, protocol="kernel"), row("eager", 128, 1.08, protocol="call"),   # kept
+            row("device", 256, 1.12), row("device", 256, 0.93, protocol="call"),    # loses in call
+            row("tie", 512, 1.02), row("tie", 512, 1.01, protocol="call"),          # no margin anywhere
+            row("half", 1024, 1.20),                                                  # no call rows at all
+            row("twice", 2048, 1.10), row("twice", 2048, 1.02, protocol="call"),
+            row("twice", 2048, 0.98, protocol="call")]                              # its worst call row loses
+    table = _table_run(tmp_path, rows, "--protocol", "kernel,call", "--min-speedup", "1.05")
+    got = {e["m"]: e for e in table["entries"]}
+    assert set(got) == {64, 128}
+    assert got[64]["speedups"] == {"kernel": 1.1, "call": 1.01} and got[64]["speedup"] == 1.1
+    assert got[128]["speedups"] == {"kernel": 1.0, "call": 1.08}
+    assert table["protocol"] == "kernel,call"
+
+
+def test_rows_of_what_users_call_count_for_the_entry_that_served_them(tmp_path):
+    """`l2c bench dispatch:TABLE` rows carry no spec: each is evidence for TABLE's entry at that shape (its spec
+    and target); a row torch served is no candidate."""
+    spec = KernelSpec(name="served", target="cutlass", tile_m=128).to_l2()
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps({"format": 1, "arch": "sm_90", "gpu": "NVIDIA H200", "protocol": "kernel", "entries": [
+        {"m": 64, "n": 64, "k": 64, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "cutlass",
+         "spec": spec, "tflops": 1.2, "baseline_tflops": 1.0}]}))
+
+    def user_row(m, speedup, protocol, served_by):
+        return dict(row("dispatch", m, speedup, protocol=protocol), kernel=f"dispatch:{served}", name="user_call",
+                    source=str(served), target="dispatch", served_by=served_by, spec=None)
+
+    rows = [user_row(64, 1.09, "kernel", "cutlass_served"), user_row(64, 1.02, "call", "cutlass_served"),
+            user_row(128, 1.30, "kernel", "torch"), user_row(128, 1.30, "call", "torch")]
+    for r in rows:
+        r.pop("spec")
+    table = _table_run(tmp_path, rows, "--protocol", "kernel,call")
+    assert [(e["m"], e["target"], e["spec"]) for e in table["entries"]] == [(64, "cutlass", spec)]

@@ -432,3 +432,18 @@ def test_tuner_compile_pool_compiles_triton_candidates_ahead(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "None"
     assert list(tmp_path.glob("triton/pool_*.py"))   # the module is in the build cache
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]))
+def test_a_planned_call_allocates_a_contiguous_output_of_its_shape(shape, dtype):
+    """Planned calls allocate through `output_template` (a one-element tensor expanded): torch.empty_like of it is
+    a fresh, contiguous tensor of the full shape, never a view of the template."""
+    from l2c.kernel import output_template
+    template = output_template(tuple(shape), dtype, torch.device("cpu"))
+    assert template.untyped_storage().nbytes() == torch.tensor([], dtype=dtype).element_size()
+    out = torch.empty_like(template)
+    assert tuple(out.shape) == tuple(shape) and out.dtype == dtype and out.is_contiguous()
+    assert out.untyped_storage().nbytes() == out.numel() * out.element_size()
+    assert out.data_ptr() != template.data_ptr()

@@ -11,6 +11,11 @@ the margin at three or more consecutive measured token counts M of the same (N, 
 among every M measured there, so a loss in between breaks the run — an entry with `m_range` [first, last] serves
 every M in between, measured or not.
 
+`--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
+every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in
+at least one; its figures are the first protocol's, with each protocol's worst in `speedups`. Rows of
+`l2c bench dispatch:TABLE` / `linear:TABLE` (what users call) count for the entry of TABLE that served them.
+
 `--host-overhead triton=30e-6,cutlass=10e-6` makes a `kernel`-protocol table safe for eager callers: each
 candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
 (measured by scripts/call_overhead.py), times its launches (a Triton atomic split-K kernel also clears its
@@ -31,7 +36,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("table", help="build a tuned table from l2c bench results (per-shape best candidate)")
     p.add_argument("results", nargs="+", help="JSON-lines files written by l2c bench")
     p.add_argument("-o", "--output", required=True, help="tuned table JSON to write")
-    p.add_argument("--protocol", default="kernel")
+    p.add_argument("--protocol", default="kernel",
+                   help="the protocol whose figures make the table, or several (kernel,call): a candidate must then be "
+                        "measured in each, slower in none, and win by the margin in one")
     p.add_argument("--min-speedup", type=float, default=1.05)
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--host-overhead", default="", metavar="TARGET=SECONDS,...",
@@ -97,10 +104,33 @@ def charged_speedup(row, charges) -> float:
     return row["baseline_s"] / (row["candidate_s"] + charge * launches(row["spec"]))
 
 
+def served_entry(row, cache):
+    """The entry of the table a `dispatch:TABLE` / `linear:TABLE` row names (`source`) that served it, or None (torch
+    served it, or the table is not there)."""
+    if row.get("target") != "dispatch" or row.get("served_by", "torch") == "torch":
+        return None
+    from ..tuned_table import TableError, load_table
+    source = row.get("source", "")
+    if ("table", source) not in cache:
+        try:
+            cache[("table", source)] = load_table(source)
+        except TableError:
+            cache[("table", source)] = None
+    table = cache[("table", source)]
+    if table is None:
+        return None
+    return table.lookup(row["dtype"], row["layout"], row["m"], row["n"], row["k"], row.get("batch", 1),
+                        row.get("gate", "none"))
+
+
 def spec_text(row, cache) -> str:
-    """The measured spec's canonical text: from the row, or from the `.l2` file it names (`source`)."""
+    """The measured spec's canonical text: from the row, from the `.l2` file it names (`source`), or for a row of
+    what users call, the spec of the table entry that served it."""
     if row.get("spec"):
         return row["spec"]
+    if row.get("target") == "dispatch":
+        entry = served_entry(row, cache)
+        return entry.spec_text if entry is not None else ""
     from ..errors import L2Error
     from ..parser import parse_file
     source = row.get("source", "")
@@ -153,6 +183,49 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
     return [r for r in best.values() if r["speedup"] >= min_speedup and r["charged_speedup"] >= 1.0]
 
 
+def as_candidates(rows, cache):
+    """Result rows of kernels as table candidates: a `dispatch:`/`linear:` row served by a table entry becomes a row
+    of that entry's spec and target; one torch served is a measurement of torch (kept: it marks the M measured)."""
+    out = []
+    for r in rows:
+        if r.get("type") == "result" and r.get("target") == "dispatch":
+            entry = served_entry(r, cache)
+            r = dict(r, kernel="torch") if entry is None else dict(r, spec=entry.spec_text, target=entry.target)
+        out.append(r)
+    return out
+
+
+def combined_rows(rows, protocols, min_speedup: float, cache):
+    """One row per (shape, spec) measured in every protocol of `protocols`, in the protocol named by all of them
+    joined: its figures are the first protocol's worst row, `speedups` each protocol's worst speedup. A candidate
+    slower than torch in any protocol, or winning by the margin in none, gets a speedup below 1 (a measured loss)."""
+    worst = {}
+    for r in rows:
+        if r.get("type") != "result" or r.get("protocol") not in protocols or r.get("kernel") == "torch":
+            continue
+        text = spec_text(r, cache)
+        if not text or r.get("status") != "ok" or r.get("speedup") is None:
+            continue
+        slot = worst.setdefault((*shape_key(r), text), {})
+        p = r["protocol"]
+        if p not in slot or r["speedup"] < slot[p]["speedup"]:
+            slot[p] = dict(r, spec=text)
+    joined = ",".join(protocols)
+    out = []
+    for slot in worst.values():
+        if len(slot) != len(protocols):
+            continue
+        speedups = {p: slot[p]["speedup"] for p in protocols}
+        won = min(speedups.values()) >= 1.0 and max(speedups.values()) >= min_speedup
+        first = slot[protocols[0]]
+        speedup = first["speedup"] if won else min(0.999, *speedups.values())
+        out.append(dict(first, protocol=joined, speedup=speedup, speedups=speedups))
+    for r in rows:   # torch's rows: the M they measured still bound the token-count ranges
+        if r.get("type") == "result" and r.get("protocol") == protocols[0] and r.get("kernel") == "torch":
+            out.append(dict(r, protocol=joined))
+    return out
+
+
 MIN_RANGE_POINTS = 3
 
 
@@ -195,12 +268,12 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None, admit=None):
     return out
 
 
-def won_again(rows, protocol: str):
+def won_again(rows, protocols):
     """(shape, dtype, layout, spec) -> True for each spec with at least one row in `rows` on that shape in
-    `protocol`, all of them verified wins (speedup >= 1.0); False where any lost or failed."""
+    `protocols`, all of them verified wins (speedup >= 1.0); False where any lost or failed."""
     verdicts, cache = {}, {}
     for r in rows:
-        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("kernel") == "torch":
+        if r.get("type") != "result" or r.get("protocol") not in protocols or r.get("kernel") == "torch":
             continue
         key = (*shape_key(r), spec_text(r, cache))
         won = r.get("status") == "ok" and (r.get("speedup") or 0.0) >= 1.0
@@ -247,6 +320,11 @@ def run(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     cache = {}
+    rows = as_candidates(rows, cache)
+    protocols = [p for p in args.protocol.split(",") if p]
+    if not protocols or len(set(protocols)) != len(protocols):
+        raise UsageError(f"--protocol {args.protocol!r}: name each protocol once, e.g. kernel or kernel,call")
+    protocol, margin = args.protocol, args.min_speedup
     unresolved = sorted({(r.get("source", ""), r.get("name", "")) for r in rows
                          if r.get("type") == "result" and r.get("status") == "ok" and r.get("kernel") != "torch"
                          and not spec_text(r, cache)})
@@ -260,23 +338,27 @@ def run(args) -> int:
         gpus.update(r["gpu"] for r in checks if r.get("type") == "env" and r.get("gpu"))
         if len(gpus) > 1:
             raise UsageError(f"results from different GPUs: {sorted(gpus)}")
-        verdicts = won_again(checks, args.protocol)
+        verdicts = won_again(as_candidates(checks, cache), protocols)
         admit = lambda r: verdicts.get((*shape_key(r), r["spec"]), False)  # noqa: E731
         range_verdicts = {}
         for (*shape, spec), won in verdicts.items():   # a range's spec: won again wherever it was measured again
             key = (tuple(shape[1:]), spec)
             range_verdicts[key] = range_verdicts.get(key, True) and won
         admit_range = lambda key: range_verdicts.get(key, False)  # noqa: E731
-    chosen = best_rows(rows, args.protocol, args.min_speedup, charges, args.every_shape, cache, admit)
+    if len(protocols) > 1:   # the margin is met in combined_rows; what is left is "slower nowhere"
+        rows, margin = combined_rows(rows, protocols, args.min_speedup, cache), 1.0
+    chosen = best_rows(rows, protocol, margin, charges, args.every_shape, cache, admit)
     def entry(r):
         row = {"m": r["m"], "n": r["n"], "k": r["k"], "batch": r.get("batch", 1), "dtype": r["dtype"],
                "layout": r["layout"], "target": r["target"], "spec": r["spec"],
                "tflops": r["candidate_tflops"], "baseline_tflops": r["baseline_tflops"], "speedup": r["speedup"]}
+        if "speedups" in r:
+            row["speedups"] = {p: round(v, 4) for p, v in r["speedups"].items()}
         return dict(row, gate=r["gate"]) if r.get("gate", "none") != "none" else row
 
     entries = [entry(r) for r in sorted(chosen, key=lambda r: (r["m"], r["n"], r["k"]))]
     if args.ranges:
-        ranges = range_rows(rows, args.protocol, args.min_speedup, cache, admit_range)
+        ranges = range_rows(rows, protocol, margin, cache, admit_range)
         entries += [dict(entry(r), m_range=[lo, hi], range_min_speedup=worst)
                     for r, lo, hi, worst in sorted(ranges, key=lambda t: (t[0]["n"], t[0]["k"], t[1]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ...errors import BuildError
-from ...kernel import Kernel, call_signature, cuda_accessors
+from ...kernel import Kernel, call_signature, cuda_accessors, output_template
 from ...knobs import ANY
 from ...lower import render
 from ...rules import ValidSpec
@@ -60,6 +60,8 @@ class CutlassKernel(Kernel):
         self._plans: Dict[tuple, _CallPlan] = {}
         self._run_planned = shim.planned_call()   # None: planned calls use the 20-argument entry
         self._get_device, self._get_stream = cuda_accessors()
+        import torch
+        self._empty_like = torch.empty_like
 
     @property
     def stages(self) -> int:
@@ -126,7 +128,7 @@ class CutlassKernel(Kernel):
             pa, pb = a.data_ptr(), b.data_ptr()
             pbias = bias.data_ptr() if bias is not None else None
             if not ((pa | pb | (pbias or 0)) & 15) and self._get_device() == plan.device:
-                out = a.new_empty(plan.stored_shape, dtype=plan.dtype)
+                out = self._empty_like(plan.out_template)
                 if plan.transposed:
                     out = out.transpose(-1, -2)
                 if plan.native_address:
@@ -206,9 +208,10 @@ class CutlassKernel(Kernel):
             arguments = (m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace.data_ptr(),
                          workspace.numel())
             native = shim.make_plan(self._run, arguments) if self._run_planned is not None else None
+            stored_shape = tuple(out.mT.shape) if spec.layout_c == "col" else tuple(out.shape)
             plan = _CallPlan(
-                device=device.index, dtype=out.dtype, transposed=spec.layout_c == "col",
-                stored_shape=tuple(out.mT.shape) if spec.layout_c == "col" else tuple(out.shape),
+                device=device.index, dtype=out.dtype, transposed=spec.layout_c == "col", stored_shape=stored_shape,
+                out_template=output_template(stored_shape, out.dtype, device),
                 arguments=arguments, native=native,
                 native_address=ctypes.addressof(native) if native is not None else 0)
         return result, plan
@@ -232,6 +235,7 @@ class _CallPlan:
     dtype: object                  # torch dtype of the output
     stored_shape: Tuple[int, ...]  # the output as allocated (transposed back when layout c=col)
     transposed: bool
+    out_template: object           # kernel.output_template of the stored output: its allocation per call
     arguments: Tuple[int, ...]     # M, N, K, L, the leading dims and batch strides, workspace pointer and bytes
     native: object = None          # the same arguments in the shim's C struct (shim.py), kept alive here
     native_address: int = 0        # its address, passed to the shim per call; 0: use the 20-argument entry

@@ -27,7 +27,7 @@ import triton
 from ... import settings
 from ... import cache
 from ...errors import BuildError
-from ...kernel import Kernel, call_signature, cuda_accessors
+from ...kernel import Kernel, call_signature, cuda_accessors, output_template
 from ...lower import render
 from ...rules import ValidSpec
 
@@ -120,6 +120,7 @@ class _LaunchPlan:
     transposed: bool
     zero: object                     # workspace view cleared before the launches, or None
     launches: Tuple[_Launch, ...]
+    out_template: object             # kernel.output_template of the output as allocated: its allocation per call
     setup: object = None             # called before the launches (a `tma_device` module installs its allocator)
 
     @staticmethod
@@ -164,10 +165,11 @@ class _LaunchPlan:
                                    tuple(descriptor_slots)))
         stored = tuple(out.mT.shape) if transposed else tuple(out.shape)
         return _LaunchPlan(device=a.get_device(), out_shape=stored, out_dtype=out.dtype, transposed=transposed,
-                           zero=zero, launches=tuple(replays), setup=setup)
+                           zero=zero, launches=tuple(replays), out_template=output_template(stored, out.dtype, a.device),
+                           setup=setup)
 
     def replay(self, a, b, bias, stream):
-        out = a.new_empty(self.out_shape, dtype=self.out_dtype)
+        out = torch.empty_like(self.out_template)
         if self.transposed:
             out = out.transpose(-1, -2)
         tensors = (a, b, bias, out)
