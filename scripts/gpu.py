@@ -49,7 +49,8 @@ def _check(a):
 
 
 def _overhead(a):
-    return [script("scripts/call_overhead.py", "--out", f"{a.out}/call_overhead.json")]
+    return [script("scripts/call_overhead.py", "--out", f"{a.out}/call_overhead.json"),
+            script("scripts/served_path.py", f"{a.out}/served_path.json")]
 
 
 def _dispatch(a):
