@@ -38,7 +38,8 @@ from . import settings, targets
 from .epilogue import (activate, check_activation, check_gate, torch_gated, torch_gated_linear, torch_matmul,
                        torch_residual)
 from .errors import BuildError, L2Error
-from .kernel import call_signature
+from .kernel import call_signature, cuda_accessors
+from .targets.cutlass import native as native_call
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
 from .tuned_table import TableError, TunedEntry, TunedTable, load_table, served_spec
@@ -46,6 +47,7 @@ from .tuned_table import TableError, TunedEntry, TunedTable, load_table, served_
 log = logging.getLogger("l2c.dispatch")
 
 _TORCH_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+_get_device, _get_stream = cuda_accessors()
 PREPARE_MODES = ("background", "inline")
 
 __all__ = ["Dispatcher", "TunedEntry", "TunedTable", "default_dispatcher", "set_tuned_table", "precompile"]
@@ -147,6 +149,10 @@ class Dispatcher:
         # (call signature, activation argument) -> the kernel that served such a plain call eagerly (no out=, no
         # autograd): the steady-state path, one lookup and the launch (`_served_call`)
         self._served: Dict[Tuple, Callable] = {}
+        # the C++ table of served CUTLASS plans (l2c.targets.cutlass.native), made at the first one; the served
+        # signatures met before the extension was loaded, registered at their next Python-path call
+        self.native = None
+        self._unregistered: set = set()
         self._verified = None           # this GPU's VerifiedKernels, read at the first job (l2c.verified)
         self._lock = threading.Lock()
         self.stats = {"tuned": 0, "fallback": 0}
@@ -339,17 +345,49 @@ class Dispatcher:
 
     def _served_call(self, a, b, bias, activation, tensors):
         """The result of the kernel that served this signature eagerly before (no checks left to make but the
-        kernel's own per-call ones), or None: not served before, or the kernel declined this call."""
-        kernel = self._served.get((tensors, activation))
-        if kernel is None:
+        kernel's own per-call ones, in its bound launcher), or None: not served before, or the kernel declined
+        this call."""
+        launch = self._served.get((tensors, activation))
+        if launch is None:
             return None
         try:
-            y = kernel.call_planned(tensors, a, b, bias)
+            y = launch(a, b, bias)
         except ValueError as err:   # this call only (e.g. a misaligned pointer): the full path decides
             log.debug("tuned kernel declined the call (%s)", err)
             return None
-        self.stats["tuned"] += 1
+        if y is not None:
+            self.stats["tuned"] += 1
+            if self._unregistered and (tensors, activation) in self._unregistered:
+                self._register_native((tensors, activation), launch, a, b, bias)
         return y
+
+    def _remember_served(self, key, kernel, a, b, bias) -> None:
+        """After `kernel` served a plain eager call (a, b, bias) of signature key[0]: later such calls go to its
+        plan in the C++ table, else straight to its plan (`Kernel.launcher`), else to its planned call."""
+        tensors = key[0]
+        launch = kernel.launcher(tensors) if hasattr(kernel, "launcher") else None
+        if launch is None:
+            def launch(a, b, bias):
+                return kernel.call_planned(tensors, a, b, bias)
+        self._served[key] = launch
+        self._register_native(key, launch, a, b, bias)
+
+    def _register_native(self, key, launch, a, b, bias) -> None:
+        """Put a CUTLASS plan that served `key` into the C++ table (when the extension is loaded; until then the
+        key waits in `_unregistered` for its next served call)."""
+        plan = getattr(launch, "native_plan", None)
+        code = native_call.ACTIVATIONS.get(key[1], -1)
+        if plan is None or code < 0 or not native_call.enabled():
+            return
+        if self.native is None:
+            self.native = native_call.new_table()
+            if self.native is None:
+                native_call.start_build()
+                self._unregistered.add(key)
+                return
+        struct, address, template, transposed, device = plan
+        self.native.add(a, b, bias, code, struct, address, template, transposed, device)
+        self._unregistered.discard(key)
 
     def matmul(self, a, b, bias=None, activation=None, out=None, residual=None):
         if residual is not None:
@@ -376,7 +414,7 @@ class Dispatcher:
         if result is None:
             return torch_matmul(a, b, bias, activation, out)
         if plain and tensors is not None:
-            self._served[(tensors, asked)] = kernel
+            self._remember_served((tensors, asked), kernel, a, b, bias)
         return result
 
     def _addmm(self, a, b, bias, activation, out, residual):
@@ -436,6 +474,13 @@ class Dispatcher:
             return y.reshape(*x.shape[:-1], n)
         if weight.shape not in self.served_nk or weight.ndim != 2 or not (weight.shape[1] and x.ndim):
             return self._torch_linear(x, weight, bias, activation)   # the hot unserved path: no entry for (N, K)
+        if self.native is not None:   # a served CUTLASS plan of this call: the C++ table launches it
+            device = _get_device()
+            y = self.native.linear(x, weight, bias, native_call.ACTIVATIONS.get(activation, -1), device,
+                                   _get_stream(device))
+            if y is not None:
+                self.stats["tuned"] += 1
+                return y
         n, k = weight.shape
         grad = _needs_grad(x, weight, bias)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
@@ -455,7 +500,7 @@ class Dispatcher:
         if y is None:
             return activate(F.linear(x, weight, bias), activation)
         if not grad and tensors is not None:
-            self._served[(tensors, asked)] = kernel
+            self._remember_served((tensors, asked), kernel, x2, w_t, bias)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
     def _torch_linear(self, x, weight, bias, activation):

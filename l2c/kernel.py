@@ -62,6 +62,13 @@ class Kernel:
         already computed: the dispatcher has it from its own lookup, and the planned fast paths key by it too."""
         return self(a, b, bias=bias)
 
+    def launcher(self, key):
+        """A function `(a, b, bias) -> out` that replays the plan an earlier allocating call of signature `key` made,
+        returning None where it declines a call (a misaligned pointer, another current device), or None when there
+        is no such plan. The dispatcher binds it once per signature, so that a served call is the signature, one
+        lookup and this. The base has no plans."""
+        return None
+
     def __call__(self, a, b, c=None, bias=None, out=None):
         """Launch the kernel (docs/CONTRACTS.md). Each target's subclass implements it; the base never runs."""
         raise NotImplementedError(f"{type(self).__name__} does not implement the launch")

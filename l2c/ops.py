@@ -12,6 +12,10 @@ import torch
 from . import dispatch
 from .dispatch import default_dispatcher
 from .epilogue import check_activation, check_gate, torch_gated, torch_matmul, torch_residual
+from .kernel import cuda_accessors
+from .targets.cutlass.native import ACTIVATIONS
+
+_get_device, _get_stream = cuda_accessors()
 
 
 @torch.library.custom_op("l2c::matmul", mutates_args=())
@@ -88,12 +92,20 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
     if residual is None and bias is None and activation is None and b.shape not in dispatcher.served_kn:
         dispatcher.stats["fallback"] += 1   # no entry for this (N, K): torch, in eager mode and traced alike
         return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
-    if torch.compiler.is_compiling() and out is None and a.dim() == 2 and b.dim() == 2:
-        if residual is not None:
-            if check_activation(activation) != "none":
-                raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
-            return _addmm_op(a, b, bias, residual)
-        return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
+    if torch.compiler.is_compiling():
+        if out is None and a.dim() == 2 and b.dim() == 2:
+            if residual is not None:
+                if check_activation(activation) != "none":
+                    raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
+                return _addmm_op(a, b, bias, residual)
+            return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
+    elif dispatcher.native is not None and out is None and residual is None:
+        # a served CUTLASS plan of this call: the C++ table launches it (None: the Python path decides)
+        device = _get_device()
+        y = dispatcher.native.matmul(a, b, bias, ACTIVATIONS.get(activation, -1), device, _get_stream(device))
+        if y is not None:
+            dispatcher.stats["tuned"] += 1
+            return y
     # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it
     return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out, residual=residual)
 

@@ -6,7 +6,8 @@
 Each figure is microseconds per call of 400 back-to-back calls without synchronizing (best of 5): on a small
 shape that is host time, what the `call` protocol pays. The served kernel is the CUDA-graphs table's first CUTLASS
 fp16 entry under 256 MFLOP, behind a one-entry table prepared inline (served from the first call); the pieces are
-the kernel's planned call, the dispatcher's served lookup, `Dispatcher.matmul`, `ops.matmul_with` and `l2c.matmul`,
+the kernel's planned call and its bound launcher (`Kernel.launcher`), the C++ served-call table
+(l2c.targets.cutlass.native) and `l2c.matmul` with and without it, the dispatcher's served lookup, `Dispatcher.matmul`, `ops.matmul_with` and `l2c.matmul`,
 and their parts (the call signature, the output's allocation, the stream and device queries). Then the unserved
 path (a shape no default-table entry has) through `l2c.matmul` and through `l2c bench`'s two wrappers.
 """
@@ -37,24 +38,33 @@ t = load_table(ROOT / "l2c" / "tuned" / "sm_90_graphs.json")
 e = next(x for x in t.exact.values() if x.dtype == "f16" and x.layout == "row,row,row" and x.target == "cutlass" and x.m * x.n * x.k <= 256 * 1024 * 1024)
 a = torch.randn(e.m, e.k, device="cuda", dtype=torch.float16); b = torch.randn(e.k, e.n, device="cuda", dtype=torch.float16)
 out["shape"] = [e.m, e.n, e.k]
+from l2c.targets.cutlass import native
+out["native_table"] = native.build_now(timeout=300) or native.failure()
 d = dispatch.set_tuned_table(TunedTable([e]), prepare="inline")
 y = l2c.matmul(a, b); y = l2c.matmul(a, b)
 out["stats_after_two"] = dict(d.stats)
 sig = call_signature(a, b, None)
-kernel = d._served.get((sig, None))
-out["served"] = kernel is not None
+launch = d._served.get((sig, None))
+kernel = d.resolve(a, b, None, "none")
+out["served"] = launch is not None and kernel is not None
 get_device, get_stream = cuda_accessors()
 parts = {"torch.matmul": lambda: torch.matmul(a, b), "l2c.matmul": lambda: l2c.matmul(a, b),
          "matmul_with": lambda: ops.matmul_with(d, a, b), "dispatcher.matmul": lambda: d.matmul(a, b),
          "call_signature": lambda: call_signature(a, b, None), "new_empty": lambda: a.new_empty((e.m, e.n)),
          "get_stream": lambda: get_stream(0), "get_device": lambda: get_device(),
          "is_compiling": lambda: torch.compiler.is_compiling(), "b.shape in served_kn": lambda: b.shape in d.served_kn}
-if kernel is not None:
+if out["served"]:
     parts["kernel.call_planned"] = lambda: kernel.call_planned(sig, a, b, None)
+    parts["bound launcher"] = lambda: launch(a, b, None)
     parts["_served_call"] = lambda: d._served_call(a, b, None, None, sig)
+if d.native is not None:   # the C++ table's path, then the same calls with the table set aside (Python)
+    parts["native table.matmul"] = lambda: d.native.matmul(a, b, None, 0, get_device(), get_stream(get_device()))
 for name, fn in parts.items():
     try: out[name] = per_call(fn)
     except Exception as err: out[name] = repr(err)
+table, d.native = d.native, None
+out["l2c.matmul, Python path"] = per_call(lambda: l2c.matmul(a, b))
+d.native = table
 # while queued: a background dispatcher whose worker is busy with the first job (the same entry, never ready)
 d2 = dispatch.set_tuned_table(TunedTable([e]), prepare="background")
 l2c.matmul(a, b)

@@ -95,3 +95,52 @@ def test_without_a_compiler_kernels_keep_the_direct_call(tmp_path, monkeypatch):
         assert cutlass_shim.planned_call() is None
     finally:
         cutlass_shim.shim_library.cache_clear()
+
+
+def _bound_kernel(recorder, m, n, transposed=False):
+    """A CUTLASS kernel object holding one call plan whose entry point is the recorder (a real C function through
+    the real shim). The device queries are stand-ins: this machine has no CUDA device to ask."""
+    import torch
+    from l2c.kernel import output_template
+    from l2c.targets.cutlass.kernel import CutlassKernel, _CallPlan
+    kernel = object.__new__(CutlassKernel)
+    arguments = (m, n, 64, 1, 64, 0, n, 0, n, 0, n, 0, 4096, 256)
+    native = cutlass_shim.make_plan(recorder.record, arguments)
+    stored = (n, m) if transposed else (m, n)
+    plan = _CallPlan(device=0, dtype=torch.float16, stored_shape=stored, transposed=transposed,
+                     out_template=output_template(stored, torch.float16, torch.device("cpu")), arguments=arguments,
+                     native=native, native_address=ctypes.addressof(native))
+    kernel._plans = {"sig": plan}
+    kernel._run_planned = cutlass_shim.planned_call()
+    kernel._empty_like = torch.empty_like
+    kernel._get_device, kernel._get_stream = (lambda: 0), (lambda device: 0xC0FFEE)
+    kernel._error = lambda status: f"status {status}"
+    return kernel
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_bound_launcher_passes_this_calls_pointers_and_a_fresh_output(recorder, transposed):
+    """`CutlassKernel.launcher`: the plan's closure hands the shim this call's A, B, bias and a freshly allocated
+    output of the plan's shape, on the current stream; it declines a misaligned pointer or another device (None),
+    and an error status raises (ValueError for the call's own fault)."""
+    import torch
+    kernel = _bound_kernel(recorder, 8, 8, transposed)          # status m ^ n = 0: success
+    assert kernel.launcher("other signature") is None
+    launch = kernel.launcher("sig")
+    a, b, bias = torch.zeros(8, 64, dtype=torch.float16), torch.zeros(64, 8, dtype=torch.float16), torch.zeros(8)
+    out = launch(a, b, bias)
+    assert tuple(out.shape) == (8, 8) and out.dtype == torch.float16
+    assert out.is_contiguous() == (not transposed) and out.mT.is_contiguous() == transposed
+    seen = [recorder.recorded(i) for i in range(20)]
+    assert seen[:5] == [a.data_ptr(), b.data_ptr(), 0, bias.data_ptr(), out.data_ptr()] and seen[19] == 0xC0FFEE
+    assert launch(a, b, None) is not None and recorder.recorded(3) == 0
+    assert launch(a, b, bias).data_ptr() != out.data_ptr() or out is None   # each call its own output
+    skewed = torch.zeros(8 * 64 + 1, dtype=torch.float16)[1:].view(8, 64)
+    assert launch(skewed, b, bias) is None
+    kernel._get_device = lambda: 1
+    assert kernel.launcher("sig")(a, b, bias) is None
+    failing = _bound_kernel(recorder, 1, 3).launcher("sig")        # status 1 ^ 3 = 2: the call's fault
+    with pytest.raises(ValueError, match="status 2"):
+        failing(a, b, bias)
+    with pytest.raises(RuntimeError, match="status 6"):
+        _bound_kernel(recorder, 2, 4).launcher("sig")(a, b, bias)

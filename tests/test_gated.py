@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import l2c
@@ -130,6 +130,9 @@ def gated_cases(draw):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(gated_cases(), st.integers(0, 2 ** 31))
+# an f16 accumulator and one output that cancels to -1.1e-3: correct, and once failed the norm check (l2c.verify)
+@example((KernelSpec(name="A", target="triton", types_acc="f16", tile_m=16, tile_n=16, tile_k=16, swizzle_group=1,
+                     epilogue_bias="col", epilogue_gate="silu"), 1, 1, 42, 1), 0)
 def test_random_gated_specs_match_reference(case, seed):
     """verify() runs the kernel on fresh inputs against act(gate) * up of the float64 reference, and, for a kernel
     generic in a dimension the drawn shape fills exactly, again at a shape with partial tiles."""

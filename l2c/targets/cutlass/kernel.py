@@ -145,6 +145,30 @@ class CutlassKernel(Kernel):
             self._plans[key] = plan
         return result
 
+    def launcher(self, key):
+        """The plan of signature `key` as one closure over what it fixes (see Kernel.launcher); None without a plan
+        or without the call-plan shim."""
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None or not plan.native_address:
+            return None
+        run, address, device, template, transposed = (self._run_planned, plan.native_address, plan.device,
+                                                      plan.out_template, plan.transposed)
+        empty_like, get_device, get_stream, error = self._empty_like, self._get_device, self._get_stream, self._error
+
+        def launch(a, b, bias, _struct=plan.native):   # holds the C struct at `address` for the closure's life
+            pa, pb = a.data_ptr(), b.data_ptr()
+            pbias = bias.data_ptr() if bias is not None else None
+            if (pa | pb | (pbias or 0)) & 15 or get_device() != device:
+                return None
+            out = empty_like(template)
+            status = run(address, pa, pb, pbias, out.data_ptr(), get_stream(device))
+            if status != 0:
+                raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(error(status))
+            return out.transpose(-1, -2) if transposed else out
+        # what the C++ served-call table (native.py) replays the same plan from: it holds the struct's address
+        launch.native_plan = (plan.native, address, template, transposed, device)
+        return launch
+
     def _checked_call(self, a, b, c, bias, out):
         """Check everything, launch; returns (out, the plan that replays this call, or None)."""
         import torch

@@ -25,10 +25,8 @@ from typing import Optional
 
 from ... import cache
 
-SOURCE = r"""
-#include <stddef.h>
-#include <stdint.h>
-
+# The plan struct and the call that replays it, shared with the C++ served-call table (native.py).
+PLAN_STRUCT = r"""
 typedef int (*l2c_run_fn)(void const*, void const*, void const*, void const*, void*, int, int, int, int,
                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                           void*, size_t, void*);
@@ -40,7 +38,9 @@ struct l2c_call_plan {
   void* workspace;
   size_t workspace_bytes;
 };
+"""
 
+RUN_PLANNED = r"""
 /* The allocating call without a C input: C is D's layout and is not read (beta = 0). */
 int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b, void const* bias, void* d,
                     void* stream) {
@@ -49,6 +49,8 @@ int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b,
                 p->workspace_bytes, stream);
 }
 """
+
+SOURCE = "\n#include <stddef.h>\n#include <stdint.h>\n\n" + PLAN_STRUCT.lstrip("\n") + "\n" + RUN_PLANNED.lstrip("\n")
 
 _FIELDS = ("m", "n", "k", "batch", "lda", "batch_stride_a", "ldb", "batch_stride_b", "ldc", "batch_stride_c",
            "ldd", "batch_stride_d", "workspace", "workspace_bytes")
