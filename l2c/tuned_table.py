@@ -264,6 +264,22 @@ class ServedKernel:
     label: str           # which entry and call, for messages
 
 
+def evidence_ms(entry: TunedEntry) -> List[int]:
+    """The token counts at which to measure what an entry serves: its M; for a range its ends and its middle."""
+    if not entry.serves_range:
+        return [entry.m]
+    return sorted({entry.m_lo, (entry.m_lo + entry.m_hi) // 2, entry.m_hi})
+
+
+def served_problem_shapes(table: "TunedTable", dtype: str, layout: str) -> List[Tuple[int, int, int, int]]:
+    """(M, N, K, batch) of every plain (ungated) call `table` serves in this dtype and layouts, at `evidence_ms`:
+    what `l2c bench dispatch:TABLE --shapes served` measures, the evidence `l2c table --protocol kernel,call`
+    makes a table from."""
+    shapes = {(m, e.n, e.k, e.batch) for e in served_entries(table) if e.gate == "none" and e.dtype == dtype
+              and e.layout == layout for m in evidence_ms(e)}
+    return sorted(shapes)
+
+
 def served_kernels(table: "TunedTable", epilogues=PLAIN_EPILOGUES) -> List[ServedKernel]:
     """Every distinct kernel the dispatcher builds for `table`'s entries with these call epilogues (each at one M
     it serves). Raises L2Error for an entry whose spec does not parse."""

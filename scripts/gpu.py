@@ -64,6 +64,26 @@ def _dispatch(a):
                 "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_grid.jsonl")]
 
 
+def _evidence(a):
+    """Every entry of both tables through the dispatcher at its own shapes, in `kernel` and `call`: what
+    `l2c table --protocol kernel,call` makes the default table from (README, "Two tables ship"). The tables are
+    measured as copied into --out, so that the rows name files that the rebuild does not overwrite."""
+    sys.path.insert(0, str(ROOT))
+    from l2c.tuned_table import load_table, served_problem_shapes
+    out = [l2c("warmup", a.eager_table, a.graphs_table)]   # every kernel built and verified first, in parallel
+    for name, table in (("eager", a.eager_table), ("graphs", a.graphs_table)):
+        copy = f"{a.out}/{name}_table.json"
+        out.append(["cp", table, copy])
+        loaded = load_table(table)
+        for dtype in ("f16", "bf16"):
+            for via, layout in (("dispatch", "row,row,row"), ("linear", "row,col,row")):
+                if served_problem_shapes(loaded, dtype, layout):
+                    out.append(l2c("bench", f"{via}:{copy}", "--shapes", "served", "--dtype", dtype, "--layout",
+                                   layout, "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
+                                   f"{a.out}/evidence_{name}_{dtype}_{via}.jsonl"))
+    return out
+
+
 def _serve(a):
     out = []
     for dtype in ("f16", "bf16"):
@@ -116,8 +136,10 @@ STAGES: Dict[str, Stage] = {
     "check": Stage("generated kernels verified on the GPU: random and fixed Triton specs, CUTLASS specs, one spec "
                    "on both targets, l2c.matmul through a tuned table (served kernels, autograd)", _check),
     "overhead": Stage("host cost per call of the kernels' call paths against torch.matmul", _overhead),
-    "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the eager table on shapes no table was tuned for "
-                      "(offgrid) and on 200 grid shapes, kernel and call protocols", _dispatch),
+    "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "
+                      "(offgrid) and on the grid, kernel and call protocols", _dispatch),
+    "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
+                      "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "serve": Stage("l2c.nn.Linear on the decoding set (29 weights x 15 token counts): the graphs table with cold "
                    "weights and fraction of roofline (f16, bf16), the eager table in the call protocol", _serve),
     "sweep": Stage("search decoding kernels per weight (gemv and swapped CUTLASS families) into JSON lines that "

@@ -239,6 +239,32 @@ def test_bench_measures_what_users_call_through_the_dispatcher(tmp_path):
     assert served[("dispatch", 31)] == served[("linear", 31)] == "torch"
 
 
+def test_served_shapes_are_what_the_dispatch_table_serves_and_become_its_evidence(tmp_path):
+    """`--shapes served`: each entry's M and a token range's ends and middle, in the asked dtype and layout only;
+    the rows, through the dispatcher in two protocols, are what `l2c table --protocol kernel,call` reads."""
+    spec = ("kernel t32 {\n  target triton\n  problem m=any n=48 k=40\n  layout a=row b=col c=row\n"
+            "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+    entry = {"n": 48, "k": 40, "batch": 1, "layout": "row,col,row", "target": "triton", "spec": spec,
+             "tflops": 2.0, "baseline_tflops": 1.0}
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
+        dict(entry, m=32, dtype="f16"), dict(entry, m=8, m_range=[4, 12], dtype="f16"),
+        dict(entry, m=64, dtype="bf16")]}))
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", f"linear:{table}", "--shapes", "served", "-o", str(out), "--protocol", "kernel,call",
+                 *FAST]) == 0
+    rows = [r for r in read_rows(out) if r.get("type") == "result"]
+    assert sorted({(r["m"], r["n"], r["k"]) for r in rows}) == [(4, 48, 40), (8, 48, 40), (12, 48, 40), (32, 48, 40)]
+    assert all(r["status"] == "ok" and r["served_by"] == "t32" for r in rows)
+    made = tmp_path / "made.json"
+    assert main(["table", str(out), "--protocol", "kernel,call", "--every-shape", "-o", str(made)]) == 0
+    written = json.loads(made.read_text())
+    assert written["protocol"] == "kernel,call" and len(written["entries"]) == 4
+    assert all(e["spec"] == spec and e["target"] == "triton" and set(e["speedups"]) == {"kernel", "call"}
+               for e in written["entries"])
+    assert main(["bench", "torch", "--shapes", "served", "-o", str(tmp_path / "x.jsonl")]) == 2
+
+
 def test_cold_rotation_reads_every_operand_from_memory():
     """--roofline rotates at least two operand sets, with three L2s of other operands between two uses of one."""
     from l2c.measure import Problem, rotation_sets

@@ -17,7 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("kernels", nargs="*", help=".l2 spec files, tuned-table .json files, `torch`, "
                                               "`dispatch[:TABLE]` (l2c.matmul with that table; the shipped one "
                                               "by default) or `linear[:TABLE]` (l2c.nn.Linear's path)")
-    p.add_argument("--shapes", help="grid | llm | square | offgrid | serve | FILE (one 'M N K' per line); "
+    p.add_argument("--shapes", help="grid | llm | square | offgrid | serve | served (the shapes the dispatch:/linear: "
+                                    "table serves in --dtype and --layout: each entry's M, each token range's ends "
+                                    "and middle) | FILE (one 'M N K' per line); "
                                     "required for shape-generic specs, a filter for fixed-shape specs and tables")
     p.add_argument("--dtype", choices=["f16", "bf16"], default="f16",
                    help="element type for torch, dispatch and linear (default: f16)")
@@ -88,13 +90,16 @@ def run(args) -> int:
             raise UsageError(f"--{name} must be at least 1")
     device = _device(args.device)
     try:
-        shape_set = load_shapes(args.shapes) if args.shapes else None
         layout = args.layout or ("row,col,row" if any(k.split(":")[0] == "linear" for k in args.kernels)
                                  else "row,row,row")
         if len(layout.split(",")) != 3 or any(w not in ("row", "col") for w in layout.split(",")):
             raise UsageError(f"--layout must be three of row/col joined by commas, got {layout!r}")
         candidates = load_candidates(args.kernels, target=args.target, arch=args.arch, dtype=args.dtype,
                                      layout=layout)
+        if args.shapes == "served":
+            shape_set = _served_shapes(candidates, args.dtype, layout)
+        else:
+            shape_set = load_shapes(args.shapes) if args.shapes else None
         shapes, jobs, skipped = plan(candidates, shape_set)
         if args.limit is not None:
             shapes = shapes[: args.limit]
@@ -140,3 +145,19 @@ def run(args) -> int:
     if device.kind == "cpu":
         print(f"note: {CPU_NOTE}")
     return 0
+
+
+def _served_shapes(candidates, dtype: str, layout: str):
+    """`--shapes served`: the plain calls the one table of the dispatch:/linear: candidates serves in this dtype and
+    layout (tuned_table.served_problem_shapes)."""
+    from ..cli import UsageError
+    from ..shapes import Shape
+    from ..tuned_table import served_problem_shapes
+    tables = {c._kernel.table_path: c._kernel.dispatcher.table for c in candidates if c.target == "dispatch"}
+    if len(tables) != 1 or None in tables.values():
+        raise UsageError("--shapes served needs exactly one dispatch:TABLE or linear:TABLE candidate with a table")
+    (path, table), = tables.items()
+    shapes = [Shape(m, n, k, batch, label="served") for m, n, k, batch in served_problem_shapes(table, dtype, layout)]
+    if not shapes:
+        raise UsageError(f"{path} serves no {dtype} call in layout {layout}")
+    return shapes
