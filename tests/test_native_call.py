@@ -7,30 +7,16 @@ CPU tensors; on the GPU the same table launches CUTLASS libraries (scripts/serve
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from l2c.targets.cutlass import native, shim
-from tests.test_cutlass_shim import RECORDER
+from tests.test_cutlass_shim import recorder  # noqa: F401 - the module fixture: a real C entry point
 
 pytestmark = pytest.mark.skipif(native.find_cxx_compiler() is None or shim.find_c_compiler() is None,
                                 reason="no host C/C++ compiler")
-
-
-@pytest.fixture(scope="module")
-def recorder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("recorder")
-    (folder / "rec.c").write_text(RECORDER)
-    subprocess.run([shim.find_c_compiler(), "-O2", "-shared", "-fPIC", str(folder / "rec.c"), "-o",
-                    str(folder / "rec.so")], check=True)
-    lib = ctypes.CDLL(str(folder / "rec.so"))
-    lib.record.restype = ctypes.c_int
-    lib.recorded.restype = ctypes.c_uint64
-    lib.recorded.argtypes = [ctypes.c_int]
-    return lib
 
 
 @pytest.fixture(scope="module")
