@@ -2,13 +2,12 @@
 
 The shim forwards a plan's 14 fixed arguments plus five per-call ones to a 20-argument entry point with the
 ABI of `l2c_<name>_run` (templates/cutlass/gemm.cu.j2). Here the entry point is a real C function compiled
-beside it that records what it received, so every field's position, width and sign is checked; the test in
+beside it that records what it received (the `recorder` fixture of conftest.py), so every field's position, width and sign is checked; the test in
 test_cutlass_build.py calls a real CUTLASS library through the shim.
 """
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -16,38 +15,6 @@ from hypothesis import given, settings, strategies as st
 from l2c.targets.cutlass import shim as cutlass_shim
 
 pytestmark = pytest.mark.skipif(cutlass_shim.find_c_compiler() is None, reason="no host C compiler")
-
-RECORDER = r"""
-#include <stddef.h>
-#include <stdint.h>
-static uint64_t seen[20];
-int record(void const* a, void const* b, void const* c, void const* bias, void* d, int m, int n, int k, int l,
-           int64_t x0, int64_t x1, int64_t x2, int64_t x3, int64_t x4, int64_t x5, int64_t x6, int64_t x7,
-           void* w, size_t wb, void* s) {
-  uint64_t v[20] = {(uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)b, (uint64_t)(uintptr_t)c,
-                    (uint64_t)(uintptr_t)bias, (uint64_t)(uintptr_t)d, (uint64_t)(int64_t)m, (uint64_t)(int64_t)n,
-                    (uint64_t)(int64_t)k, (uint64_t)(int64_t)l, (uint64_t)x0, (uint64_t)x1, (uint64_t)x2,
-                    (uint64_t)x3, (uint64_t)x4, (uint64_t)x5, (uint64_t)x6, (uint64_t)x7, (uint64_t)(uintptr_t)w,
-                    (uint64_t)wb, (uint64_t)(uintptr_t)s};
-  for (int i = 0; i < 20; ++i) seen[i] = v[i];
-  return m ^ n;   /* a status the caller can check */
-}
-uint64_t recorded(int i) { return seen[i]; }
-"""
-
-
-@pytest.fixture(scope="module")
-def recorder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("recorder")
-    (folder / "rec.c").write_text(RECORDER)
-    subprocess.run([cutlass_shim.find_c_compiler(), "-O2", "-shared", "-fPIC", str(folder / "rec.c"), "-o",
-                    str(folder / "rec.so")], check=True)
-    lib = ctypes.CDLL(str(folder / "rec.so"))
-    lib.record.restype = ctypes.c_int
-    lib.recorded.restype = ctypes.c_uint64
-    lib.recorded.argtypes = [ctypes.c_int]
-    return lib
-
 
 INT = st.integers(-2**31, 2**31 - 1)
 I64 = st.integers(-2**63, 2**63 - 1)

@@ -1,6 +1,6 @@
 """The C++ served-call table (l2c.targets.cutlass.native), built with the real host C++ compiler against this torch.
 
-Its plans' entry point is a real C function (the recorder of test_cutlass_shim.py) that records what it received,
+Its plans' entry point is a real C function (the `recorder` fixture of conftest.py) that records what it received,
 so the pointers, the stream, the output's allocation and every way a call can miss or be declined are checked on
 CPU tensors; on the GPU the same table launches CUTLASS libraries (scripts/served_path.py measures it there).
 """
@@ -13,7 +13,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from l2c.targets.cutlass import native, shim
-from tests.test_cutlass_shim import recorder  # noqa: F401 - the module fixture: a real C entry point
 
 pytestmark = pytest.mark.skipif(native.find_cxx_compiler() is None or shim.find_c_compiler() is None,
                                 reason="no host C/C++ compiler")
