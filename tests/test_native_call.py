@@ -7,6 +7,7 @@ CPU tensors; on the GPU the same table launches CUTLASS libraries (scripts/serve
 from __future__ import annotations
 
 import ctypes
+import subprocess
 
 import pytest
 import torch
@@ -140,3 +141,24 @@ def test_the_dispatcher_serves_a_registered_plan_from_the_table(table_type, reco
     y = ops.matmul_with(dispatcher, a, b)
     assert tuple(y.shape) == (8, 8) and dispatcher.stats["tuned"] == 1
     assert recorder.recorded(0) == a.data_ptr() and recorder.recorded(19) == 0xBEEF
+
+
+def test_without_a_cxx_compiler_served_calls_keep_the_python_path(tmp_path):
+    """No C++ compiler (or no torch headers): the build fails once with a warning that says why, no table is made,
+    and the dispatcher keeps serving through its Python path; `L2C_NATIVE_CALL=0` never builds."""
+    import os
+    import sys
+    code = ("import warnings\nfrom l2c.targets.cutlass import native\n"
+            "with warnings.catch_warnings(record=True) as w:\n    warnings.simplefilter('always')\n"
+            "    print(native.build_now(), native.new_table() is None, repr(native.failure()),"
+            " any('Python path' in str(x.message) for x in w))\n")
+    env = dict(os.environ, L2C_CACHE_DIR=str(tmp_path), CXX="", PATH=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(" ", 2)[:2] == ["False", "True"]
+    assert "no C++ compiler" in done.stdout and done.stdout.strip().endswith("True")
+    off = subprocess.run([sys.executable, "-c", "from l2c.targets.cutlass import native\n"
+                          "print(native.build_now(), native.failure())"],
+                         capture_output=True, text=True, env=dict(os.environ, L2C_NATIVE_CALL="0",
+                                                                  L2C_CACHE_DIR=str(tmp_path)))
+    assert off.stdout.split() == ["False", "None"] and not list(tmp_path.glob("native/*.so"))
