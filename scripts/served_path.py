@@ -5,11 +5,12 @@
 
 Each figure is microseconds per call of 400 back-to-back calls without synchronizing (best of 5): on a small
 shape that is host time, what the `call` protocol pays. The served kernel is the CUDA-graphs table's first CUTLASS
-fp16 entry under 256 MFLOP, behind a one-entry table prepared inline (served from the first call); the pieces are
+fp16 entry under 256 MFLOP, behind a one-entry table prepared inline (served from the first call). The pieces:
 the kernel's planned call and its bound launcher (`Kernel.launcher`), the C++ served-call table
-(l2c.targets.cutlass.native) and `l2c.matmul` with and without it, the dispatcher's served lookup, `Dispatcher.matmul`, `ops.matmul_with` and `l2c.matmul`,
-and their parts (the call signature, the output's allocation, the stream and device queries). Then the unserved
-path (a shape no default-table entry has) through `l2c.matmul` and through `l2c bench`'s two wrappers.
+(l2c.targets.cutlass.native) and `l2c.matmul` with and without it, the dispatcher's served lookup,
+`Dispatcher.matmul`, `ops.matmul_with`, and their parts (the call signature, the output's allocation, the stream
+and device queries). Then the unserved path (a shape no default-table entry has) through `l2c.matmul` and through
+`l2c bench`'s two wrappers.
 """
 import json
 import sys
@@ -35,8 +36,10 @@ def per_call(fn, n=400):
 
 out = {}
 t = load_table(ROOT / "l2c" / "tuned" / "sm_90_graphs.json")
-e = next(x for x in t.exact.values() if x.dtype == "f16" and x.layout == "row,row,row" and x.target == "cutlass" and x.m * x.n * x.k <= 256 * 1024 * 1024)
-a = torch.randn(e.m, e.k, device="cuda", dtype=torch.float16); b = torch.randn(e.k, e.n, device="cuda", dtype=torch.float16)
+e = next(x for x in t.exact.values() if x.dtype == "f16" and x.layout == "row,row,row" and x.target == "cutlass"
+         and x.m * x.n * x.k <= 256 * 1024 * 1024)
+a = torch.randn(e.m, e.k, device="cuda", dtype=torch.float16)
+b = torch.randn(e.k, e.n, device="cuda", dtype=torch.float16)
 out["shape"] = [e.m, e.n, e.k]
 from l2c.targets.cutlass import native
 out["native_table"] = native.build_now(timeout=300) or native.failure()

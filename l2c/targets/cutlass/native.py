@@ -7,10 +7,11 @@ the lookup, the checks, `a.new_empty`, ctypes) was 9-10 us of it, and in the `ca
 a few percent of a small GEMM's figure. `ServedCalls` is a table per dispatcher of the CUTLASS call plans that
 already served a plain eager call (l2c.targets.cutlass.kernel, `launcher`): keyed like `l2c.kernel.call_signature`
 (shapes, strides, dtypes and devices of A, B and the bias) plus the asked activation, each holding the plan's C
-struct (shim.py, a reference to its Python object too) and the output's shape and dtype. `matmul(a, b, bias, activation, device, stream)` and
-`linear(x, weight, ...)` (B = weight^T, any leading dimensions of x) return the output, or None where the table
-has no such call, autograd records it, a pointer is not 16-byte aligned, the current device is not the plan's or
-the launch returns an error: the caller's Python path then decides, as for any call.
+struct (shim.py, a reference to its Python object too) and the output's shape and dtype.
+`matmul(a, b, bias, activation, device, stream)` and `linear(x, weight, ...)` (B = weight^T, any leading
+dimensions of x) return the output, or None where the table has no such call, autograd records it, a pointer is
+not 16-byte aligned, the current device is not the plan's or the launch returns an error: the caller's Python path
+then decides, as for any call.
 
 The extension is C++ source compiled once per machine with the host C++ compiler against the running torch
 (its headers and libraries) into the build cache, keyed by its text, the compiler and torch's version. It is built
