@@ -381,9 +381,12 @@ class Dispatcher:
             return
         if self.native is None:
             self.native = native_call.new_table()
-            if self.native is None:
-                native_call.start_build()
-                self._unregistered.add(key)
+            if self.native is None:   # being built: register at this key's next call; failed: never
+                if native_call.failure() is None:
+                    native_call.start_build()
+                    self._unregistered.add(key)
+                else:
+                    self._unregistered.clear()
                 return
         struct, address, template, transposed, device = plan
         self.native.add(a, b, bias, code, struct, address, template, transposed, device)
