@@ -118,7 +118,7 @@ def _prepared(cand: Candidate, shape: Shape, device):
     kernel = cand.kernel()
     if cand.failure is not None:
         return None, (cand.failure[0], {"reason": cand.failure[1]}), {}
-    served = {"served_by": kernel.prime(shape, device)} if hasattr(kernel, "prime") else {}
+    served = kernel.prime(shape, device) if hasattr(kernel, "prime") else {}
     return kernel, None, served
 
 

@@ -150,9 +150,11 @@ class DispatchKernel:
             return out
         return y
 
-    def prime(self, shape: Shape, device, timeout: float = 900.0) -> str:
-        """Call once on this shape, let the dispatcher prepare the kernel it serves, call again; return what
-        serves the call from now on (the kernel's name, or `torch`)."""
+    def prime(self, shape: Shape, device, timeout: float = 900.0) -> dict:
+        """Call once on this shape, let the dispatcher prepare the kernel it serves, call again; return the fields
+        of its rows: what serves the call from now on (`served_by`: the kernel's name, or `torch`) and, where a table
+        entry does, that entry's spec and target (`served_spec`, `served_target`: what `l2c table` makes an entry
+        of, whatever later becomes of the table file)."""
         import torch
         from .verify import make_inputs
         gen = torch.Generator(device=device.torch_device).manual_seed(0)
@@ -161,7 +163,15 @@ class DispatchKernel:
         self.dispatcher.wait(timeout)
         self(a, b, bias=bias)
         kernel = self.dispatcher.resolve(a, b, bias, self.activation or "none")
-        return "torch" if kernel is None else kernel.valid.name
+        if kernel is None:
+            return {"served_by": "torch"}
+        spec = self.valid.spec
+        entry = self.dispatcher.table.lookup(spec.types_a, f"{spec.layout_a},{spec.layout_b},{spec.layout_c}",
+                                             shape.m, shape.n, shape.k, shape.batch)
+        fields = {"served_by": kernel.valid.name}
+        if entry is not None:
+            fields.update(served_spec=entry.spec_text, served_target=entry.target)
+        return fields
 
 
 def _user_spec(dtype: str, layout: str):

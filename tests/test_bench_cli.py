@@ -255,7 +255,9 @@ def test_served_shapes_are_what_the_dispatch_table_serves_and_become_its_evidenc
                  *FAST]) == 0
     rows = [r for r in read_rows(out) if r.get("type") == "result"]
     assert sorted({(r["m"], r["n"], r["k"]) for r in rows}) == [(4, 48, 40), (8, 48, 40), (12, 48, 40), (32, 48, 40)]
-    assert all(r["status"] == "ok" and r["served_by"] == "t32" for r in rows)
+    assert all(r["status"] == "ok" and r["served_by"] == "t32" and r["served_spec"] == spec
+               and r["served_target"] == "triton" for r in rows)
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": []}))   # the rows outlive the table
     made = tmp_path / "made.json"
     assert main(["table", str(out), "--protocol", "kernel,call", "--every-shape", "-o", str(made)]) == 0
     written = json.loads(made.read_text())

@@ -244,3 +244,8 @@ def test_rows_of_what_users_call_count_for_the_entry_that_served_them(tmp_path):
         r.pop("spec")
     table = _table_run(tmp_path, rows, "--protocol", "kernel,call")
     assert [(e["m"], e["target"], e["spec"]) for e in table["entries"]] == [(64, "cutlass", spec)]
+    # a row that recorded the serving entry's spec (`served_spec`, as l2c bench writes them) needs no table file
+    other = KernelSpec(name="recorded", target="triton", tile_m=32).to_l2()
+    recorded = [dict(r, m=96, served_spec=other, served_target="triton", source="gone.json") for r in rows[:2]]
+    table = _table_run(tmp_path, recorded, "--protocol", "kernel,call")
+    assert [(e["m"], e["target"], e["spec"]) for e in table["entries"]] == [(96, "triton", other)]

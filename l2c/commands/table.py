@@ -14,7 +14,8 @@ every M in between, measured or not.
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
 every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in
 at least one; its figures are the first protocol's, with each protocol's worst in `speedups`. Rows of
-`l2c bench dispatch:TABLE` / `linear:TABLE` (what users call) count for the entry of TABLE that served them.
+`l2c bench dispatch:TABLE` / `linear:TABLE` (what users call) count for the entry of TABLE that served them (the
+row's `served_spec`, else TABLE's entry at the row's shape).
 
 `--host-overhead triton=30e-6,cutlass=10e-6` makes a `kernel`-protocol table safe for eager callers: each
 candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
@@ -105,10 +106,13 @@ def charged_speedup(row, charges) -> float:
 
 
 def served_entry(row, cache):
-    """The entry of the table a `dispatch:TABLE` / `linear:TABLE` row names (`source`) that served it, or None (torch
-    served it, or the table is not there)."""
+    """(spec text, target) of the table entry that served a `dispatch:TABLE` / `linear:TABLE` row: the row's own
+    `served_spec`, or for rows written before it was recorded the entry the table the row names (`source`) holds at
+    its shape; None where torch served it or the table is not there."""
     if row.get("target") != "dispatch" or row.get("served_by", "torch") == "torch":
         return None
+    if row.get("served_spec"):
+        return row["served_spec"], row["served_target"]
     from ..tuned_table import TableError, load_table
     source = row.get("source", "")
     if ("table", source) not in cache:
@@ -119,8 +123,9 @@ def served_entry(row, cache):
     table = cache[("table", source)]
     if table is None:
         return None
-    return table.lookup(row["dtype"], row["layout"], row["m"], row["n"], row["k"], row.get("batch", 1),
-                        row.get("gate", "none"))
+    entry = table.lookup(row["dtype"], row["layout"], row["m"], row["n"], row["k"], row.get("batch", 1),
+                         row.get("gate", "none"))
+    return None if entry is None else (entry.spec_text, entry.target)
 
 
 def spec_text(row, cache) -> str:
@@ -129,8 +134,8 @@ def spec_text(row, cache) -> str:
     if row.get("spec"):
         return row["spec"]
     if row.get("target") == "dispatch":
-        entry = served_entry(row, cache)
-        return entry.spec_text if entry is not None else ""
+        served = served_entry(row, cache)
+        return served[0] if served is not None else ""
     from ..errors import L2Error
     from ..parser import parse_file
     source = row.get("source", "")
@@ -189,8 +194,8 @@ def as_candidates(rows, cache):
     out = []
     for r in rows:
         if r.get("type") == "result" and r.get("target") == "dispatch":
-            entry = served_entry(r, cache)
-            r = dict(r, kernel="torch") if entry is None else dict(r, spec=entry.spec_text, target=entry.target)
+            served = served_entry(r, cache)
+            r = dict(r, kernel="torch") if served is None else dict(r, spec=served[0], target=served[1])
         out.append(r)
     return out
 
