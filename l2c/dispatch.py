@@ -395,6 +395,11 @@ class Dispatcher:
     def matmul(self, a, b, bias=None, activation=None, out=None, residual=None):
         if residual is not None:
             return self._addmm(a, b, bias, activation, out, residual)
+        if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]):
+            self.stats["fallback"] += 1   # an M no entry serves (its (N, K) has entries): torch, before any signature
+            if bias is None and activation is None:
+                return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+            return torch_matmul(a, b, bias, check_activation(activation), out)
         grad = _needs_grad(a, b, bias)
         plain = out is None and not grad
         tensors = call_signature(a, b, bias)
@@ -403,11 +408,6 @@ class Dispatcher:
             if y is not None:
                 return y
         asked = activation
-        if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]):
-            self.stats["fallback"] += 1
-            if bias is None and activation is None:   # an M no entry serves (l2c.ops.matmul sent other shapes)
-                return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
-            return torch_matmul(a, b, bias, check_activation(activation), out)
         activation = check_activation(activation)
         if _graph_needs_torch(activation, out, a, b, bias):
             self.stats["fallback"] += 1
@@ -485,6 +485,8 @@ class Dispatcher:
                 self.stats["tuned"] += 1
                 return y
         n, k = weight.shape
+        if not self.may_serve(x.numel() // k, n, k):   # an M no entry serves: F.linear, before any signature
+            return self._torch_linear(x, weight, bias, activation)
         grad = _needs_grad(x, weight, bias)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()
@@ -493,8 +495,6 @@ class Dispatcher:
             y = self._served_call(x2, w_t, bias, activation, tensors)
             if y is not None:
                 return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
-        if not self.may_serve(x.numel() // k, n, k):
-            return self._torch_linear(x, weight, bias, activation)
         asked, activation = activation, check_activation(activation)
         if _graph_needs_torch(activation, None, x, weight, bias):
             return self._torch_linear(x, weight, bias, activation)

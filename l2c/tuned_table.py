@@ -203,7 +203,12 @@ class TunedTable:
         if served is None:
             return False
         exact, spans = served
-        return m in exact or any(lo <= m <= hi for lo, hi in spans)
+        if m in exact:
+            return True
+        for lo, hi in spans:   # a loop, not any(): this runs on every call of a served (N, K)
+            if lo <= m <= hi:
+                return True
+        return False
 
     def __len__(self) -> int:
         return len(self.exact)
