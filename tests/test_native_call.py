@@ -141,6 +141,11 @@ def test_the_dispatcher_serves_a_registered_plan_from_the_table(table_type, reco
     y = ops.matmul_with(dispatcher, a, b)
     assert tuple(y.shape) == (8, 8) and dispatcher.stats["tuned"] == 1
     assert recorder.recorded(0) == a.data_ptr() and recorder.recorded(19) == 0xBEEF
+    # the custom op a compiled graph calls runs the same path
+    monkeypatch.setattr(dispatch, "_default", dispatcher)
+    a2 = a.clone()
+    assert tuple(ops._matmul_op(a2, b, None, "none").shape) == (8, 8) and dispatcher.stats["tuned"] == 2
+    assert recorder.recorded(0) == a2.data_ptr()
 
 
 def test_without_a_cxx_compiler_served_calls_keep_the_python_path(tmp_path):
