@@ -2,8 +2,8 @@
 
 The shim forwards a plan's 14 fixed arguments plus five per-call ones to a 20-argument entry point with the
 ABI of `l2c_<name>_run` (templates/cutlass/gemm.cu.j2). Here the entry point is a real C function compiled
-beside it that records what it received (the `recorder` fixture of conftest.py), so every field's position, width and sign is checked; the test in
-test_cutlass_build.py calls a real CUTLASS library through the shim.
+beside it that records what it received (the `recorder` fixture of conftest.py), so every field's position, width
+and sign is checked; the test in test_cutlass_build.py calls a real CUTLASS library through the shim.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _bound_kernel(recorder, m, n, transposed=False):
     plan = _CallPlan(device=0, dtype=torch.float16, stored_shape=stored, transposed=transposed,
                      out_template=output_template(stored, torch.float16, torch.device("cpu")), arguments=arguments,
                      native=native, native_address=ctypes.addressof(native))
-    kernel._plans = {"sig": plan}
+    kernel._plans, kernel._launches = {"sig": plan}, {}
     kernel._run_planned = cutlass_shim.planned_call()
     kernel._empty_like = torch.empty_like
     kernel._get_device, kernel._get_stream = (lambda: 0), (lambda device: 0xC0FFEE)
@@ -104,10 +104,32 @@ def test_a_bound_launcher_passes_this_calls_pointers_and_a_fresh_output(recorder
     assert launch(a, b, bias).data_ptr() != out.data_ptr() or out is None   # each call its own output
     skewed = torch.zeros(8 * 64 + 1, dtype=torch.float16)[1:].view(8, 64)
     assert launch(skewed, b, bias) is None
+    assert kernel.launcher("sig") is launch                          # bound once per plan
+    assert kernel.call_planned("sig", a, b, bias) is not None        # the planned call is the same replay
     kernel._get_device = lambda: 1
+    kernel._launches.clear()                                        # bound again, with that device query
     assert kernel.launcher("sig")(a, b, bias) is None
     failing = _bound_kernel(recorder, 1, 3).launcher("sig")        # status 1 ^ 3 = 2: the call's fault
     with pytest.raises(ValueError, match="status 2"):
         failing(a, b, bias)
     with pytest.raises(RuntimeError, match="status 6"):
         _bound_kernel(recorder, 2, 4).launcher("sig")(a, b, bias)
+
+
+def test_without_the_shim_a_bound_launcher_calls_the_20_argument_entry(recorder):
+    """A plan made while the shim was missing (native_address 0) replays through the library's own 20-argument
+    entry point, with the plan's fixed arguments in their places."""
+    import torch
+    kernel = _bound_kernel(recorder, 8, 8)
+    plan = kernel._plans["sig"]
+    kernel._plans["sig"] = type(plan)(**{**plan.__dict__, "native": None, "native_address": 0})
+    vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    kernel._run = ctypes.CFUNCTYPE(i32, *[vp] * 5, *[i32] * 4, *[i64] * 8, vp, ctypes.c_size_t, vp)(
+        ctypes.cast(recorder.record, ctypes.c_void_p).value)
+    launch = kernel.launcher("sig")
+    assert not hasattr(launch, "native_plan")                         # nothing for the C++ table to replay
+    a, b = torch.zeros(8, 64, dtype=torch.float16), torch.zeros(64, 8, dtype=torch.float16)
+    out = launch(a, b, None)
+    seen = [recorder.recorded(i) for i in range(20)]
+    assert seen[:5] == [a.data_ptr(), b.data_ptr(), 0, 0, out.data_ptr()]
+    assert seen[5:19] == list(plan.arguments) and seen[19] == 0xC0FFEE

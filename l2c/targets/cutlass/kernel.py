@@ -58,6 +58,7 @@ class CutlassKernel(Kernel):
         self._fixed = (spec.problem_m, spec.problem_n, spec.problem_k, spec.problem_batch)
         # Call plans: the fully checked, shape-derived part of a call, per call signature (see __call__).
         self._plans: Dict[tuple, _CallPlan] = {}
+        self._launches: Dict[tuple, object] = {}   # each plan's replay, bound at its first use (`launcher`)
         self._run_planned = shim.planned_call()   # None: planned calls use the 20-argument entry
         self._get_device, self._get_stream = cuda_accessors()
         import torch
@@ -123,22 +124,10 @@ class CutlassKernel(Kernel):
 
     def call_planned(self, key, a, b, bias=None):
         """The allocating call with its call signature `key` already computed (see Kernel.call_planned)."""
-        plan = self._plans.get(key) if key is not None else None
-        if plan is not None:
-            pa, pb = a.data_ptr(), b.data_ptr()
-            pbias = bias.data_ptr() if bias is not None else None
-            if not ((pa | pb | (pbias or 0)) & 15) and self._get_device() == plan.device:
-                out = self._empty_like(plan.out_template)
-                if plan.transposed:
-                    out = out.transpose(-1, -2)
-                if plan.native_address:
-                    status = self._run_planned(plan.native_address, pa, pb, pbias, out.data_ptr(),
-                                               self._get_stream(plan.device))
-                else:
-                    status = self._run(pa, pb, None, pbias, out.data_ptr(), *plan.arguments,
-                                       self._get_stream(plan.device))
-                if status != 0:
-                    raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
+        launch = self.launcher(key)
+        if launch is not None:
+            out = launch(a, b, bias)
+            if out is not None:
                 return out
         result, plan = self._checked_call(a, b, None, bias, None)
         if key is not None and plan is not None:
@@ -146,14 +135,28 @@ class CutlassKernel(Kernel):
         return result
 
     def launcher(self, key):
-        """The plan of signature `key` as one closure over what it fixes (see Kernel.launcher); None without a plan
-        or without the call-plan shim."""
-        plan = self._plans.get(key) if key is not None else None
-        if plan is None or not plan.native_address:
-            return None
-        run, address, device, template, transposed = (self._run_planned, plan.native_address, plan.device,
-                                                      plan.out_template, plan.transposed)
+        """The plan of signature `key` as one closure over what it fixes (see Kernel.launcher), bound once per
+        plan; None without a plan."""
+        launch = self._launches.get(key)
+        if launch is None:
+            plan = self._plans.get(key) if key is not None else None
+            if plan is None:
+                return None
+            launch = self._launches[key] = self._bind(plan)
+        return launch
+
+    def _bind(self, plan):
+        """A plan's replay: the pointers' alignment and the current device checked (None: declined), the output
+        allocated, then the shim's six-argument call (or the 20-argument entry where the shim did not build)."""
+        device, template, transposed = plan.device, plan.out_template, plan.transposed
         empty_like, get_device, get_stream, error = self._empty_like, self._get_device, self._get_stream, self._error
+        if plan.native_address:
+            run, address = self._run_planned, plan.native_address
+        else:
+            direct, arguments, address = self._run, plan.arguments, 0
+
+            def run(_, pa, pb, pbias, pd, stream):
+                return direct(pa, pb, None, pbias, pd, *arguments, stream)
 
         def launch(a, b, bias, _struct=plan.native):   # holds the C struct at `address` for the closure's life
             pa, pb = a.data_ptr(), b.data_ptr()
@@ -165,8 +168,8 @@ class CutlassKernel(Kernel):
             if status != 0:
                 raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(error(status))
             return out.transpose(-1, -2) if transposed else out
-        # what the C++ served-call table (native.py) replays the same plan from: it holds the struct's address
-        launch.native_plan = (plan.native, address, template, transposed, device)
+        if plan.native_address:   # what the C++ served-call table (native.py) replays the same plan from
+            launch.native_plan = (plan.native, address, template, transposed, device)
         return launch
 
     def _checked_call(self, a, b, c, bias, out):
