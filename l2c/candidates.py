@@ -165,9 +165,9 @@ class DispatchKernel:
         kernel = self.dispatcher.resolve(a, b, bias, self.activation or "none")
         if kernel is None:
             return {"served_by": "torch"}
-        spec = self.valid.spec
-        entry = self.dispatcher.table.lookup(spec.types_a, f"{spec.layout_a},{spec.layout_b},{spec.layout_c}",
-                                             shape.m, shape.n, shape.k, shape.batch)
+        spec, table = self.valid.spec, self.dispatcher.table
+        entry = None if table is None else table.lookup(    # None too for a kernel online tuning chose
+            spec.types_a, f"{spec.layout_a},{spec.layout_b},{spec.layout_c}", shape.m, shape.n, shape.k, shape.batch)
         fields = {"served_by": kernel.valid.name}
         if entry is not None:
             fields.update(served_spec=entry.spec_text, served_target=entry.target)

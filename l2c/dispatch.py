@@ -347,7 +347,8 @@ class Dispatcher:
         """The result of the kernel that served this signature eagerly before (no checks left to make but the
         kernel's own per-call ones, in its bound launcher), or None: not served before, or the kernel declined
         this call."""
-        launch = self._served.get((tensors, activation))
+        key = (tensors, activation)
+        launch = self._served.get(key)
         if launch is None:
             return None
         try:
@@ -357,8 +358,18 @@ class Dispatcher:
             return None
         if y is not None:
             self.stats["tuned"] += 1
-            if self._unregistered and (tensors, activation) in self._unregistered:
-                self._register_native((tensors, activation), launch, a, b, bias)
+            if self._unregistered and key in self._unregistered:   # empty once registered: no hashing then
+                self._register_native(key, launch, a, b, bias)
+        return y
+
+    def native_served(self, launch, a, b, bias, activation):
+        """`launch` (this dispatcher's C++ table's `matmul` or `linear`) on the current device and stream: the
+        result of a served CUTLASS plan of this call, or None (not in the table, or declined: the Python path
+        decides)."""
+        device = _get_device()
+        y = launch(a, b, bias, native_call.ACTIVATIONS.get(activation, -1), device, _get_stream(device))
+        if y is not None:
+            self.stats["tuned"] += 1
         return y
 
     def _remember_served(self, key, kernel, a, b, bias) -> None:
@@ -478,11 +489,8 @@ class Dispatcher:
         if weight.shape not in self.served_nk or weight.ndim != 2 or not (weight.shape[1] and x.ndim):
             return self._torch_linear(x, weight, bias, activation)   # the hot unserved path: no entry for (N, K)
         if self.native is not None:   # a served CUTLASS plan of this call: the C++ table launches it
-            device = _get_device()
-            y = self.native.linear(x, weight, bias, native_call.ACTIVATIONS.get(activation, -1), device,
-                                   _get_stream(device))
+            y = self.native_served(self.native.linear, x, weight, bias, activation)
             if y is not None:
-                self.stats["tuned"] += 1
                 return y
         n, k = weight.shape
         if not self.may_serve(x.numel() // k, n, k):   # an M no entry serves: F.linear, before any signature

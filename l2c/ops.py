@@ -12,27 +12,13 @@ import torch
 from . import dispatch
 from .dispatch import default_dispatcher
 from .epilogue import check_activation, check_gate, torch_gated, torch_matmul, torch_residual
-from .kernel import cuda_accessors
-from .targets.cutlass.native import ACTIVATIONS
-
-_get_device, _get_stream = cuda_accessors()
-
-
-def _native_matmul(dispatcher, a, b, bias, activation):
-    """The result of the dispatcher's C++ table of served CUTLASS plans for this plain call, or None (not in it, or
-    declined: the Python path decides)."""
-    device = _get_device()
-    y = dispatcher.native.matmul(a, b, bias, ACTIVATIONS.get(activation, -1), device, _get_stream(device))
-    if y is not None:
-        dispatcher.stats["tuned"] += 1
-    return y
 
 
 @torch.library.custom_op("l2c::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
     dispatcher = default_dispatcher()
     if dispatcher.native is not None:   # a compiled graph runs this eagerly: the same served path as eager calls
-        y = _native_matmul(dispatcher, a, b, bias, activation)
+        y = dispatcher.native_served(dispatcher.native.matmul, a, b, bias, activation)
         if y is not None:
             return y
     return dispatcher.matmul(a, b, bias=bias, activation=activation)
@@ -115,7 +101,7 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
                 return _addmm_op(a, b, bias, residual)
             return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
     elif dispatcher.native is not None and out is None and residual is None:
-        y = _native_matmul(dispatcher, a, b, bias, activation)   # a served CUTLASS plan of this call
+        y = dispatcher.native_served(dispatcher.native.matmul, a, b, bias, activation)   # a served CUTLASS plan
         if y is not None:
             return y
     # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it

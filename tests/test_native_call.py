@@ -125,9 +125,8 @@ def test_the_dispatcher_serves_a_registered_plan_from_the_table(table_type, reco
     from l2c.kernel import call_signature
     from l2c.ir import KernelSpec
     from tests.test_cutlass_shim import _bound_kernel
-    for module in (ops, dispatch):
-        monkeypatch.setattr(module, "_get_device", lambda: 0)
-        monkeypatch.setattr(module, "_get_stream", lambda device: 0xBEEF)
+    monkeypatch.setattr(dispatch, "_get_device", lambda: 0)
+    monkeypatch.setattr(dispatch, "_get_stream", lambda device: 0xBEEF)
     spec = KernelSpec(name="k", target="cutlass").to_l2()
     entry = TunedEntry(m=8, n=8, k=64, batch=1, dtype="f16", layout="row,row,row", target="cutlass",
                        spec_text=spec, tflops=2.0, baseline_tflops=1.0)
