@@ -63,12 +63,17 @@ class CallPlanStruct(ctypes.Structure):
                                                          ("workspace_bytes", ctypes.c_size_t)]
 
 
-def find_c_compiler() -> Optional[str]:
-    """$CC, else cc, else gcc (the host compiler nvcc itself needs); None when there is none."""
-    for name in (os.environ.get("CC"), "cc", "gcc"):
+def find_host_compiler(variable: str, *names: str) -> Optional[str]:
+    """The path of $`variable`, else of the first of `names` on PATH; None when there is none."""
+    for name in (os.environ.get(variable), *names):
         if name and shutil.which(name):
             return shutil.which(name)
     return None
+
+
+def find_c_compiler() -> Optional[str]:
+    """$CC, else cc, else gcc (the host compiler nvcc itself needs); None when there is none."""
+    return find_host_compiler("CC", "cc", "gcc")
 
 
 @functools.lru_cache(maxsize=None)
