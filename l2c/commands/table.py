@@ -129,13 +129,10 @@ def served_entry(row, cache):
 
 
 def spec_text(row, cache) -> str:
-    """The measured spec's canonical text: from the row, from the `.l2` file it names (`source`), or for a row of
-    what users call, the spec of the table entry that served it."""
+    """The measured spec's canonical text: from the row, or from the `.l2` file it names (`source`). Rows of what
+    users call have theirs from `as_candidates`."""
     if row.get("spec"):
         return row["spec"]
-    if row.get("target") == "dispatch":
-        served = served_entry(row, cache)
-        return served[0] if served is not None else ""
     from ..errors import L2Error
     from ..parser import parse_file
     source = row.get("source", "")
