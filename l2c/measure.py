@@ -241,7 +241,8 @@ class Timing:
     """Per-shape outcome of one protocol.
 
     `speedup` is the headline ratio (> 1: candidate faster): for `kernel` the median over repetitions of
-    baseline / candidate within each repetition (`paired_speedup`); candidate_tflops / baseline_tflops of the per-iteration means for `call` and `server`.
+    baseline / candidate within each repetition (`paired_speedup`); for `call` and `server`
+    candidate_tflops / baseline_tflops of the per-iteration means.
     `*_s` are per call: the median device time (`kernel`) or the mean host time (`call`, `server`).
     `*_samples` are the timed samples in seconds per call (warm-up excluded), `order` the side timed
     first in each iteration ("candidate" or "baseline").

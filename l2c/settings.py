@@ -20,8 +20,8 @@ SETTINGS = {
     "L2C_NVCC": "the nvcc to compile CUTLASS kernels with (default: nvcc on PATH, then $CUDA_HOME/bin)",
     "L2C_TRITON_PLANS": "`0` turns off the replayed launch plans of Triton kernels (every call through Triton's JIT "
                         "dispatch)",
-    "L2C_NATIVE_CALL": "`0` keeps served CUTLASS calls on the Python path (default: a C++ table, built once per machine, "
-                       "replays them)",
+    "L2C_NATIVE_CALL": "`0` keeps served CUTLASS calls on the Python path (default: a C++ table, built once per "
+                       "machine, replays them)",
     "L2C_LLM_MODEL_DIR": "a local Hugging Face model that proposes specs in l2c tune / l2c propose",
     "L2C_LLM_URL": "an OpenAI-compatible server that proposes specs (with L2C_LLM_MODEL)",
     "L2C_LLM_MODEL": "the model name to ask at L2C_LLM_URL",

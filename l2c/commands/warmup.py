@@ -4,9 +4,9 @@ The dispatcher never blocks a call on a compiler: a kernel that is not built yet
 while torch serves the call. Whoever wants the tuned path from the first call runs this once per machine (or
 `l2c.precompile(model, example_input)` in the process itself): CUTLASS libraries land in the build cache (from the
 prebuilt pack or nvcc, several kernels per nvcc run, `-j` runs at once), Triton modules are generated and, with a GPU, compiled into Triton's cache
-by their first launch, and each kernel is checked against the reference at a shape it serves; the C++ table that
-replays served CUTLASS calls (l2c.targets.cutlass.native) is built into the cache beside them on a GPU. Each pass is recorded
-for the GPU, driver and l2c version (`l2c.verified`), so every later process serves those kernels from its first
+by their first launch, and each kernel is checked against the reference at a shape it serves; on a GPU the C++
+table that replays served CUTLASS calls (l2c.targets.cutlass.native) is built into the cache beside them. Each pass
+is recorded for the GPU, driver and l2c version (`l2c.verified`), so every later process serves those kernels from its first
 call. A kernel that fails is named with the reason and the command exits 1; the dispatcher then falls back to
 torch for it, as it would.
 """

@@ -186,8 +186,8 @@ class _LaunchPlan:
                                    tuple(descriptor_slots)))
         stored = tuple(out.mT.shape) if transposed else tuple(out.shape)
         return _LaunchPlan(device=a.get_device(), out_shape=stored, out_dtype=out.dtype, transposed=transposed,
-                           zero=zero, launches=tuple(replays), out_template=output_template(stored, out.dtype, a.device),
-                           setup=setup)
+                           zero=zero, launches=tuple(replays),
+                           out_template=output_template(stored, out.dtype, a.device), setup=setup)
 
     def replay(self, a, b, bias, stream):
         out = torch.empty_like(self.out_template)
