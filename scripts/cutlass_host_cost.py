@@ -7,8 +7,8 @@ The served kernel of `scripts/served_path.py` (the CUDA-graphs table's first CUT
 is rendered as the dispatcher renders it and compiled twice with l2c's nvcc flags, each time with a probe appended
 that times, in C++ (steady_clock, `--iters` back-to-back calls, best of 5), every step of the `_run` entry point:
 the whole entry, the device query, the arguments, `can_implement`, the workspace size and initialisation,
-`to_underlying_arguments` (which encodes the TMA descriptors), `Gemm::run` with parameters made once (the launch
-alone), an empty kernel's launch (the floor), the driver entry-point lookup CUTLASS makes for every descriptor it
+`to_underlying_arguments` (which encodes the TMA descriptors), `Gemm::run` and the template's own `launch` with
+parameters made once (the launch alone), an empty kernel's launch (the floor), the driver entry-point lookup CUTLASS makes for every descriptor it
 encodes, and `cuTensorMapReplaceAddress` (what replaying kept parameters would cost per tensor). The second build
 resolves `cuTensorMapEncodeTiled` once per process instead of once per descriptor (CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL
 with a forwarder): how much of `to_underlying_arguments` that lookup is.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 PIECES = ("run", "prepare_device", "make_arguments", "can_implement", "get_workspace_size", "initialize_workspace",
           "to_underlying_arguments", "gemm_run_kept_params", "empty_kernel_launch", "driver_entry_point_lookup",
-          "tensor_map_replace_address", "cuda_get_device")
+          "tensor_map_replace_address", "cuda_get_device", "l2c_launch_kept_params")
 
 FORWARDER = r"""
 #define CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL 1
@@ -58,6 +58,7 @@ extern "C" CUresult CUDAAPI cuTensorMapEncodeTiled(
 
 PROBE = r"""
 #include <chrono>
+#include <cuda.h>
 #include <cudaTypedefs.h>
 
 __global__ void l2c_probe_empty_kernel() {}
@@ -96,12 +97,12 @@ extern "C" int l2c_probe_host_cost(void const* A, void const* B, void* D, int M,
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return 2;
   if (Gemm::get_workspace_size(args) > workspace_bytes) return 3;
   typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, workspace);
-  PFN_cuTensorMapReplaceAddress_v12000 replace = nullptr;
+  decltype(&cuTensorMapReplaceAddress) replace = nullptr;
   {
     void* found = nullptr;
     cudaDriverEntryPointQueryResult query;
     cudaGetDriverEntryPointByVersion("cuTensorMapReplaceAddress", &found, 12000, cudaEnableDefault, &query);
-    replace = reinterpret_cast<PFN_cuTensorMapReplaceAddress_v12000>(found);
+    replace = reinterpret_cast<decltype(&cuTensorMapReplaceAddress)>(found);
   }
   CUtensorMap map = *reinterpret_cast<CUtensorMap const*>(params.mainloop.tma_load_a.get_tma_descriptor());
   ns[0] = ns_per_call([&] { {{RUN}}(A, B, nullptr, nullptr, D, M, N, K, 1, lda, int64_t(M) * K, ldb,
@@ -123,6 +124,7 @@ extern "C" int l2c_probe_host_cost(void const* A, void const* B, void* D, int M,
   }, n, stream);
   ns[10] = ns_per_call([&] { replace(&map, const_cast<void*>(A)); keep(map); }, n, stream);
   ns[11] = ns_per_call([&] { int d; cudaGetDevice(&d); keep(d); }, n, stream);
+  ns[12] = ns_per_call([&] { launch(params, stream); }, n, stream);
   return cudaGetLastError() == cudaSuccess ? 0 : 4;
 }
 """
