@@ -50,7 +50,8 @@ def _check(a):
 
 def _overhead(a):
     return [script("scripts/call_overhead.py", "--out", f"{a.out}/call_overhead.json"),
-            script("scripts/served_path.py", f"{a.out}/served_path.json")]
+            script("scripts/served_path.py", f"{a.out}/served_path.json"),
+            script("scripts/cutlass_host_cost.py", f"{a.out}/cutlass_host_cost.json")]
 
 
 def _dispatch(a):
