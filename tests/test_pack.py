@@ -21,7 +21,7 @@ import pytest
 
 from l2c import cache, pack
 from l2c.targets.cutlass import pack as pack_format
-from l2c.targets.cutlass.build import compile_source
+from l2c.targets.cutlass.build import compile_many, compile_source
 from l2c.targets.cutlass.toolchain import NVCC_FLAGS, find_nvcc, pack_key
 from l2c.cli import main
 from l2c.dispatch import Dispatcher
@@ -175,6 +175,23 @@ def test_without_nvcc_a_cache_miss_installs_from_the_pack(built, monkeypatch, tm
         assert library.parent == tmp_path / "empty-cache" / "cutlass"
         assert library.read_bytes() == built_here.read_bytes()
         assert compile_source(kernel.source, kernel.name) == library   # now a plain cache hit
+
+
+@needs_nvcc
+def test_many_cache_misses_read_the_pack_once(built, monkeypatch, tmp_path):
+    """A stream is read from its start: one pass per library would decompress the pack once per kernel."""
+    root, _, pack_path, kernels = built
+    monkeypatch.setenv("L2C_PACK", str(pack_path))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    _hide_nvcc(monkeypatch, tmp_path)
+    pack_format.read_pack(pack_path)   # the manifest, read once per file version
+    opened = []
+    real_open = pack_format._open_stream
+    monkeypatch.setattr(pack_format, "_open_stream", lambda path: opened.append(path) or real_open(path))
+    libraries = compile_many([(k.source, k.name) for k in kernels], workers=2)
+    assert opened == [str(pack_path)]
+    for kernel, library in zip(kernels, libraries):
+        assert library.read_bytes() == (root / "cache" / "cutlass" / library.name).read_bytes()
 
 
 @needs_nvcc

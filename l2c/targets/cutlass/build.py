@@ -104,6 +104,22 @@ def _settled(job: _Job, nvcc: Optional[str], no_nvcc: str) -> Optional[Outcome]:
     return None
 
 
+def _install_from_pack(jobs: Sequence[_Job], nvcc: Optional[str]) -> None:
+    """Install the library of every job the pack holds (for its compiler) in one pass through the pack, ahead of
+    the jobs' own turns, which then find it in the cache. What this pass cannot install is left to them."""
+    wanted: Dict[str, Dict[str, Tuple[pack.PackEntry, _Job]]] = {}
+    for job in jobs:
+        entry = job.prebuilt if nvcc is None else pack.lookup(ARCH, job.key, job.name)
+        if entry is not None and entry.nvcc_version == job.compiler:
+            wanted.setdefault(entry.pack, {})[entry.file] = (entry, job)
+    for path, members in wanted.items():
+        for entry, data in pack.read_libraries(path, [e for e, _ in members.values()]):
+            job = members[entry.file][1]
+            with cache.locked(job.library):
+                if not job.library.exists():
+                    cache.write_atomic(job.library, data)
+
+
 def _run_nvcc(nvcc: str, cu: Path, so: Path) -> Tuple[List[str], int, str]:
     command = nvcc_command(nvcc, cu, so)
     done = subprocess.run(command, capture_output=True, text=True, cwd=cu.parent)
@@ -230,7 +246,8 @@ def compile_many(sources: Sequence[Tuple[str, str]], workers: Optional[int] = No
     """Compile `(source, name)` pairs into cached shared libraries: one outcome (the library's path or a
     BuildError) per pair, in order, never raising.
 
-    Cache hits and pack installs cost nothing; the kernels nvcc has to build are grouped into runs of several
+    Cache hits and pack installs cost nothing (the pack is read once for all of them); the kernels nvcc has to
+    build are grouped into runs of several
     kernels (`plan_batches`) that `workers` threads drive, one nvcc each (fewer where memory is short). A run
     that fails is split until each failing kernel is found and has its own verdict: what building it alone gives.
     `done(index, outcome, kernels)` is called, from the worker threads, as each outcome is known; `kernels` is
@@ -260,6 +277,9 @@ def compile_many(sources: Sequence[Tuple[str, str]], workers: Optional[int] = No
             report(i, jobs[i].library, 0)
         else:
             todo.append(i)
+
+    if len(todo) > 1:
+        _install_from_pack([jobs[i] for i in todo], nvcc)
 
     def settle(i: int, outcome: Outcome, kernels: int) -> None:
         outcomes[i] = outcome

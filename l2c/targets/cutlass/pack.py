@@ -38,6 +38,7 @@ ENV_VAR = "L2C_PACK"
 FORMAT = 1
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 * 2**20
+MAX_LIBRARY_BYTES = 256 * 2**20   # far above any CUTLASS library (1-2 MiB): a member larger is not one
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_.-]+\.so")
 
@@ -170,19 +171,22 @@ def lookup(arch: str, key: str, name: str) -> Optional[PackEntry]:
     return entry if entry is not None and entry.name == name and pack.arch == arch else None
 
 
-def _libraries(path: str) -> Iterator[Tuple[tarfile.TarFile, tarfile.TarInfo]]:
-    """(archive, member) for every member after the manifest, streaming through the archive once."""
+def _libraries(path: str) -> Iterator[Tuple[tarfile.TarInfo, Optional[bytes]]]:
+    """(member, its bytes) for every member after the manifest, streaming through the archive once; None for the
+    bytes of a member that is not a file or is larger than any library. Each member is read whole, wanted or
+    not: skipping one in a stream makes tarfile decompress it in 10 KB reads that each copy what the decompressor
+    holds (reaching the middle of the shipped pack took 5.8 s that way, 0.56 s reading through)."""
     with _open_stream(path) as tar:
         for member in tar:
             if member.name != MANIFEST:
-                yield tar, member
+                readable = member.isfile() and member.size <= MAX_LIBRARY_BYTES
+                yield member, tar.extractfile(member).read() if readable else None
 
 
-def _read_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, entry: PackEntry) -> bytes:
+def _checked(member: tarfile.TarInfo, data: Optional[bytes], entry: PackEntry) -> bytes:
     """The member's bytes if they are the library `entry` records (size, then sha256); PackError saying why not."""
-    if not member.isfile() or member.size != entry.size:
+    if data is None or member.size != entry.size:
         raise PackError(f"{entry.file} is {member.size} bytes in the archive, the manifest says {entry.size}")
-    data = tar.extractfile(member).read()
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != entry.size or digest != entry.sha256:
         raise PackError(f"{entry.file} has sha256 {digest}, the manifest says {entry.sha256}")
@@ -192,14 +196,34 @@ def _read_checked(tar: tarfile.TarFile, member: tarfile.TarInfo, entry: PackEntr
 def read_library(entry: PackEntry) -> bytes:
     """The library's bytes, checked against the manifest's size and sha256; PackError otherwise."""
     try:
-        for tar, member in _libraries(entry.pack):
+        for member, data in _libraries(entry.pack):
             if member.name == entry.file:
-                return _read_checked(tar, member, entry)
+                return _checked(member, data, entry)
     except PackError as err:
         raise PackError(f"{entry.pack}: {err}: refused") from None
     except _READ_ERRORS as err:
         raise PackError(f"{entry.pack}: cannot read {entry.file}: {type(err).__name__}: {err}") from None
     raise PackError(f"{entry.pack}: the manifest lists {entry.file}, the archive does not hold it")
+
+
+def read_libraries(path: str, entries: Sequence[PackEntry]) -> Iterator[Tuple[PackEntry, bytes]]:
+    """(entry, bytes) for each of `entries` (of the pack at `path`) in one pass through the archive, each checked
+    as `read_library` checks it. A stream is read from its start, so asking `read_library` for each of a table's
+    libraries decompresses the archive once per library: minutes for a whole pack. A library that fails its
+    check, or that a damaged archive hides, is left out; `read_library`, asked for it alone, says why."""
+    wanted = {e.file: e for e in entries}
+    try:
+        for member, data in _libraries(path):
+            entry = wanted.pop(member.name, None)
+            if entry is not None:
+                try:
+                    yield entry, _checked(member, data, entry)
+                except PackError:
+                    continue
+            if not wanted:
+                return
+    except _READ_ERRORS:
+        return
 
 
 # ---- writing
@@ -233,14 +257,14 @@ def check_libraries(pack: Pack) -> List[str]:
     problems, seen = [], set()
     by_file = {e.file: e for e in pack.entries.values()}
     try:
-        for tar, member in _libraries(pack.path):
+        for member, data in _libraries(pack.path):
             entry = by_file.get(member.name)
             if entry is None:
                 problems.append(f"{member.name}: in the archive but not in the manifest")
                 continue
             seen.add(member.name)
             try:
-                _read_checked(tar, member, entry)
+                _checked(member, data, entry)
             except PackError as err:
                 problems.append(f"corrupt: {err}")
     except _READ_ERRORS as err:
