@@ -109,14 +109,48 @@ def _validated(job: Job):
     return _validate_text(job.spec_text, job.target, job.arch)
 
 
+class ServedMs:
+    """The token counts M some entry serves for one (N, K): its exact Ms and its token ranges."""
+    __slots__ = ("exact", "spans")
+
+    def __init__(self, exact, spans):
+        self.exact, self.spans = exact, spans
+
+    def __contains__(self, m) -> bool:
+        if m in self.exact:
+            return True
+        for lo, hi in self.spans:   # a loop, not any(): this runs on every call of a served (N, K)
+            if lo <= m <= hi:
+                return True
+        return False
+
+
+class _AnyM:
+    """Holds every M: what online tuning may serve."""
+
+    def __contains__(self, m) -> bool:
+        return True
+
+
 class _AnyShape:
-    """Holds every (N, K): the `served_nk` of a dispatcher that tunes online."""
+    """Maps every (N, K) to every M: the `served_nk` of a dispatcher that tunes online."""
 
     def __contains__(self, nk) -> bool:
         return True
 
+    def get(self, nk, default=None):
+        return _ANY_M
 
+
+_ANY_M = _AnyM()
 _ANY_SHAPE = _AnyShape()
+
+
+def _served_ms(table: Optional[TunedTable]) -> Dict[Tuple[int, int], object]:
+    """(N, K) -> the Ms some entry serves there (a frozenset where the table has no token range for it)."""
+    if table is None:
+        return {}
+    return {nk: ServedMs(exact, spans) if spans else exact for nk, (exact, spans) in table.served_m.items()}
 
 
 class Dispatcher:
@@ -132,11 +166,11 @@ class Dispatcher:
             from .devices import gpu_identity
             from .online import Decisions
             self.decisions = Decisions(*gpu_identity())
-        # the (N, K) of a plain call some entry may serve, as a weight's shape (`linear`, l2c.nn.Linear) and as b's
-        # (K, N) (l2c.ops.matmul): a call whose shape is not here is torch's after one set lookup; online tuning
-        # may serve any shape
-        self.served_nk = _ANY_SHAPE if self.online else frozenset(table.served_m if table is not None else ())
-        self.served_kn = _ANY_SHAPE if self.online else frozenset((k, n) for n, k in self.served_nk)
+        # the Ms some entry serves for each (N, K), keyed by a weight's shape (`linear`, l2c.nn.Linear) and by b's
+        # (K, N) (l2c.ops.matmul): a plain call whose (N, K) is not here, or whose M is not in its Ms, is torch's
+        # after one dict lookup and one membership test; online tuning may serve any shape
+        self.served_nk = _ANY_SHAPE if self.online else _served_ms(table)
+        self.served_kn = _ANY_SHAPE if self.online else {(k, n): ms for (n, k), ms in self.served_nk.items()}
         self.allow_cpu = allow_cpu
         self.prepare = prepare or prepare_mode()
         self.preparer = Preparer()
@@ -486,15 +520,14 @@ class Dispatcher:
             n = weight.shape[0]
             y = self._addmm(x.reshape(-1, x.shape[-1]), weight.t(), bias, activation, None, residual.reshape(-1, n))
             return y.reshape(*x.shape[:-1], n)
-        if weight.shape not in self.served_nk or weight.ndim != 2 or not (weight.shape[1] and x.ndim):
-            return self._torch_linear(x, weight, bias, activation)   # the hot unserved path: no entry for (N, K)
+        ms = self.served_nk.get(weight.shape)
+        if ms is None or weight.ndim != 2 or not (weight.shape[1] and x.ndim) or x.numel() // weight.shape[1] not in ms:
+            return self._torch_linear(x, weight, bias, activation)   # the hot unserved path: no entry for (N, K, M)
         if self.native is not None:   # a served CUTLASS plan of this call: the C++ table launches it
             y = self.native_served(self.native.linear, x, weight, bias, activation)
             if y is not None:
                 return y
         n, k = weight.shape
-        if not self.may_serve(x.numel() // k, n, k):   # an M no entry serves: F.linear, before any signature
-            return self._torch_linear(x, weight, bias, activation)
         grad = _needs_grad(x, weight, bias)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()

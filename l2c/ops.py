@@ -90,9 +90,12 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
                 activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`matmul` through `dispatcher` (what `l2c bench dispatch:TABLE` times: a user's call with another table)."""
-    if residual is None and bias is None and activation is None and b.shape not in dispatcher.served_kn:
-        dispatcher.stats["fallback"] += 1   # no entry for this (N, K): torch, in eager mode and traced alike
-        return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
+    if residual is None and bias is None and activation is None:
+        ms = dispatcher.served_kn.get(b.shape)
+        m = a.shape[0] if a.ndim == 2 else None   # a symbolic M (traced with dynamic shapes) is the custom op's to test
+        if ms is None or (type(m) is int and m not in ms):
+            dispatcher.stats["fallback"] += 1   # no entry for this (N, K) and M: torch, in eager mode and traced alike
+            return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
     if torch.compiler.is_compiling():
         if out is None and a.dim() == 2 and b.dim() == 2:
             if residual is not None:

@@ -58,15 +58,16 @@ def test_a_kernel_never_serves_an_m_outside_what_was_measured_for_it(rows, m):
 @given(st.lists(st.tuples(st.sampled_from([32, 48, 64]), st.sampled_from([32, 40]), st.integers(1, 64),
                           st.booleans()), min_size=0, max_size=6),
        st.sampled_from([32, 48, 64]), st.sampled_from([32, 40]), st.integers(1, 64))
-def test_the_shape_prefilter_sends_to_torch_only_what_no_entry_may_serve(rows, n, k, m):
-    """l2c.matmul's and nn.Linear's first test (b's (K, N), the weight's (N, K) against the dispatcher's sets) never
-    sends a call to torch that the table may serve: whatever it lets through, may_serve decides."""
+def test_the_shape_prefilter_sends_to_torch_exactly_what_no_entry_may_serve(rows, n, k, m):
+    """l2c.matmul's and Dispatcher.linear's first test (b's (K, N), the weight's (N, K), then M, against the
+    dispatcher's maps) lets through exactly the calls the table may serve."""
     table = TunedTable([entry(em, en, ek, m_range=(1, em) if ranged else None) for en, ek, em, ranged in rows])
     dispatcher = Dispatcher(table, allow_cpu=True, online=False)
-    if table.may_serve(m, n, k):
-        assert (k, n) in dispatcher.served_kn and (n, k) in dispatcher.served_nk
-    assert ((k, n) in dispatcher.served_kn) == ((n, k) in dispatcher.served_nk)
-    assert (7, 7) in Dispatcher(None, allow_cpu=True, online=True).served_kn    # online: any shape may be tuned
+    by_kn, by_nk = dispatcher.served_kn.get((k, n)), dispatcher.served_nk.get((n, k))
+    assert (by_kn is not None and m in by_kn) == table.may_serve(m, n, k)
+    assert (by_nk is not None and m in by_nk) == table.may_serve(m, n, k)
+    online = Dispatcher(None, allow_cpu=True, online=True)   # online: any shape may be tuned
+    assert (7, 7) in online.served_kn and m in online.served_kn.get((7, 7)) and m in online.served_nk.get((7, 7))
 
 
 def test_calls_no_entry_may_serve_are_torch_and_counted():
