@@ -56,6 +56,14 @@ def _hide_nvcc(monkeypatch, tmp_path) -> None:
         find_nvcc()
 
 
+def _install_from(pack_path, monkeypatch, tmp_path, nvcc: bool = False) -> None:
+    """Builds from here on install from `pack_path` into an empty cache; without nvcc unless `nvcc`."""
+    monkeypatch.setenv("L2C_PACK", str(pack_path))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    if not nvcc:
+        _hide_nvcc(monkeypatch, tmp_path)
+
+
 # ---- which kernels (no compiler)
 
 def test_the_pack_lists_exactly_the_specs_the_dispatcher_builds(tmp_path):
@@ -163,9 +171,7 @@ def test_verify_passes_without_a_compiler(built, monkeypatch, tmp_path, capsys):
 @needs_nvcc
 def test_without_nvcc_a_cache_miss_installs_from_the_pack(built, monkeypatch, tmp_path):
     root, _, pack_path, kernels = built
-    monkeypatch.setenv("L2C_PACK", str(pack_path))
-    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
-    _hide_nvcc(monkeypatch, tmp_path)
+    _install_from(pack_path, monkeypatch, tmp_path)
     for kernel in kernels:
         start = time.perf_counter()
         library = compile_source(kernel.source, kernel.name)
@@ -181,9 +187,7 @@ def test_without_nvcc_a_cache_miss_installs_from_the_pack(built, monkeypatch, tm
 def test_many_cache_misses_read_the_pack_once(built, monkeypatch, tmp_path):
     """A stream is read from its start: one pass per library would decompress the pack once per kernel."""
     root, _, pack_path, kernels = built
-    monkeypatch.setenv("L2C_PACK", str(pack_path))
-    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
-    _hide_nvcc(monkeypatch, tmp_path)
+    _install_from(pack_path, monkeypatch, tmp_path)
     pack_format.read_pack(pack_path)   # the manifest, read once per file version
     opened = []
     real_open = pack_format._open_stream
@@ -197,8 +201,7 @@ def test_many_cache_misses_read_the_pack_once(built, monkeypatch, tmp_path):
 @needs_nvcc
 def test_with_nvcc_of_the_same_version_a_cache_miss_installs_from_the_pack(built, monkeypatch, tmp_path):
     root, _, pack_path, kernels = built
-    monkeypatch.setenv("L2C_PACK", str(pack_path))
-    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
+    _install_from(pack_path, monkeypatch, tmp_path, nvcc=True)
     start = time.perf_counter()
     library = compile_source(kernels[0].source, kernels[0].name)
     assert time.perf_counter() - start < 10      # an nvcc build takes tens of seconds
@@ -208,9 +211,7 @@ def test_with_nvcc_of_the_same_version_a_cache_miss_installs_from_the_pack(built
 @needs_nvcc
 def test_a_changed_source_is_not_served_from_the_pack(built, monkeypatch, tmp_path):
     _, _, pack_path, kernels = built
-    monkeypatch.setenv("L2C_PACK", str(pack_path))
-    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
-    _hide_nvcc(monkeypatch, tmp_path)
+    _install_from(pack_path, monkeypatch, tmp_path)
     changed = kernels[0].source.replace("#include", "// a template change\n#include", 1)
     assert changed != kernels[0].source
     with pytest.raises(BuildError, match="not in l2c's prebuilt pack"):
@@ -245,9 +246,7 @@ def test_a_stale_entry_fails_verify_and_is_not_served(built, monkeypatch, tmp_pa
     assert main(["pack", "verify", "--table", str(table), "--pack", str(stale)]) == 1
     out = capsys.readouterr().out
     assert out.count("stale: small_basic_64x16") == 1 and "missing" not in out
-    monkeypatch.setenv("L2C_PACK", str(stale))
-    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
-    _hide_nvcc(monkeypatch, tmp_path)
+    _install_from(stale, monkeypatch, tmp_path)
     kernel = next(k for k in kernels if k.key == first.key)
     with pytest.raises(BuildError, match="not in l2c's prebuilt pack"):
         compile_source(kernel.source, kernel.name)
@@ -260,9 +259,7 @@ def test_a_library_that_does_not_match_its_sha256_is_refused(built, monkeypatch,
     _rewrite(pack_path, bad, 1, lambda data: data[:1000] + bytes([data[1000] ^ 1]) + data[1001:])
     assert main(["pack", "verify", "--table", str(table), "--pack", str(bad)]) == 1
     assert "corrupt:" in capsys.readouterr().out
-    monkeypatch.setenv("L2C_PACK", str(bad))
-    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
-    _hide_nvcc(monkeypatch, tmp_path)
+    _install_from(bad, monkeypatch, tmp_path)
     damaged = sorted(pack_format.read_pack(bad).entries.values(), key=lambda e: e.file)[0]
     with pytest.raises(pack_format.PackError, match="sha256"):
         pack_format.read_library(damaged)
@@ -281,9 +278,7 @@ def test_a_corrupt_archive_fails_verify_and_installs_nothing_wrong(built, monkey
     bad.write_bytes(bytes(data))
     assert main(["pack", "verify", "--table", str(table), "--pack", str(bad)]) == 1
     assert "FAILED" in capsys.readouterr().out
-    monkeypatch.setenv("L2C_PACK", str(bad))
-    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "empty-cache"))
-    _hide_nvcc(monkeypatch, tmp_path)
+    _install_from(bad, monkeypatch, tmp_path)
     good = pack_format.read_pack(pack_path).entries
     refused = 0
     for kernel in kernels:
