@@ -134,7 +134,8 @@ def _zerowait(a):
 STAGES: Dict[str, Stage] = {
     "check": Stage("generated kernels verified on the GPU: random and fixed Triton specs, CUTLASS specs, one spec "
                    "on both targets, l2c.matmul through a tuned table (served kernels, autograd)", _check),
-    "overhead": Stage("host cost per call of the kernels' call paths against torch.matmul", _overhead),
+    "overhead": Stage("host cost per call of the kernels' call paths against torch.matmul, and of each step inside "
+                      "a CUTLASS kernel's entry point", _overhead),
     "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "
                       "(offgrid) and on the grid, kernel and call protocols", _dispatch),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "

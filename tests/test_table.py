@@ -249,3 +249,10 @@ def test_rows_of_what_users_call_count_for_the_entry_that_served_them(tmp_path):
     recorded = [dict(r, m=96, served_spec=other, served_target="triton", source="gone.json") for r in rows[:2]]
     table = _table_run(tmp_path, recorded, "--protocol", "kernel,call")
     assert [(e["m"], e["target"], e["spec"]) for e in table["entries"]] == [(96, "triton", other)]
+    # a row a kernel served, with neither its spec recorded nor its table there, is refused, never counted as torch
+    lost = [dict(r, source=str(tmp_path / "gone.json")) for r in rows[:2]]
+    results = tmp_path / "lost.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H200"}] + lost) + "\n")
+    refused = subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(tmp_path / "x.json"),
+                              "--protocol", "kernel,call"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "gone.json" in refused.stderr and "Traceback" not in refused.stderr

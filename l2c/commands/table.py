@@ -187,12 +187,17 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
 
 def as_candidates(rows, cache):
     """Result rows of kernels as table candidates: a `dispatch:`/`linear:` row served by a table entry becomes a row
-    of that entry's spec and target; one torch served is a measurement of torch (kept: it marks the M measured)."""
+    of that entry's spec and target; one torch served is a measurement of torch (kept: it marks the M measured).
+    A row a kernel served whose entry cannot be found (no `served_spec`, the table gone or changed) keeps no spec,
+    so that `l2c table` refuses it by name rather than count a kernel's measurement as torch's."""
     out = []
     for r in rows:
         if r.get("type") == "result" and r.get("target") == "dispatch":
             served = served_entry(r, cache)
-            r = dict(r, kernel="torch") if served is None else dict(r, spec=served[0], target=served[1])
+            if served is not None:
+                r = dict(r, spec=served[0], target=served[1])
+            elif r.get("served_by", "torch") == "torch":
+                r = dict(r, kernel="torch")
         out.append(r)
     return out
 
