@@ -109,22 +109,6 @@ def _validated(job: Job):
     return _validate_text(job.spec_text, job.target, job.arch)
 
 
-class ServedMs:
-    """The token counts M some entry serves for one (N, K): its exact Ms and its token ranges."""
-    __slots__ = ("exact", "spans")
-
-    def __init__(self, exact, spans):
-        self.exact, self.spans = exact, spans
-
-    def __contains__(self, m) -> bool:
-        if m in self.exact:
-            return True
-        for lo, hi in self.spans:   # a loop, not any(): this runs on every call of a served (N, K)
-            if lo <= m <= hi:
-                return True
-        return False
-
-
 class _AnyM:
     """Holds every M: what online tuning may serve."""
 
@@ -146,13 +130,6 @@ _ANY_M = _AnyM()
 _ANY_SHAPE = _AnyShape()
 
 
-def _served_ms(table: Optional[TunedTable]) -> Dict[Tuple[int, int], object]:
-    """(N, K) -> the Ms some entry serves there (a frozenset where the table has no token range for it)."""
-    if table is None:
-        return {}
-    return {nk: ServedMs(exact, spans) if spans else exact for nk, (exact, spans) in table.served_m.items()}
-
-
 class Dispatcher:
     """Resolves calls to tuned kernels; one per process (see `default_dispatcher`)."""
 
@@ -169,7 +146,7 @@ class Dispatcher:
         # the Ms some entry serves for each (N, K), keyed by a weight's shape (`linear`, l2c.nn.Linear) and by b's
         # (K, N) (l2c.ops.matmul): a plain call whose (N, K) is not here, or whose M is not in its Ms, is torch's
         # after one dict lookup and one membership test; online tuning may serve any shape
-        self.served_nk = _ANY_SHAPE if self.online else _served_ms(table)
+        self.served_nk = _ANY_SHAPE if self.online else (table.served_m if table is not None else {})
         self.served_kn = _ANY_SHAPE if self.online else {(k, n): ms for (n, k), ms in self.served_nk.items()}
         self.allow_cpu = allow_cpu
         self.prepare = prepare or prepare_mode()

@@ -131,6 +131,27 @@ def entry_from_row(row) -> TunedEntry:
                       range_min_speedup=worst, gate=gate)
 
 
+class ServedMs:
+    """The token counts M some entry serves for one (N, K): its exact Ms and its token ranges."""
+    __slots__ = ("exact", "spans")
+
+    def __init__(self, exact: frozenset, spans: Tuple[Tuple[int, int], ...]):
+        self.exact, self.spans = exact, spans
+
+    def __contains__(self, m) -> bool:
+        if m in self.exact:
+            return True
+        for lo, hi in self.spans:   # a loop, not any(): this runs on every call of a served (N, K)
+            if lo <= m <= hi:
+                return True
+        return False
+
+
+def _ms_holder(exact: frozenset, spans: Tuple[Tuple[int, int], ...]):
+    """What holds these Ms: the frozenset itself where there is no range (its C membership test), else a ServedMs."""
+    return ServedMs(exact, spans) if spans else exact
+
+
 class TunedTable:
     """The served entries of one architecture's table, indexed by the dispatch rule (module docstring). The gated
     entries of each gate are a table of their own (`gated`), so that their (N, K) never meets a plain call's."""
@@ -161,15 +182,15 @@ class TunedTable:
                 self.exact[key + (e.m,)] = e
         for group in self.ranges.values():   # the range with the best worst-case first, then the narrowest
             group.sort(key=lambda e: (-(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
-        # per (N, K), the Ms some entry serves (any dtype or layout): (exact Ms, ranges); a call at another M
-        # goes to torch without computing its full signature
+        # per (N, K), the Ms some entry serves (any dtype or layout), for `in`: a call at another M goes to torch
+        # without computing its full signature (the dispatcher's first test holds these same objects)
         exact_ms: Dict[Tuple[int, int], set] = {}
         for key in self.exact:
             exact_ms.setdefault((key[2], key[3]), set()).add(key[5])
         spans: Dict[Tuple[int, int], list] = {}
         for key, group in self.ranges.items():
             spans.setdefault((key[2], key[3]), []).extend((e.m_lo, e.m_hi) for e in group)
-        self.served_m = {nk: (frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
+        self.served_m = {nk: _ms_holder(frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
                          for nk in exact_ms.keys() | spans.keys()}
         self.gated: Dict[str, "TunedTable"] = {g: TunedTable(group, arch, source, gate=g) for g, group in gated.items()}
 
@@ -200,15 +221,7 @@ class TunedTable:
             sub = self.gated.get(gate)
             return sub is not None and sub.may_serve(m, n, k, gate)
         served = self.served_m.get((n, k))
-        if served is None:
-            return False
-        exact, spans = served
-        if m in exact:
-            return True
-        for lo, hi in spans:   # a loop, not any(): this runs on every call of a served (N, K)
-            if lo <= m <= hi:
-                return True
-        return False
+        return served is not None and m in served
 
     def __len__(self) -> int:
         return len(self.exact)

@@ -3,15 +3,15 @@
 
     python scripts/cutlass_host_cost.py OUT.json [--iters 400]
 
-The served kernel of `scripts/served_path.py` (the CUDA-graphs table's first CUTLASS fp16 entry under 256 MFLOP)
-is rendered as the dispatcher renders it and compiled twice with l2c's nvcc flags, each time with a probe appended
-that times, in C++ (steady_clock, `--iters` back-to-back calls, best of 5), every step of the `_run` entry point:
-the whole entry, the device query, the arguments, `can_implement`, the workspace size and initialisation,
+The served kernel of `scripts/served_path.py` (the CUDA-graphs table's first CUTLASS fp16 entry under 256 MFLOP) is
+rendered as the dispatcher renders it and compiled twice with l2c's nvcc flags, each time with a probe appended that
+times, in C++ (steady_clock, `--iters` back-to-back calls, best of 5), every step of the `_run` entry point: the
+whole entry, the device query, the arguments, `can_implement`, the workspace size and initialisation,
 `to_underlying_arguments` (which encodes the TMA descriptors), `Gemm::run` and the template's own `launch` with
-parameters made once (the launch alone), an empty kernel's launch (the floor), the driver entry-point lookup CUTLASS makes for every descriptor it
-encodes, and `cuTensorMapReplaceAddress` (what replaying kept parameters would cost per tensor). The second build
-resolves `cuTensorMapEncodeTiled` once per process instead of once per descriptor (CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL
-with a forwarder): how much of `to_underlying_arguments` that lookup is.
+parameters made once (the launch alone), an empty kernel's launch (the floor), the driver entry-point lookup CUTLASS
+makes for every descriptor it encodes, and `cuTensorMapReplaceAddress` (what replaying kept parameters would cost
+per tensor). The second build resolves `cuTensorMapEncodeTiled` once per process instead of once per descriptor
+(CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL with a forwarder): how much of `to_underlying_arguments` that lookup is.
 """
 import argparse
 import ctypes

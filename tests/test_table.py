@@ -197,14 +197,18 @@ def test_ranges_with_confirmed_by_keep_the_ranges_of_specs_that_won_again(tmp_pa
     assert ranges == [(1, 4), (16, 64)]       # g's runs either side of M = 8 (h's, unconfirmed); h lost again
 
 
-def _table_run(tmp_path, rows, *args):
+def _table_command(tmp_path, rows, *args):
+    """`l2c table` over `rows` (after an H200 env row) into tmp_path/t.json: the finished process."""
     results = tmp_path / "r.jsonl"
     results.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H200"}] + rows) + "\n")
-    out = tmp_path / "t.json"
-    done = subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(out), *args],
+    return subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(tmp_path / "t.json"), *args],
                           capture_output=True, text=True)
+
+
+def _table_run(tmp_path, rows, *args):
+    done = _table_command(tmp_path, rows, *args)
     assert done.returncode == 0, done.stderr
-    return json.loads(out.read_text())
+    return json.loads((tmp_path / "t.json").read_text())
 
 
 def test_two_protocols_admit_a_kernel_only_where_it_is_slower_in_neither(tmp_path):
@@ -251,8 +255,5 @@ def test_rows_of_what_users_call_count_for_the_entry_that_served_them(tmp_path):
     assert [(e["m"], e["target"], e["spec"]) for e in table["entries"]] == [(96, "triton", other)]
     # a row a kernel served, with neither its spec recorded nor its table there, is refused, never counted as torch
     lost = [dict(r, source=str(tmp_path / "gone.json")) for r in rows[:2]]
-    results = tmp_path / "lost.jsonl"
-    results.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H200"}] + lost) + "\n")
-    refused = subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(tmp_path / "x.json"),
-                              "--protocol", "kernel,call"], capture_output=True, text=True)
+    refused = _table_command(tmp_path, lost, "--protocol", "kernel,call")
     assert refused.returncode == 2 and "gone.json" in refused.stderr and "Traceback" not in refused.stderr
