@@ -124,16 +124,19 @@ class DispatchKernel:
     (F.linear), `matmul` against torch.matmul."""
     writes_out = False
 
-    def __init__(self, spec, table_path: Optional[str], via: str, arch: str):
+    def __init__(self, spec, table_path: Optional[str], via: str, arch: str, table=None):
         from types import SimpleNamespace
         from .dispatch import Dispatcher, default_table_path
         from .tuned_table import TableError, load_table
-        path = table_path or default_table_path(arch)
-        try:
-            table = load_table(path) if path is not None else None
-        except TableError as err:
-            raise BenchError(str(err)) from None
-        self.table_path = str(path) if path is not None else None
+        if table is None:
+            path = table_path or default_table_path(arch)
+            try:
+                table = load_table(path) if path is not None else None
+            except TableError as err:
+                raise BenchError(str(err)) from None
+            self.table_path = str(path) if path is not None else None
+        else:   # a table made in memory (`serving:`): its name says what it serves
+            self.table_path = table_path
         self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background")
         self.valid = SimpleNamespace(spec=spec, name=f"{via}[{self.table_path}]")
         self.via = via
@@ -202,6 +205,8 @@ def load_candidates(paths: Iterable[str], target: str = "all", arch: str = "sm_9
                              target="dispatch", spec=spec, valid=kernel.valid)
             cand._kernel = kernel
             out.append(cand)
+        elif via == "serving":
+            out.extend(_serving_candidates(p.split(":", 1)[1] if ":" in p else "", target, arch, dtype, layout))
         elif p.endswith(".json"):
             out.extend(_table_candidates(p, arch))
         else:
@@ -210,6 +215,30 @@ def load_candidates(paths: Iterable[str], target: str = "all", arch: str = "sm_9
             out.extend(_spec_candidates(p, target, arch))
     if not out:
         raise BenchError("nothing to measure: give .l2 spec files, tuned-table .json files or `torch`")
+    return out
+
+
+def _serving_candidates(path: str, target: str, arch: str, dtype: str, layout: str) -> List[Candidate]:
+    """`serving:FILE.l2`: `l2c.matmul` serving each shape-generic spec of FILE at every shape (a table of one cell
+    that holds everything, `TunedTable.serving`), in the spec's dtype and layouts: what a table entry of that kernel
+    would serve, measured through the dispatcher's whole call path. Its rows record the spec (`served_spec`), so
+    that `l2c table` makes entries and cells of it."""
+    from .tuned_table import TunedTable
+    if not path or not Path(path).exists():
+        raise BenchError(f"serving:{path}: give an existing .l2 file, e.g. serving:specs.l2")
+    out = []
+    for cand in _spec_candidates(path, target, arch):
+        spec = cand.spec
+        if cand.failure is not None or cand.shapes is not None:
+            raise BenchError(f"serving:{path}: {spec.name} must be a valid shape-generic spec (problem m/n/k = any)")
+        call_layout = f"{spec.layout_a},{spec.layout_b},{spec.layout_c}"
+        via = "linear" if (spec.layout_b, spec.layout_c) == ("col", "row") else "dispatch"
+        table = TunedTable.serving(spec.to_l2(), cand.target, spec.types_a, call_layout, arch)
+        kernel = DispatchKernel(_user_spec(spec.types_a, call_layout), f"serving[{spec.name}]", via, arch, table)
+        served = Candidate(id=f"serving:{path}:{spec.name}@{cand.target}", source=path, target="dispatch",
+                           spec=kernel.valid.spec, valid=kernel.valid)
+        served._kernel = kernel
+        out.append(served)
     return out
 
 

@@ -42,7 +42,7 @@ from .kernel import call_signature, cuda_accessors
 from .targets.cutlass import native as native_call
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
-from .tuned_table import TableError, TunedEntry, TunedTable, load_table, served_spec
+from .tuned_table import ServedShapes, TableError, TunedEntry, TunedTable, load_table, served_spec
 
 log = logging.getLogger("l2c.dispatch")
 
@@ -119,11 +119,11 @@ class _AnyM:
 class _AnyShape:
     """Maps every (N, K) to every M: the `served_nk` of a dispatcher that tunes online."""
 
+    def __getitem__(self, nk):
+        return _ANY_M
+
     def __contains__(self, nk) -> bool:
         return True
-
-    def get(self, nk, default=None):
-        return _ANY_M
 
 
 _ANY_M = _AnyM()
@@ -146,8 +146,10 @@ class Dispatcher:
         # the Ms some entry serves for each (N, K), keyed by a weight's shape (`linear`, l2c.nn.Linear) and by b's
         # (K, N) (l2c.ops.matmul): a plain call whose (N, K) is not here, or whose M is not in its Ms, is torch's
         # after one dict lookup and one membership test; online tuning may serve any shape
-        self.served_nk = _ANY_SHAPE if self.online else (table.served_m if table is not None else {})
-        self.served_kn = _ANY_SHAPE if self.online else {(k, n): ms for (n, k), ms in self.served_nk.items()}
+        # (`d[nk]` is never missing: an empty set where nothing serves)
+        no_table = ServedShapes({}, [])
+        self.served_nk = _ANY_SHAPE if self.online else (table.served_m if table is not None else no_table)
+        self.served_kn = _ANY_SHAPE if self.online else (table.served_kn if table is not None else no_table)
         self.allow_cpu = allow_cpu
         self.prepare = prepare or prepare_mode()
         self.preparer = Preparer()
@@ -497,8 +499,8 @@ class Dispatcher:
             n = weight.shape[0]
             y = self._addmm(x.reshape(-1, x.shape[-1]), weight.t(), bias, activation, None, residual.reshape(-1, n))
             return y.reshape(*x.shape[:-1], n)
-        ms = self.served_nk.get(weight.shape)
-        if ms is None or weight.ndim != 2 or not (weight.shape[1] and x.ndim) or x.numel() // weight.shape[1] not in ms:
+        if weight.ndim != 2 or not (weight.shape[1] and x.ndim) or \
+                x.numel() // weight.shape[1] not in self.served_nk[weight.shape]:
             return self._torch_linear(x, weight, bias, activation)   # the hot unserved path: no entry for (N, K, M)
         if self.native is not None:   # a served CUTLASS plan of this call: the C++ table launches it
             y = self.native_served(self.native.linear, x, weight, bias, activation)

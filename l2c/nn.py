@@ -40,7 +40,7 @@ class Linear(torch.nn.Linear):
         """`activation(x @ W^T + b)`, or `residual + x @ W^T + b` (the residual added in the GEMM's epilogue)."""
         dispatcher = dispatch._default or default_dispatcher()
         if self.activation is None and residual is None \
-                and (self.out_features, self.in_features) not in dispatcher.served_nk:
+                and not dispatcher.served_nk[self.out_features, self.in_features]:
             dispatcher.stats["fallback"] += 1   # no entry for this (N, K): F.linear, eager and traced alike
             return F.linear(x, self.weight, self.bias)
         if not torch.compiler.is_compiling():   # eager: straight to the dispatcher

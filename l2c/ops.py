@@ -91,9 +91,9 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`matmul` through `dispatcher` (what `l2c bench dispatch:TABLE` times: a user's call with another table)."""
     if residual is None and bias is None and activation is None:
-        ms = dispatcher.served_kn.get(b.shape)
+        ms = dispatcher.served_kn[b.shape]   # empty where nothing serves this (K, N)
         m = a.shape[0] if a.ndim == 2 else None   # a symbolic M (traced with dynamic shapes) is the custom op's to test
-        if ms is None or (type(m) is int and m not in ms):
+        if not ms or (type(m) is int and m not in ms):
             dispatcher.stats["fallback"] += 1   # no entry for this (N, K) and M: torch, in eager mode and traced alike
             return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
     if torch.compiler.is_compiling():

@@ -6,9 +6,13 @@ A table is measurements, and the dispatcher serves a kernel only where a measure
   layouts);
 - a token-count range: an entry with ``"m_range": [lo, hi]`` says its shape-generic kernel was measured
   faster than torch at both ends of the range and at every M the producer measured inside it (at least one),
-  for the same N, K, batch, dtype and layouts; it serves any M in [lo, hi].
+  for the same N, K, batch, dtype and layouts; it serves any M in [lo, hi];
+- a cell: an entry with ``"m_range"``, ``"n_range"`` and ``"k_range"`` says its shape-generic kernel was measured
+  faster than torch at each of the box's eight corners (same batch, dtype and layouts; `l2c table --cells`); it
+  serves any (M, N, K) inside the box. How often such a kernel loses inside a box is measured on held-out shapes
+  (docs/CONTRACTS.md, the dispatch rule).
 
-Nothing else: no nearest M, no interpolation. An entry measured at or below torch's speed never serves.
+Nothing else: no nearest shape, no interpolation past measured corners. An entry measured at or below torch's speed never serves.
 
 A gated entry (``"gate": "silu"`` or ``"gelu_tanh"``: a kernel with that gated epilogue, measured against torch's
 gated MLP projection on a B of K x 2N, N being the output's) is evidence for that gated problem only: it serves
@@ -54,8 +58,12 @@ class TunedEntry:
     baseline_tflops: float
     m_lo: Optional[int] = None   # with m_hi: the measured token-count range this entry serves
     m_hi: Optional[int] = None
-    range_min_speedup: Optional[float] = None   # the worst measured speedup inside that range
+    range_min_speedup: Optional[float] = None   # the worst measured speedup inside that range (or at those corners)
     gate: str = "none"     # the gated problem it was measured on (epilogue gate); "none": a plain GEMM
+    n_lo: Optional[int] = None   # with n_hi, k_lo, k_hi and the M range: the cell (a box of shapes) this entry serves
+    n_hi: Optional[int] = None
+    k_lo: Optional[int] = None
+    k_hi: Optional[int] = None
 
     @property
     def speedup(self) -> float:
@@ -63,7 +71,16 @@ class TunedEntry:
 
     @property
     def serves_range(self) -> bool:
+        """A token-count range of one (N, K), or a cell (`serves_cell`)."""
         return self.m_lo is not None and self.m_hi is not None
+
+    @property
+    def serves_cell(self) -> bool:
+        return self.n_lo is not None
+
+    def holds(self, m: int, n: int, k: int) -> bool:
+        """Whether this cell's box holds (M, N, K)."""
+        return self.m_lo <= m <= self.m_hi and self.n_lo <= n <= self.n_hi and self.k_lo <= k <= self.k_hi
 
     def to_row(self) -> Dict[str, object]:
         row = {"m": self.m, "n": self.n, "k": self.k, "batch": self.batch, "dtype": self.dtype,
@@ -71,6 +88,8 @@ class TunedEntry:
                "baseline_tflops": self.baseline_tflops, "speedup": round(self.speedup, 4)}
         if self.serves_range:
             row["m_range"] = [self.m_lo, self.m_hi]
+            if self.serves_cell:
+                row["n_range"], row["k_range"] = [self.n_lo, self.n_hi], [self.k_lo, self.k_hi]
             if self.range_min_speedup is not None:
                 row["range_min_speedup"] = self.range_min_speedup
         if self.gate != "none":
@@ -112,27 +131,39 @@ def entry_from_row(row) -> TunedEntry:
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
     m_lo = m_hi = worst = None
-    m = _whole(row["m"], "m")
+    m, n, k = _whole(row["m"], "m"), _whole(row["n"], "n"), _whole(row["k"], "k")
+    cell = [row.get("n_range"), row.get("k_range")]
+    if (cell[0] is None) != (cell[1] is None) or (cell[0] is not None and row.get("m_range") is None):
+        raise ValueError("a cell has all three of m_range, n_range and k_range")
+    n_lo = n_hi = k_lo = k_hi = None
+    if cell[0] is not None:
+        n_lo, n_hi = _span(cell[0], n, "n")
+        k_lo, k_hi = _span(cell[1], k, "k")
     if row.get("m_range") is not None:
-        rng = row["m_range"]
-        if not isinstance(rng, list) or len(rng) != 2:
-            raise ValueError(f"m_range must be [lo, hi], got {rng!r}")
-        m_lo, m_hi = _whole(rng[0], "m_range[0]"), _whole(rng[1], "m_range[1]")
-        if not m_lo <= m <= m_hi:
-            raise ValueError(f"m_range {rng} does not contain the entry's m={m}")
+        m_lo, m_hi = _span(row["m_range"], m, "m")
         if row.get("range_min_speedup") is not None:
             worst = _rate(row["range_min_speedup"], "range_min_speedup")
             if worst <= 1.0:
                 raise ValueError(f"range_min_speedup {worst} is no win: a range serves only where it won")
-    return TunedEntry(m=m, n=_whole(row["n"], "n"), k=_whole(row["k"], "k"),
-                      batch=_whole(row.get("batch", 1), "batch"), dtype=dtype, layout=layout, target=target,
-                      spec_text=spec, tflops=_rate(row["tflops"], "tflops"),
+    return TunedEntry(m=m, n=n, k=k, batch=_whole(row.get("batch", 1), "batch"), dtype=dtype, layout=layout,
+                      target=target, spec_text=spec, tflops=_rate(row["tflops"], "tflops"),
                       baseline_tflops=_rate(row["baseline_tflops"], "baseline_tflops"), m_lo=m_lo, m_hi=m_hi,
-                      range_min_speedup=worst, gate=gate)
+                      range_min_speedup=worst, gate=gate, n_lo=n_lo, n_hi=n_hi, k_lo=k_lo, k_hi=k_hi)
+
+
+def _span(rng, value: int, axis: str) -> Tuple[int, int]:
+    """An entry's [lo, hi] along one axis, holding the entry's own `value`; ValueError naming the field."""
+    if not isinstance(rng, list) or len(rng) != 2:
+        raise ValueError(f"{axis}_range must be [lo, hi], got {rng!r}")
+    lo, hi = _whole(rng[0], f"{axis}_range[0]"), _whole(rng[1], f"{axis}_range[1]")
+    if not lo <= value <= hi:
+        raise ValueError(f"{axis}_range {rng} does not contain the entry's {axis}={value}")
+    return lo, hi
 
 
 class ServedMs:
-    """The token counts M some entry serves for one (N, K): its exact Ms and its token ranges."""
+    """The token counts M some entry serves for one (N, K): its exact Ms and its token ranges (a cell's M range
+    among them)."""
     __slots__ = ("exact", "spans")
 
     def __init__(self, exact: frozenset, spans: Tuple[Tuple[int, int], ...]):
@@ -152,12 +183,39 @@ def _ms_holder(exact: frozenset, spans: Tuple[Tuple[int, int], ...]):
     return ServedMs(exact, spans) if spans else exact
 
 
+_NO_M = frozenset()
+MAX_REMEMBERED_NK = 1 << 16
+
+
+class ServedShapes(dict):
+    """(N, K) -> the Ms some entry serves there (a frozenset or ServedMs; empty where none), keyed (K, N) when
+    `transposed` (b's shape in `a @ b`). The (N, K) of exact entries and ranges are held from the start; another
+    (N, K) is worked out from the cells the first time it is asked for (`d[nk]`) and remembered, so a call costs one
+    dict lookup and one membership test either way."""
+
+    def __init__(self, held: Dict[Tuple[int, int], object], cells: List["TunedEntry"], transposed: bool = False):
+        super().__init__(((k, n), ms) for (n, k), ms in held.items()) if transposed else super().__init__(held)
+        self.cells, self.transposed = cells, transposed
+
+    def __missing__(self, key):
+        if len(key) != 2 or not self.cells:
+            return _NO_M
+        n, k = (key[1], key[0]) if self.transposed else key
+        spans = tuple((e.m_lo, e.m_hi) for e in self.cells if e.n_lo <= n <= e.n_hi and e.k_lo <= k <= e.k_hi)
+        ms = _ms_holder(_NO_M, spans)
+        if len(self) < MAX_REMEMBERED_NK:
+            self[key] = ms
+        return ms
+
+
 class TunedTable:
     """The served entries of one architecture's table, indexed by the dispatch rule (module docstring). The gated
-    entries of each gate are a table of their own (`gated`), so that their (N, K) never meets a plain call's."""
+    entries of each gate are a table of their own (`gated`), so that their (N, K) never meets a plain call's.
+    `serve_all` serves every entry whatever its figures: a table made in memory to measure a kernel through the
+    dispatcher (`l2c bench serving:FILE`), never one read from a file."""
 
     def __init__(self, entries: List[TunedEntry], arch: str = "sm_90", source: str = "<memory>", skipped: int = 0,
-                 first_skipped: str = "", gate: str = "none"):
+                 first_skipped: str = "", gate: str = "none", serve_all: bool = False):
         self.arch = arch
         self.source = source
         self.skipped = skipped          # malformed rows left out when the table was read
@@ -165,13 +223,17 @@ class TunedTable:
         self.gate = gate                # the problem this table's entries were measured on
         self.exact: Dict[Tuple, TunedEntry] = {}
         self.ranges: Dict[Tuple, List[TunedEntry]] = {}
+        self.cells: Dict[Tuple, List[TunedEntry]] = {}   # (dtype, layout, batch) -> cells
         gated: Dict[str, List[TunedEntry]] = {}
         for e in entries:
             if e.gate != gate:
                 if gate == "none":
                     gated.setdefault(e.gate, []).append(e)
                 continue
-            if e.speedup <= 1.0:        # measured no faster than torch: never served
+            if e.speedup <= 1.0 and not serve_all:   # measured no faster than torch: never served
+                continue
+            if e.serves_cell:
+                self.cells.setdefault((e.dtype, e.layout, e.batch), []).append(e)
                 continue
             key = (e.dtype, e.layout, e.n, e.k, e.batch)
             if e.serves_range:
@@ -180,7 +242,8 @@ class TunedTable:
             best = self.exact.get(key + (e.m,))
             if best is None or e.speedup > best.speedup:
                 self.exact[key + (e.m,)] = e
-        for group in self.ranges.values():   # the range with the best worst-case first, then the narrowest
+        for group in list(self.ranges.values()) + list(self.cells.values()):
+            # the best worst-case first, then the narrowest
             group.sort(key=lambda e: (-(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
         # per (N, K), the Ms some entry serves (any dtype or layout), for `in`: a call at another M goes to torch
         # without computing its full signature (the dispatcher's first test holds these same objects)
@@ -190,9 +253,16 @@ class TunedTable:
         spans: Dict[Tuple[int, int], list] = {}
         for key, group in self.ranges.items():
             spans.setdefault((key[2], key[3]), []).extend((e.m_lo, e.m_hi) for e in group)
-        self.served_m = {nk: _ms_holder(frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
-                         for nk in exact_ms.keys() | spans.keys()}
-        self.gated: Dict[str, "TunedTable"] = {g: TunedTable(group, arch, source, gate=g) for g, group in gated.items()}
+        all_cells = [e for group in self.cells.values() for e in group]
+        for n, k in exact_ms.keys() | spans.keys():   # a held (N, K) inside a cell serves the cell's Ms too
+            spans.setdefault((n, k), []).extend((e.m_lo, e.m_hi) for e in all_cells
+                                                if e.n_lo <= n <= e.n_hi and e.k_lo <= k <= e.k_hi)
+        held = {nk: _ms_holder(frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
+                for nk in exact_ms.keys() | spans.keys()}
+        self.served_m = ServedShapes(held, all_cells)
+        self.served_kn = ServedShapes(held, all_cells, transposed=True)
+        self.gated: Dict[str, "TunedTable"] = {g: TunedTable(group, arch, source, gate=g, serve_all=serve_all)
+                                               for g, group in gated.items()}
 
     @classmethod
     def load(cls, path) -> "TunedTable":
@@ -212,6 +282,9 @@ class TunedTable:
         for e in self.ranges.get(key, ()):
             if e.m_lo <= m <= e.m_hi:
                 return e
+        for e in self.cells.get((dtype, layout, batch), ()):
+            if e.holds(m, n, k):
+                return e
         return None
 
     def may_serve(self, m: int, n: int, k: int, gate: str = "none") -> bool:
@@ -220,11 +293,20 @@ class TunedTable:
         if gate != self.gate:
             sub = self.gated.get(gate)
             return sub is not None and sub.may_serve(m, n, k, gate)
-        served = self.served_m.get((n, k))
-        return served is not None and m in served
+        return m in self.served_m[n, k]
 
     def __len__(self) -> int:
         return len(self.exact)
+
+    @classmethod
+    def serving(cls, spec_text: str, target: str, dtype: str, layout: str, arch: str = "sm_90") -> "TunedTable":
+        """A table whose one cell serves `spec_text` at every shape of this dtype and layouts: what a table entry of
+        that kernel would serve, so that `l2c bench serving:FILE` measures it through the dispatcher (the C++ served
+        call included). Its figures are no measurement, hence `serve_all`."""
+        top = 2**31 - 1
+        entry = TunedEntry(m=1, n=1, k=1, batch=1, dtype=dtype, layout=layout, target=target, spec_text=spec_text,
+                           tflops=0.0, baseline_tflops=0.0, m_lo=1, m_hi=top, n_lo=1, n_hi=top, k_lo=1, k_hi=top)
+        return cls([entry], arch=arch, source="<serving>", serve_all=True)
 
 
 def served_spec(entry: TunedEntry, m: int, has_bias: bool, activation: str, residual: bool = False) -> KernelSpec:

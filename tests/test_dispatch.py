@@ -12,13 +12,18 @@ from l2c.dispatch import Dispatcher, TunedEntry, TunedTable, set_tuned_table
 from l2c.ir import KernelSpec
 
 
-def entry(m, n, k, tflops=2.0, baseline=1.0, spec=None, layout="row,col,row", target="triton", m_range=None):
-    spec = spec or KernelSpec(name=f"t{m}x{n}x{k}", problem_m=m if m_range is None else "any", problem_n=n,
-                              problem_k=k, tile_m=16, tile_n=16, tile_k=16, layout_b="col", swizzle_group=1,
-                              launch_warps=4)
+def entry(m, n, k, tflops=2.0, baseline=1.0, spec=None, layout="row,col,row", target="triton", m_range=None,
+          cell=None):
+    """A table entry; `m_range` makes it a token-count range, `cell` ((n_lo, n_hi), (k_lo, k_hi)) with it a cell."""
+    generic = cell is not None
+    spec = spec or KernelSpec(name=f"t{m}x{n}x{k}", problem_m=m if m_range is None else "any",
+                              problem_n="any" if generic else n, problem_k="any" if generic else k, tile_m=16,
+                              tile_n=16, tile_k=16, layout_b="col", swizzle_group=1, launch_warps=4)
     lo, hi = m_range or (None, None)
+    (n_lo, n_hi), (k_lo, k_hi) = cell or ((None, None), (None, None))
     return TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout=layout, target=target,
-                      spec_text=spec.to_l2(), tflops=tflops, baseline_tflops=baseline, m_lo=lo, m_hi=hi)
+                      spec_text=spec.to_l2(), tflops=tflops, baseline_tflops=baseline, m_lo=lo, m_hi=hi,
+                      n_lo=n_lo, n_hi=n_hi, k_lo=k_lo, k_hi=k_hi)
 
 
 def test_lookup_serves_exact_shapes_and_measured_ranges_only():
@@ -29,6 +34,11 @@ def test_lookup_serves_exact_shapes_and_measured_ranges_only():
     assert table.lookup("f16", "row,col,row", 128, 64, 64) is None
     assert table.lookup("bf16", "row,col,row", 128, 64, 32) is None
     assert table.lookup("f16", "row,row,row", 128, 64, 32) is None
+    boxed = TunedTable([entry(64, 64, 32, cell=((64, 128), (32, 64)), m_range=(64, 128)), entry(128, 64, 32)])
+    assert boxed.lookup("f16", "row,col,row", 100, 96, 40).m == 64     # inside the cell's box
+    assert boxed.lookup("f16", "row,col,row", 128, 64, 32).serves_cell is False   # an exact entry first
+    for m, n, k in ((63, 96, 40), (100, 129, 40), (100, 96, 65)):   # outside it on one axis: torch
+        assert boxed.lookup("f16", "row,col,row", m, n, k) is None
     ranged = TunedTable([entry(32, 64, 32, m_range=(8, 64)), entry(48, 64, 32, tflops=3.0, m_range=(40, 56))])
     assert ranged.lookup("f16", "row,col,row", 8, 64, 32).m == 32
     assert ranged.lookup("f16", "row,col,row", 50, 64, 32).m == 48     # the best worst-case range that holds M
@@ -37,37 +47,55 @@ def test_lookup_serves_exact_shapes_and_measured_ranges_only():
     assert ranged.lookup("f16", "row,col,row", 65, 64, 32) is None
 
 
+_CELL_SIDES = st.tuples(st.sampled_from([16, 32, 48, 64]), st.sampled_from([0, 16, 32]))
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 600), st.integers(0, 40), st.booleans(),
-                          st.floats(0.5, 2.0, allow_nan=False)), min_size=1, max_size=12),
-       st.integers(1, 700))
-def test_a_kernel_never_serves_an_m_outside_what_was_measured_for_it(rows, m):
-    """Whatever the table holds, a lookup returns an entry only for an M it was measured faster at: its own M,
-    or inside the range its producer measured."""
-    entries = [entry(lo + width // 2 if ranged else lo, 64, 32, tflops=speed,
-                     m_range=(lo, lo + width) if ranged else None) for lo, width, ranged, speed in rows]
+@given(st.lists(st.tuples(st.integers(1, 600), st.integers(0, 40), st.sampled_from(["exact", "range", "cell"]),
+                          st.floats(0.5, 2.0, allow_nan=False), _CELL_SIDES, _CELL_SIDES), min_size=1, max_size=12),
+       st.integers(1, 700), st.sampled_from([16, 32, 40, 64, 80, 96]), st.sampled_from([16, 32, 40, 64, 80, 96]))
+def test_a_kernel_never_serves_a_shape_outside_what_was_measured_for_it(rows, m, n, k):
+    """Whatever the table holds, a lookup returns an entry only for a shape it was measured faster at: its own
+    shape, inside the range of M its producer measured, or inside the box whose corners it won."""
+    entries = []
+    for lo, width, kind, speed, (n_lo, n_wide), (k_lo, k_wide) in rows:
+        if kind == "cell":
+            entries.append(entry(lo, n_lo, k_lo, tflops=speed, m_range=(lo, lo + width),
+                                 cell=((n_lo, n_lo + n_wide), (k_lo, k_lo + k_wide))))
+        else:
+            entries.append(entry(lo + width // 2 if kind == "range" else lo, 64, 32, tflops=speed,
+                                 m_range=(lo, lo + width) if kind == "range" else None))
     table = TunedTable(entries)
-    hit = table.lookup("f16", "row,col,row", m, 64, 32)
-    assert table.may_serve(m, 64, 32) or hit is None     # the dispatcher's early torch test never drops a served M
+    hit = table.lookup("f16", "row,col,row", m, n, k)
+    assert table.may_serve(m, n, k) or hit is None     # the dispatcher's early torch test never drops a served shape
     if hit is not None:
         assert hit.speedup > 1.0
-        assert hit.m == m or (hit.serves_range and hit.m_lo <= m <= hit.m_hi)
+        if hit.serves_cell:
+            assert hit.holds(m, n, k)
+        else:
+            assert (hit.n, hit.k) == (n, k)
+            assert hit.m == m or (hit.serves_range and hit.m_lo <= m <= hit.m_hi)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([32, 48, 64]), st.sampled_from([32, 40]), st.integers(1, 64),
-                          st.booleans()), min_size=0, max_size=6),
-       st.sampled_from([32, 48, 64]), st.sampled_from([32, 40]), st.integers(1, 64))
-def test_the_shape_prefilter_sends_to_torch_exactly_what_no_entry_may_serve(rows, n, k, m):
+                          st.sampled_from(["exact", "range", "cell"])), min_size=0, max_size=6),
+       st.lists(st.tuples(st.sampled_from([32, 48, 64]), st.sampled_from([32, 40])), min_size=1, max_size=4),
+       st.integers(1, 64))
+def test_the_shape_prefilter_sends_to_torch_exactly_what_no_entry_may_serve(rows, calls, m):
     """l2c.matmul's and Dispatcher.linear's first test (b's (K, N), the weight's (N, K), then M, against the
-    dispatcher's maps) lets through exactly the calls the table may serve."""
-    table = TunedTable([entry(em, en, ek, m_range=(1, em) if ranged else None) for en, ek, em, ranged in rows])
+    dispatcher's maps) lets through exactly the calls the table may serve, asked first or again (a cell's (N, K)
+    is worked out at its first call and remembered)."""
+    table = TunedTable([entry(em, en, ek, m_range=(1, em) if kind != "exact" else None,
+                              cell=((en, en + 16), (ek, ek + 8)) if kind == "cell" else None)
+                        for en, ek, em, kind in rows])
     dispatcher = Dispatcher(table, allow_cpu=True, online=False)
-    by_kn, by_nk = dispatcher.served_kn.get((k, n)), dispatcher.served_nk.get((n, k))
-    assert (by_kn is not None and m in by_kn) == table.may_serve(m, n, k)
-    assert (by_nk is not None and m in by_nk) == table.may_serve(m, n, k)
+    for n, k in calls + calls:
+        assert (m in dispatcher.served_kn[k, n]) == table.may_serve(m, n, k)
+        assert (m in dispatcher.served_nk[n, k]) == table.may_serve(m, n, k)
+        assert bool(dispatcher.served_nk[n, k]) == any(table.may_serve(em, n, k) for em in range(1, 65))
     online = Dispatcher(None, allow_cpu=True, online=True)   # online: any shape may be tuned
-    assert (7, 7) in online.served_kn and m in online.served_kn.get((7, 7)) and m in online.served_nk.get((7, 7))
+    assert m in online.served_kn[7, 7] and m in online.served_nk[7, 7]
 
 
 def test_calls_no_entry_may_serve_are_torch_and_counted():

@@ -1,7 +1,11 @@
 """`l2c table`: a tuned table from recorded bench rows — the per-shape best verified candidate above a margin."""
+import itertools
 import json
 import subprocess
 import sys
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from l2c.dispatch import TunedTable
 from l2c.ir import KernelSpec
@@ -257,3 +261,58 @@ def test_rows_of_what_users_call_count_for_the_entry_that_served_them(tmp_path):
     lost = [dict(r, source=str(tmp_path / "gone.json")) for r in rows[:2]]
     refused = _table_command(tmp_path, lost, "--protocol", "kernel,call")
     assert refused.returncode == 2 and "gone.json" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def _at(kernel, m, n, k, speedup, spec):
+    return dict(row(kernel, m, speedup, spec=spec), n=n, k=k)
+
+
+_CELL_POINTS = st.dictionaries(st.tuples(st.sampled_from("gh"), st.sampled_from([16, 32, 64]),
+                                         st.sampled_from([64, 128, 256]), st.sampled_from([64, 128])),
+                               st.floats(0.8, 1.3, allow_nan=False), min_size=1, max_size=36)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_CELL_POINTS)
+def test_cells_are_boxes_whose_every_corner_one_kernel_won(points):
+    """--cells: a cell's eight corners are measured wins of its kernel by the margin, its sides join consecutive
+    values at which that kernel was measured, its figure is the worst corner's; and every such box is a cell (of
+    that kernel or of one with a better worst corner)."""
+    from l2c.commands.table import cell_rows
+    specs = {name: KernelSpec(name=name, tile_m=16 if name == "g" else 32).to_l2() for name in "gh"}
+    rows = [_at(name, m, n, k, s, specs[name]) for (name, m, n, k), s in points.items()]
+    cells = {(ms, ns, ks): worst for worst, ms, ns, ks in cell_rows(rows, "kernel", 1.05)}
+    for name, spec in specs.items():
+        measured = {(m, n, k): s for (p, m, n, k), s in points.items() if p == name}
+        axes = [sorted({at[i] for at in measured}) for i in range(3)]
+        for sides in itertools.product(*(list(zip(a, a[1:])) for a in axes)):
+            corners = [measured.get(c) for c in itertools.product(*sides)]
+            if all(s is not None and s >= 1.05 for s in corners):
+                assert cells[sides]["speedup"] >= min(corners)
+    for sides, worst in cells.items():
+        measured = {(m, n, k): s for (p, m, n, k), s in points.items() if specs[p] == worst["spec"]}
+        corners = [measured[c] for c in itertools.product(*sides)]
+        assert min(corners) >= 1.05 and worst["speedup"] == min(corners)
+        for axis, (lo, hi) in enumerate(sides):
+            assert lo < hi and not any(lo < at[axis] < hi for at in measured)
+
+
+def test_cells_serve_the_shapes_inside_their_box_and_merge_by_box(tmp_path):
+    """`l2c table --cells` writes a box one kernel won at every corner; the dispatcher serves a shape inside it
+    and nothing past a side; `--into` keeps cells of other boxes and replaces the same box."""
+    spec = KernelSpec(name="g", tile_m=16).to_l2()
+    fixed_n = KernelSpec(name="f", tile_m=16, problem_n=64).to_l2()      # not generic in N: no cell
+    corners = list(itertools.product((16, 32), (64, 128), (64, 128)))
+    rows = [_at("g", m, n, k, 1.2, spec) for m, n, k in corners]
+    rows += [_at("f", m, 64, k, 1.5, fixed_n) for m in (16, 32) for k in (64, 128)]
+    data = _table_run(tmp_path, rows, "--cells")
+    cells = [e for e in data["entries"] if "n_range" in e]
+    assert [(e["m_range"], e["n_range"], e["k_range"]) for e in cells] == [([16, 32], [64, 128], [64, 128])]
+    table = TunedTable.load(tmp_path / "t.json")
+    assert table.lookup("f16", "row,row,row", 20, 100, 72).spec_text == spec
+    for m, n, k in ((15, 100, 72), (20, 129, 72), (20, 100, 130)):
+        assert table.lookup("f16", "row,row,row", m, n, k) is None
+    base = tmp_path / "base.json"
+    (tmp_path / "t.json").rename(base)
+    data = _table_run(tmp_path, [_at("g", m, n, k, 1.3, spec) for m, n, k in corners], "--cells", "--into", str(base))
+    assert sum(1 for e in data["entries"] if "n_range" in e) == 1   # the same box: replaced

@@ -11,6 +11,12 @@ the margin at three or more consecutive measured token counts M of the same (N, 
 among every M measured there, so a loss in between breaks the run — an entry with `m_range` [first, last] serves
 every M in between, measured or not.
 
+`--cells` adds cells (docs/CONTRACTS.md, the dispatch rule): where one kernel generic in M, N and K qualifies as an
+entry (won by the margin; with several protocols, by the margin in one and slower in none) at each of the eight
+corners of a box whose sides join consecutive values of M, N and K at which that kernel was measured (same dtype,
+layouts, batch), an entry with `m_range`, `n_range` and `k_range` serves every shape inside the box. Where several
+kernels qualify, the one with the best worst corner; its figures are that worst corner's.
+
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
 every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in
 at least one; its figures are the first protocol's, with each protocol's worst in `speedups`. Rows of
@@ -48,6 +54,9 @@ def add_parser(sub) -> None:
     p.add_argument("--ranges", action="store_true",
                    help="also write token-count ranges: a shape-generic kernel that won at 3+ consecutive measured "
                         "M of one (N, K) serves every M between the first and the last")
+    p.add_argument("--cells", action="store_true",
+                   help="also write cells: a kernel generic in M, N and K that won at all eight corners of a box "
+                        "between consecutive measured M, N and K serves every shape inside it")
     p.add_argument("--every-shape", action="store_true",
                    help="keep each shape's best candidate even where it loses to torch.matmul: a table for measuring "
                         "the kernels alone (l2c bench TABLE.json), not for dispatch")
@@ -275,6 +284,50 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None, admit=None):
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _generic(spec_text: str) -> bool:
+    """Whether a spec text's kernel is generic in M, N and K (what a cell serves)."""
+    from ..knobs import ANY
+    from ..parser import parse_one
+    spec = parse_one(spec_text)
+    return spec.problem_m == spec.problem_n == spec.problem_k == ANY
+
+
+def cell_rows(rows, protocol: str, min_speedup: float, cache=None):
+    """Cells (module docstring): (row of the worst corner, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box
+    whose eight corners one shape-generic spec won by `min_speedup`, between consecutive values of each axis at
+    which that spec was measured in its (batch, dtype, layout); per box the spec with the best worst corner."""
+    import itertools
+    cache = {} if cache is None else cache
+    points = {}   # (group, spec) -> {(m, n, k): worst row}
+    for r in rows:
+        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
+            continue
+        if r.get("kernel") == "torch" or r.get("speedup") is None or r.get("gate", "none") != "none":
+            continue
+        text = spec_text(r, cache)
+        if not text or not _generic(text):
+            continue
+        slot = points.setdefault((shape_key(r)[3:], text), {})
+        at = (r["m"], r["n"], r["k"])
+        if at not in slot or r["speedup"] < slot[at]["speedup"]:   # a repeated point counts its worst
+            slot[at] = dict(r, spec=text)
+    best = {}
+    for (group, _), measured in points.items():
+        axes = [sorted({at[i] for at in measured}) for i in range(3)]
+        for sides in itertools.product(*(list(zip(a, a[1:])) for a in axes)):
+            corners = [measured.get(at) for at in itertools.product(*sides)]
+            if any(c is None or c["speedup"] < min_speedup for c in corners):
+                continue
+            worst = min(corners, key=lambda c: c["speedup"])
+            if worst["speedup"] <= 1.0:
+                continue
+            key = (group, sides)
+            if key not in best or worst["speedup"] > best[key][0]["speedup"]:
+                best[key] = (worst, *sides)
+    return list(best.values())
+
+
 def won_again(rows, protocols):
     """(shape, dtype, layout, spec) -> True for each spec with at least one row in `rows` on that shape in
     `protocols`, all of them verified wins (speedup >= 1.0); False where any lost or failed."""
@@ -291,6 +344,9 @@ def won_again(rows, protocols):
 def problem_key(entry) -> tuple:
     """What one entry serves: two entries with the same key answer the same calls, so a merge keeps one."""
     served_m = tuple(entry["m_range"]) if "m_range" in entry else entry["m"]
+    if "n_range" in entry:   # a cell: its box
+        return (entry["dtype"], entry["layout"], tuple(entry["n_range"]), tuple(entry["k_range"]),
+                entry.get("batch", 1), entry.get("gate", "none"), served_m)
     return (entry["dtype"], entry["layout"], entry["n"], entry["k"], entry.get("batch", 1),
             entry.get("gate", "none"), served_m)
 
@@ -368,6 +424,11 @@ def run(args) -> int:
         ranges = range_rows(rows, protocol, margin, cache, admit_range)
         entries += [dict(entry(r), m_range=[lo, hi], range_min_speedup=worst)
                     for r, lo, hi, worst in sorted(ranges, key=lambda t: (t[0]["n"], t[0]["k"], t[1]))]
+    if args.cells:
+        cells = cell_rows(rows, protocol, margin, cache)
+        entries += [dict(entry(r), m_range=list(ms), n_range=list(ns), k_range=list(ks),
+                         range_min_speedup=r["speedup"])
+                    for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
              "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
              "sources": [str(p) for p in args.results], "confirmed_by": [str(p) for p in args.confirmed_by],
@@ -384,8 +445,10 @@ def run(args) -> int:
     out.write_text(json.dumps(table, indent=1) + "\n")
     kept = "every shape's best" if args.every_shape else f">= {args.min_speedup}x"
     kept += ", won again in " + ", ".join(args.confirmed_by) if args.confirmed_by else ""
-    ranged = sum(1 for e in entries if "m_range" in e)
-    print(f"wrote {out}: {len(entries) - ranged} shape(s){f' and {ranged} token-count range(s)' if ranged else ''}, "
+    celled = sum(1 for e in entries if "n_range" in e)
+    ranged = sum(1 for e in entries if "m_range" in e) - celled
+    print(f"wrote {out}: {len(entries) - ranged - celled} shape(s)"
+          f"{f', {ranged} token-count range(s)' if ranged else ''}{f', {celled} cell(s)' if celled else ''}, "
           f"{kept} in the {args.protocol} protocol"
           + (f"; with {args.into}'s, {len(table['entries'])} entries in all" if args.into else ""))
     return 0
