@@ -28,9 +28,10 @@ Sets (see ../shared/BENCHMARKING.md):
 - ``offgrid``: shapes no table was tuned on, the check that the dispatcher never makes a call slower:
   240 drawn from a fixed seed (M log-uniform in 1-16384, N and K multiples of 8 log-uniform in 64-16384)
   and 60 ``llm`` weights at token counts drawn from 3-6000 outside ``LLM_TOKENS`` and ``SERVE_TOKENS``.
-- ``between``: 200 shapes under 1 GFLOP from another fixed seed (M log-uniform in 16-16384, N and K multiples of 8
-  log-uniform in 64-16384), drawn after the cells of the shipped table were made from measured corners: the
-  held-out check of how often a cell's kernel loses inside its box (its false-win rate).
+- ``between`` and ``heldout``: 200 shapes under 1 GFLOP each, from two more fixed seeds (M log-uniform in
+  16-16384, N and K multiples of 8 log-uniform in 64-16384), how often a cell's kernel loses inside its box (its
+  false-win rate): ``between`` was drawn after the cells were made from measured corners and showed where they
+  lose (ragged N under wide tiles); ``heldout`` was drawn after that rule was fixed, to check it.
 - ``serve``: LLM decoding and batched decoding, memory-bound for small M: the weights of Llama-3.1-8B,
   Llama-3.1-70B, Qwen2.5-7B, Qwen2.5-32B and Mistral-7B (q, kv, o, fused qkv, gate/up, fused gate_up,
   down, lm_head) at ``SERVE_TOKENS`` tokens.
@@ -68,6 +69,7 @@ SERVE_MODELS: Dict[str, Tuple[int, int, int, int, int, int]] = {
 SERVE_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 OFFGRID_SEED = 20261201
 BETWEEN_SEED = 20261202
+HELDOUT_SEED = 20261203
 
 # FLOP bucket edges (decimal units): label, lower bound inclusive.
 BUCKETS: Tuple[Tuple[str, float], ...] = (
@@ -188,11 +190,11 @@ def offgrid_shapes() -> List[Shape]:
     return shapes
 
 
-def between_shapes() -> List[Shape]:
-    """200 shapes under 1 GFLOP from a fixed seed, for the cells' held-out check (module docstring)."""
+def between_shapes(seed: int = BETWEEN_SEED, label: str = "between") -> List[Shape]:
+    """200 shapes under 1 GFLOP from a fixed seed, for the cells' held-out checks (module docstring)."""
     import math
     import random
-    rng = random.Random(BETWEEN_SEED)
+    rng = random.Random(seed)
 
     def log_uniform(lo: int, hi: int) -> float:
         return math.exp(rng.uniform(math.log(lo), math.log(hi)))
@@ -202,8 +204,12 @@ def between_shapes() -> List[Shape]:
         m = round(log_uniform(16, 16384))
         n, k = (max(64, min(16384, 8 * round(log_uniform(64, 16384) / 8))) for _ in range(2))
         if 2 * m * n * k < 1e9:
-            shapes.append(Shape(m, n, k, label="between"))
+            shapes.append(Shape(m, n, k, label=label))
     return shapes
+
+
+def heldout_shapes() -> List[Shape]:
+    return between_shapes(HELDOUT_SEED, "heldout")
 
 
 def square_shapes() -> List[Shape]:
@@ -242,11 +248,11 @@ def read_shape_file(path: str | Path) -> List[Shape]:
 
 
 SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes, "offgrid": offgrid_shapes,
-        "between": between_shapes, "serve": serve_shapes}
+        "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes}
 
 
 def load_shapes(name: str) -> List[Shape]:
-    """A named set (grid, llm, square, offgrid, between, serve) or, for anything else, a file of shapes. Duplicates are dropped."""
+    """A named set (grid, llm, square, offgrid, between, heldout, serve) or, for anything else, a file of shapes. Duplicates are dropped."""
     shapes = SETS[name]() if name in SETS else read_shape_file(name)
     seen, unique = set(), []
     for s in shapes:

@@ -179,8 +179,19 @@ class ServedMs:
 
 
 def _ms_holder(exact: frozenset, spans: Tuple[Tuple[int, int], ...]):
-    """What holds these Ms: the frozenset itself where there is no range (its C membership test), else a ServedMs."""
-    return ServedMs(exact, spans) if spans else exact
+    """What holds these Ms, with C membership tests where it can: the frozenset itself where there is no range, a
+    `range` for one run of Ms and no exact one, else a ServedMs of the runs (overlapping or adjacent spans joined)."""
+    runs: List[List[int]] = []
+    for lo, hi in sorted(spans):
+        if runs and lo <= runs[-1][1] + 1:
+            runs[-1][1] = max(runs[-1][1], hi)
+        else:
+            runs.append([lo, hi])
+    if not runs:
+        return exact
+    if len(runs) == 1 and not exact:
+        return range(runs[0][0], runs[0][1] + 1)
+    return ServedMs(exact, tuple((lo, hi) for lo, hi in runs))
 
 
 _NO_M = frozenset()

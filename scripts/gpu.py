@@ -56,10 +56,14 @@ def _overhead(a):
 
 def _dispatch(a):
     table = a.eager_table
-    between = [l2c("bench", f"dispatch:{table}", "--shapes", "between", "--dtype", dtype, "--protocol", "kernel,call",
-                   "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_between_{dtype}.jsonl")
+    heldout = [l2c("bench", f"dispatch:{table}", "--shapes", "heldout", "--dtype", dtype, "--protocol", "kernel,call",
+                   "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_heldout_{dtype}.jsonl")
                for dtype in ("f16", "bf16")]   # the cells' held-out check: how often a cell's kernel loses inside
-    return [l2c("warmup", table), *between,
+    inside = [l2c("bench", f"dispatch:{table}", "--shapes", str(ROOT / "benchmarks" / "range_inside.txt"), "--dtype",
+                  dtype, "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
+                  f"{a.out}/dispatch_range_inside_{dtype}.jsonl")
+              for dtype in ("f16", "bf16")]   # the token-count ranges' check at ragged M
+    return [l2c("warmup", table), *heldout, *inside,
             l2c("bench", f"dispatch:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
                 "--iters", "10", "-o", f"{a.out}/dispatch_offgrid.jsonl"),
             l2c("bench", f"linear:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
@@ -140,7 +144,7 @@ STAGES: Dict[str, Stage] = {
     "overhead": Stage("host cost per call of the kernels' call paths against torch.matmul, and of each step inside "
                       "a CUTLASS kernel's entry point", _overhead),
     "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "
-                      "(between: the cells' held-out check, f16 and bf16; offgrid) and on the grid, kernel and call "
+                      "(heldout: the cells' held-out check, f16 and bf16; offgrid) and on the grid, kernel and call "
                       "protocols", _dispatch),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),

@@ -279,7 +279,7 @@ def test_cells_are_boxes_whose_every_corner_one_kernel_won(points):
     values at which that kernel was measured, its figure is the worst corner's; and every such box is a cell (of
     that kernel or of one with a better worst corner)."""
     from l2c.commands.table import cell_rows
-    specs = {name: KernelSpec(name=name, tile_m=16 if name == "g" else 32).to_l2() for name in "gh"}
+    specs = {name: KernelSpec(name=name, tile_m=16 if name == "g" else 32, tile_n=16).to_l2() for name in "gh"}
     rows = [_at(name, m, n, k, s, specs[name]) for (name, m, n, k), s in points.items()]
     cells = {(ms, ns, ks): worst for worst, ms, ns, ks in cell_rows(rows, "kernel", 1.05)}
     for name, spec in specs.items():
@@ -300,10 +300,12 @@ def test_cells_are_boxes_whose_every_corner_one_kernel_won(points):
 def test_cells_serve_the_shapes_inside_their_box_and_merge_by_box(tmp_path):
     """`l2c table --cells` writes a box one kernel won at every corner; the dispatcher serves a shape inside it
     and nothing past a side; `--into` keeps cells of other boxes and replaces the same box."""
-    spec = KernelSpec(name="g", tile_m=16).to_l2()
-    fixed_n = KernelSpec(name="f", tile_m=16, problem_n=64).to_l2()      # not generic in N: no cell
+    spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    fixed_n = KernelSpec(name="f", tile_m=16, tile_n=16, problem_n=64).to_l2()   # not generic in N: no cell
+    wide = KernelSpec(name="w", tile_m=16, tile_n=32).to_l2()     # wider than MAX_CELL_TILE_N: no cell
     corners = list(itertools.product((16, 32), (64, 128), (64, 128)))
     rows = [_at("g", m, n, k, 1.2, spec) for m, n, k in corners]
+    rows += [_at("w", m, n, k, 1.5, wide) for m, n, k in corners]
     rows += [_at("f", m, 64, k, 1.5, fixed_n) for m in (16, 32) for k in (64, 128)]
     data = _table_run(tmp_path, rows, "--cells")
     cells = [e for e in data["entries"] if "n_range" in e]

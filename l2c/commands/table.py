@@ -11,8 +11,8 @@ the margin at three or more consecutive measured token counts M of the same (N, 
 among every M measured there, so a loss in between breaks the run — an entry with `m_range` [first, last] serves
 every M in between, measured or not.
 
-`--cells` adds cells (docs/CONTRACTS.md, the dispatch rule): where one kernel generic in M, N and K qualifies as an
-entry (won by the margin; with several protocols, by the margin in one and slower in none) at each of the eight
+`--cells` adds cells (docs/CONTRACTS.md, the dispatch rule): where one kernel generic in M, N and K, with tiles at
+most 16 wide along N (`MAX_CELL_TILE_N`), qualifies as an entry (won by the margin; with several protocols, by the margin in one and slower in none) at each of the eight
 corners of a box whose sides join consecutive values of M, N and K at which that kernel was measured (same dtype,
 layouts, batch), an entry with `m_range`, `n_range` and `k_range` serves every shape inside the box. Where several
 kernels qualify, the one with the best worst corner; its figures are that worst corner's.
@@ -284,19 +284,27 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None, admit=None):
     return out
 
 
+# The widest tile along N a cell's kernel may have. Corners are powers of two, which every tile divides; inside a box
+# a wide tile pads a ragged N or K and its speed jumps with the tile count, so its corners do not predict it: on the
+# held-out shapes of `between` (session 15), cells of 64-wide kernels lost in device time at 41 of 50 shapes, those
+# of kernels 8 or 16 wide at 6 of 75 (2 below 0.97).
+MAX_CELL_TILE_N = 16
+
+
 @functools.lru_cache(maxsize=None)
-def _generic(spec_text: str) -> bool:
-    """Whether a spec text's kernel is generic in M, N and K (what a cell serves)."""
+def _cell_kernel(spec_text: str) -> bool:
+    """Whether a spec text's kernel may make cells: generic in M, N and K, and at most MAX_CELL_TILE_N wide."""
     from ..knobs import ANY
     from ..parser import parse_one
     spec = parse_one(spec_text)
-    return spec.problem_m == spec.problem_n == spec.problem_k == ANY
+    return spec.problem_m == spec.problem_n == spec.problem_k == ANY and int(spec.tile_n) <= MAX_CELL_TILE_N
 
 
 def cell_rows(rows, protocol: str, min_speedup: float, cache=None):
     """Cells (module docstring): (row of the worst corner, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box
-    whose eight corners one shape-generic spec won by `min_speedup`, between consecutive values of each axis at
-    which that spec was measured in its (batch, dtype, layout); per box the spec with the best worst corner."""
+    whose eight corners one shape-generic spec at most MAX_CELL_TILE_N wide won by `min_speedup`, between
+    consecutive values of each axis at which that spec was measured in its (batch, dtype, layout); per box the spec
+    with the best worst corner."""
     import itertools
     cache = {} if cache is None else cache
     points = {}   # (group, spec) -> {(m, n, k): worst row}
@@ -306,7 +314,7 @@ def cell_rows(rows, protocol: str, min_speedup: float, cache=None):
         if r.get("kernel") == "torch" or r.get("speedup") is None or r.get("gate", "none") != "none":
             continue
         text = spec_text(r, cache)
-        if not text or not _generic(text):
+        if not text or not _cell_kernel(text):
             continue
         slot = points.setdefault((shape_key(r)[3:], text), {})
         at = (r["m"], r["n"], r["k"])
