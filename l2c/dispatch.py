@@ -42,7 +42,7 @@ from .kernel import call_signature, cuda_accessors
 from .targets.cutlass import native as native_call
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
-from .tuned_table import ServedShapes, TableError, TunedEntry, TunedTable, load_table, served_spec
+from .tuned_table import NO_SHAPES, TableError, TunedEntry, TunedTable, load_table, served_spec
 
 log = logging.getLogger("l2c.dispatch")
 
@@ -146,10 +146,17 @@ class Dispatcher:
         # the Ms some entry serves for each (N, K), keyed by a weight's shape (`linear`, l2c.nn.Linear) and by b's
         # (K, N) (l2c.ops.matmul): a plain call whose (N, K) is not here, or whose M is not in its Ms, is torch's
         # after one dict lookup and one membership test; online tuning may serve any shape
-        # (`d[nk]` is never missing: an empty set where nothing serves)
-        no_table = ServedShapes({}, [])
-        self.served_nk = _ANY_SHAPE if self.online else (table.served_m if table is not None else no_table)
-        self.served_kn = _ANY_SHAPE if self.online else (table.served_kn if table is not None else no_table)
+        # per torch dtype (`d[nk]` is never missing: an empty set where nothing serves): served_nk for nn.Linear's
+        # layouts, served_kn a pair for `a @ b`, (b row-major, b column-major: a transposed weight)
+        self.served_nk: Dict[torch.dtype, object] = {}
+        self.served_kn: Dict[torch.dtype, Tuple[object, object]] = {}
+        for torch_dtype, name in _TORCH_DTYPES.items():
+            if self.online:
+                self.served_nk[torch_dtype], self.served_kn[torch_dtype] = _ANY_SHAPE, (_ANY_SHAPE, _ANY_SHAPE)
+            elif table is not None:
+                self.served_nk[torch_dtype] = table.served_shapes(name, "row,col,row")
+                self.served_kn[torch_dtype] = tuple(table.served_shapes(name, layout, transposed=True)
+                                                    for layout in ("row,row,row", "row,col,row"))
         self.allow_cpu = allow_cpu
         self.prepare = prepare or prepare_mode()
         self.preparer = Preparer()
@@ -500,7 +507,7 @@ class Dispatcher:
             y = self._addmm(x.reshape(-1, x.shape[-1]), weight.t(), bias, activation, None, residual.reshape(-1, n))
             return y.reshape(*x.shape[:-1], n)
         if weight.ndim != 2 or not (weight.shape[1] and x.ndim) or \
-                x.numel() // weight.shape[1] not in self.served_nk[weight.shape]:
+                x.numel() // weight.shape[1] not in self.served_nk.get(x.dtype, NO_SHAPES)[weight.shape]:
             return self._torch_linear(x, weight, bias, activation)   # the hot unserved path: no entry for (N, K, M)
         if self.native is not None:   # a served CUTLASS plan of this call: the C++ table launches it
             y = self.native_served(self.native.linear, x, weight, bias, activation)

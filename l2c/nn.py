@@ -12,6 +12,7 @@ from . import dispatch
 from .dispatch import default_dispatcher
 from .epilogue import check_activation, check_gate
 from .ops import gated_matmul, matmul
+from .tuned_table import NO_SHAPES
 
 log = logging.getLogger("l2c.nn")
 
@@ -39,8 +40,8 @@ class Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`activation(x @ W^T + b)`, or `residual + x @ W^T + b` (the residual added in the GEMM's epilogue)."""
         dispatcher = dispatch._default or default_dispatcher()
-        if self.activation is None and residual is None \
-                and not dispatcher.served_nk[self.out_features, self.in_features]:
+        served = dispatcher.served_nk.get(self.weight.dtype, NO_SHAPES)
+        if self.activation is None and residual is None and not served[self.out_features, self.in_features]:
             dispatcher.stats["fallback"] += 1   # no entry for this (N, K): F.linear, eager and traced alike
             return F.linear(x, self.weight, self.bias)
         if not torch.compiler.is_compiling():   # eager: straight to the dispatcher

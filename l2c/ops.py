@@ -12,6 +12,9 @@ import torch
 from . import dispatch
 from .dispatch import default_dispatcher
 from .epilogue import check_activation, check_gate, torch_gated, torch_matmul, torch_residual
+from .tuned_table import NO_SHAPES
+
+NO_LAYOUTS = (NO_SHAPES, NO_SHAPES)
 
 
 @torch.library.custom_op("l2c::matmul", mutates_args=())
@@ -91,7 +94,9 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`matmul` through `dispatcher` (what `l2c bench dispatch:TABLE` times: a user's call with another table)."""
     if residual is None and bias is None and activation is None:
-        ms = dispatcher.served_kn[b.shape]   # empty where nothing serves this (K, N)
+        # the Ms an entry of a's dtype and b's layout serves at b's (K, N): empty where none (a b that is neither
+        # row- nor column-major is the column-major map's to let through, and the signature's to refuse)
+        ms = dispatcher.served_kn.get(a.dtype, NO_LAYOUTS)[not b.is_contiguous()][b.shape]
         m = a.shape[0] if a.ndim == 2 else None   # a symbolic M (traced with dynamic shapes) is the custom op's to test
         if not ms or (type(m) is int and m not in ms):
             dispatcher.stats["fallback"] += 1   # no entry for this (N, K) and M: torch, in eager mode and traced alike

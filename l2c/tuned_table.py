@@ -209,7 +209,7 @@ class ServedShapes(dict):
         self.cells, self.transposed = cells, transposed
 
     def __missing__(self, key):
-        if len(key) != 2 or not self.cells:
+        if len(key) != 2:
             return _NO_M
         n, k = (key[1], key[0]) if self.transposed else key
         spans = tuple((e.m_lo, e.m_hi) for e in self.cells if e.n_lo <= n <= e.n_hi and e.k_lo <= k <= e.k_hi)
@@ -217,6 +217,9 @@ class ServedShapes(dict):
         if len(self) < MAX_REMEMBERED_NK:
             self[key] = ms
         return ms
+
+
+NO_SHAPES = ServedShapes({}, [])   # where nothing serves: every (N, K) holds no M
 
 
 class TunedTable:
@@ -256,22 +259,8 @@ class TunedTable:
         for group in list(self.ranges.values()) + list(self.cells.values()):
             # the best worst-case first, then the narrowest
             group.sort(key=lambda e: (-(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
-        # per (N, K), the Ms some entry serves (any dtype or layout), for `in`: a call at another M goes to torch
-        # without computing its full signature (the dispatcher's first test holds these same objects)
-        exact_ms: Dict[Tuple[int, int], set] = {}
-        for key in self.exact:
-            exact_ms.setdefault((key[2], key[3]), set()).add(key[5])
-        spans: Dict[Tuple[int, int], list] = {}
-        for key, group in self.ranges.items():
-            spans.setdefault((key[2], key[3]), []).extend((e.m_lo, e.m_hi) for e in group)
-        all_cells = [e for group in self.cells.values() for e in group]
-        for n, k in exact_ms.keys() | spans.keys():   # a held (N, K) inside a cell serves the cell's Ms too
-            spans.setdefault((n, k), []).extend((e.m_lo, e.m_hi) for e in all_cells
-                                                if e.n_lo <= n <= e.n_hi and e.k_lo <= k <= e.k_hi)
-        held = {nk: _ms_holder(frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
-                for nk in exact_ms.keys() | spans.keys()}
-        self.served_m = ServedShapes(held, all_cells)
-        self.served_kn = ServedShapes(held, all_cells, transposed=True)
+        self._served: Dict[Tuple, ServedShapes] = {}
+        self.served_m = self.served_shapes()   # any dtype and layouts: `may_serve`
         self.gated: Dict[str, "TunedTable"] = {g: TunedTable(group, arch, source, gate=g, serve_all=serve_all)
                                                for g, group in gated.items()}
 
@@ -298,13 +287,40 @@ class TunedTable:
                 return e
         return None
 
-    def may_serve(self, m: int, n: int, k: int, gate: str = "none") -> bool:
-        """Whether any entry serves M for this (N, K) (of this gated problem), whatever the dtype and layouts: False
-        means torch."""
+    def may_serve(self, m: int, n: int, k: int, gate: str = "none", dtype: Optional[str] = None,
+                  layout: Optional[str] = None) -> bool:
+        """Whether any entry serves M for this (N, K) (of this gated problem; of this dtype and layouts where given):
+        False means torch."""
         if gate != self.gate:
             sub = self.gated.get(gate)
-            return sub is not None and sub.may_serve(m, n, k, gate)
-        return m in self.served_m[n, k]
+            return sub is not None and sub.may_serve(m, n, k, gate, dtype, layout)
+        return m in self.served_shapes(dtype, layout)[n, k]
+
+    def served_shapes(self, dtype: Optional[str] = None, layout: Optional[str] = None,
+                      transposed: bool = False) -> ServedShapes:
+        """(N, K) -> the Ms the entries of this dtype and layouts serve there (None: any), keyed (K, N) when
+        `transposed`: the dispatcher's first test holds these objects (made once each)."""
+        key = (dtype, layout, transposed)
+        if key not in self._served:
+            def ours(e):
+                return dtype in (None, e.dtype) and layout in (None, e.layout)
+            exact_ms: Dict[Tuple[int, int], set] = {}
+            for e in self.exact.values():
+                if ours(e):
+                    exact_ms.setdefault((e.n, e.k), set()).add(e.m)
+            spans: Dict[Tuple[int, int], list] = {}
+            for group in self.ranges.values():
+                for e in group:
+                    if ours(e):
+                        spans.setdefault((e.n, e.k), []).append((e.m_lo, e.m_hi))
+            cells = [e for group in self.cells.values() for e in group if ours(e)]
+            for n, k in exact_ms.keys() | spans.keys():   # a held (N, K) inside a cell serves the cell's Ms too
+                spans.setdefault((n, k), []).extend((e.m_lo, e.m_hi) for e in cells
+                                                    if e.n_lo <= n <= e.n_hi and e.k_lo <= k <= e.k_hi)
+            held = {nk: _ms_holder(frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
+                    for nk in exact_ms.keys() | spans.keys()}
+            self._served[key] = ServedShapes(held, cells, transposed)
+        return self._served[key]
 
     def __len__(self) -> int:
         return len(self.exact)

@@ -55,7 +55,8 @@ parts = {"torch.matmul": lambda: torch.matmul(a, b), "l2c.matmul": lambda: l2c.m
          "matmul_with": lambda: ops.matmul_with(d, a, b), "dispatcher.matmul": lambda: d.matmul(a, b),
          "call_signature": lambda: call_signature(a, b, None), "new_empty": lambda: a.new_empty((e.m, e.n)),
          "get_stream": lambda: get_stream(0), "get_device": lambda: get_device(),
-         "is_compiling": lambda: torch.compiler.is_compiling(), "b.shape in served_kn": lambda: b.shape in d.served_kn}
+         "is_compiling": lambda: torch.compiler.is_compiling(), "served_kn[dtype][layout][b.shape]":
+             lambda: d.served_kn[a.dtype][not b.is_contiguous()][b.shape]}
 if out["served"]:
     parts["kernel.call_planned"] = lambda: kernel.call_planned(sig, a, b, None)
     parts["bound launcher"] = lambda: launch(a, b, None)

@@ -13,7 +13,7 @@ from l2c.ir import KernelSpec
 
 
 def entry(m, n, k, tflops=2.0, baseline=1.0, spec=None, layout="row,col,row", target="triton", m_range=None,
-          cell=None):
+          cell=None, dtype="f16"):
     """A table entry; `m_range` makes it a token-count range, `cell` ((n_lo, n_hi), (k_lo, k_hi)) with it a cell."""
     generic = cell is not None
     spec = spec or KernelSpec(name=f"t{m}x{n}x{k}", problem_m=m if m_range is None else "any",
@@ -21,7 +21,7 @@ def entry(m, n, k, tflops=2.0, baseline=1.0, spec=None, layout="row,col,row", ta
                               tile_n=16, tile_k=16, layout_b="col", swizzle_group=1, launch_warps=4)
     lo, hi = m_range or (None, None)
     (n_lo, n_hi), (k_lo, k_hi) = cell or ((None, None), (None, None))
-    return TunedEntry(m=m, n=n, k=k, batch=1, dtype="f16", layout=layout, target=target,
+    return TunedEntry(m=m, n=n, k=k, batch=1, dtype=dtype, layout=layout, target=target,
                       spec_text=spec.to_l2(), tflops=tflops, baseline_tflops=baseline, m_lo=lo, m_hi=hi,
                       n_lo=n_lo, n_hi=n_hi, k_lo=k_lo, k_hi=k_hi)
 
@@ -79,23 +79,30 @@ def test_a_kernel_never_serves_a_shape_outside_what_was_measured_for_it(rows, m,
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([32, 48, 64]), st.sampled_from([32, 40]), st.integers(1, 64),
-                          st.sampled_from(["exact", "range", "cell"])), min_size=0, max_size=6),
+                          st.sampled_from(["exact", "range", "cell"]), st.sampled_from(["f16", "bf16"]),
+                          st.sampled_from(["row,col,row", "row,row,row"])), min_size=0, max_size=6),
        st.lists(st.tuples(st.sampled_from([32, 40, 48, 64]), st.sampled_from([32, 40])), min_size=1, max_size=4),
        st.integers(1, 64))
 def test_the_shape_prefilter_sends_to_torch_exactly_what_no_entry_may_serve(rows, calls, m):
-    """l2c.matmul's and Dispatcher.linear's first test (b's (K, N), the weight's (N, K), then M, against the
-    dispatcher's maps) lets through exactly the calls the table may serve, asked first or again (a cell's (N, K)
-    is worked out at its first call and remembered)."""
-    table = TunedTable([entry(em, en, ek, m_range=(1, em) if kind != "exact" else None,
+    """l2c.matmul's and Dispatcher.linear's first test (a's dtype and b's layout, then b's (K, N) or the weight's
+    (N, K), then M, against the dispatcher's maps) lets through exactly the calls an entry of that dtype and layouts
+    may serve, asked first or again (a cell's (N, K) is worked out at its first call and
+    remembered)."""
+    table = TunedTable([entry(em, en, ek, m_range=(1, em) if kind != "exact" else None, dtype=dtype, layout=layout,
                               cell=((en, en + 16), (ek, ek + 8)) if kind == "cell" else None)
-                        for en, ek, em, kind in rows])
+                        for en, ek, em, kind, dtype, layout in rows])
     dispatcher = Dispatcher(table, allow_cpu=True, online=False)
     for n, k in calls + calls:
-        assert (m in dispatcher.served_kn[k, n]) == table.may_serve(m, n, k)
-        assert (m in dispatcher.served_nk[n, k]) == table.may_serve(m, n, k)
-        assert bool(dispatcher.served_nk[n, k]) == any(table.may_serve(em, n, k) for em in range(1, 65))
+        for torch_dtype, dtype in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+            for b_layout, by_kn in zip(("row,row,row", "row,col,row"), dispatcher.served_kn[torch_dtype]):
+                assert (m in by_kn[k, n]) == table.may_serve(m, n, k, dtype=dtype, layout=b_layout)
+            linear = dispatcher.served_nk[torch_dtype]
+            assert (m in linear[n, k]) == table.may_serve(m, n, k, dtype=dtype, layout="row,col,row")
+            assert bool(linear[n, k]) == any(table.may_serve(em, n, k, dtype=dtype, layout="row,col,row")
+                                             for em in range(1, 65))
+        assert table.may_serve(m, n, k) == any(table.may_serve(m, n, k, dtype=d) for d in ("f16", "bf16"))
     online = Dispatcher(None, allow_cpu=True, online=True)   # online: any shape may be tuned
-    assert m in online.served_kn[7, 7] and m in online.served_nk[7, 7]
+    assert m in online.served_kn[torch.float16][1][7, 7] and m in online.served_nk[torch.bfloat16][7, 7]
 
 
 def test_calls_no_entry_may_serve_are_torch_and_counted():
