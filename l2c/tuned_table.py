@@ -260,7 +260,6 @@ class TunedTable:
             # the best worst-case first, then the narrowest
             group.sort(key=lambda e: (-(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
         self._served: Dict[Tuple, ServedShapes] = {}
-        self.served_m = self.served_shapes()   # any dtype and layouts: `may_serve`
         self.gated: Dict[str, "TunedTable"] = {g: TunedTable(group, arch, source, gate=g, serve_all=serve_all)
                                                for g, group in gated.items()}
 
