@@ -267,6 +267,35 @@ def test_served_shapes_are_what_the_dispatch_table_serves_and_become_its_evidenc
     assert main(["bench", "torch", "--shapes", "served", "-o", str(tmp_path / "x.jsonl")]) == 2
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_serving_measures_each_spec_through_the_dispatcher_at_every_shape(tmp_path, capsys):
+    """`serving:FILE.l2`: l2c.matmul serves each shape-generic spec at every shape of the set, in the spec's layouts
+    (nn.Linear's path for a column-major B), verified; each row names the spec that served it, which `l2c table`
+    makes entries of. A spec fixed in a dimension is refused, naming it."""
+    specs = tmp_path / "s.l2"
+    specs.write_text("kernel rr {\n  target triton\n  problem m=any n=any k=any\n  tile m=16 n=16 k=16\n"
+                     "  swizzle group=1\n}\n"
+                     "kernel rc {\n  target triton\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
+                     "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("16 32 16\n24 16 32\n")
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", f"serving:{specs}", "--shapes", str(shapes), "-o", str(out), "--protocol", "kernel",
+                 *FAST]) == 0
+    rows = results(out)
+    assert len(rows) == 4 and all(r["status"] == "ok" and r["verified"] is True for r in rows)
+    assert {(r["served_by"], r["layout"]) for r in rows} == {("rr", "row,row,row"), ("rc", "row,col,row")}
+    assert all(r["served_spec"].startswith(f"kernel {r['served_by']} ") for r in rows)
+    made = tmp_path / "made.json"
+    assert main(["table", str(out), "--every-shape", "-o", str(made)]) == 0
+    assert len(json.loads(made.read_text())["entries"]) == 4
+    fixed = tmp_path / "f.l2"
+    fixed.write_text("kernel f {\n  target triton\n  problem m=any n=32 k=any\n  tile m=16 n=16 k=16\n}\n")
+    capsys.readouterr()
+    assert main(["bench", f"serving:{fixed}", "--shapes", str(shapes), "-o", str(tmp_path / "x.jsonl"), *FAST]) == 2
+    assert "f must be a valid shape-generic spec" in capsys.readouterr().err
+
+
 def test_cold_rotation_reads_every_operand_from_memory():
     """--roofline rotates at least two operand sets, with three L2s of other operands between two uses of one."""
     from l2c.measure import Problem, rotation_sets
