@@ -223,14 +223,13 @@ def _serving_candidates(path: str, target: str, arch: str, dtype: str, layout: s
     that holds everything, `TunedTable.serving`), in the spec's dtype and layouts: what a table entry of that kernel
     would serve, measured through the dispatcher's whole call path. Its rows record the spec (`served_spec`), so
     that `l2c table` makes entries and cells of it."""
-    from .knobs import ANY
     from .tuned_table import TunedTable
     if not path or not Path(path).exists():
         raise BenchError(f"serving:{path}: give an existing .l2 file, e.g. serving:specs.l2")
     out = []
     for cand in _spec_candidates(path, target, arch):
         spec = cand.spec
-        if cand.failure is not None or not spec.problem_m == spec.problem_n == spec.problem_k == ANY:
+        if cand.failure is not None or not spec.shape_generic:
             raise BenchError(f"serving:{path}: {spec.name} must be a valid shape-generic spec (problem m/n/k = any)")
         call_layout = f"{spec.layout_a},{spec.layout_b},{spec.layout_c}"
         via = "linear" if (spec.layout_b, spec.layout_c) == ("col", "row") else "dispatch"

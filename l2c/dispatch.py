@@ -143,11 +143,10 @@ class Dispatcher:
             from .devices import gpu_identity
             from .online import Decisions
             self.decisions = Decisions(*gpu_identity())
-        # the Ms some entry serves for each (N, K), keyed by a weight's shape (`linear`, l2c.nn.Linear) and by b's
-        # (K, N) (l2c.ops.matmul): a plain call whose (N, K) is not here, or whose M is not in its Ms, is torch's
-        # after one dict lookup and one membership test; online tuning may serve any shape
-        # per torch dtype (`d[nk]` is never missing: an empty set where nothing serves): served_nk for nn.Linear's
-        # layouts, served_kn a pair for `a @ b`, (b row-major, b column-major: a transposed weight)
+        # per torch dtype, the Ms the entries serve at each (N, K) (`d[nk]` is never missing: an empty set where
+        # nothing serves): served_nk keyed by a weight's shape, nn.Linear's layouts (`linear`, l2c.nn.Linear);
+        # served_kn a pair keyed by b's (K, N) for `a @ b` (l2c.ops.matmul), (b row-major, b column-major). A plain
+        # call whose M is not there is torch's after a few dict lookups; online tuning may serve any shape
         self.served_nk: Dict[torch.dtype, object] = {}
         self.served_kn: Dict[torch.dtype, Tuple[object, object]] = {}
         for torch_dtype, name in _TORCH_DTYPES.items():

@@ -53,6 +53,11 @@ class KernelSpec(_SpecBase):
         dims = (self.problem_m, self.problem_n, self.problem_k)
         return None if ANY in dims else dims  # type: ignore[return-value]
 
+    @property
+    def shape_generic(self) -> bool:
+        """Generic in M, N and K: one build serves every problem size (what a token range or a cell serves)."""
+        return self.problem_m == self.problem_n == self.problem_k == ANY
+
     def to_l2(self) -> str:
         return print_spec(self)
 

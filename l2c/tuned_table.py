@@ -12,7 +12,8 @@ A table is measurements, and the dispatcher serves a kernel only where a measure
   serves any (M, N, K) inside the box. How often such a kernel loses inside a box is measured on held-out shapes
   (docs/CONTRACTS.md, the dispatch rule).
 
-Nothing else: no nearest shape, no interpolation past measured corners. An entry measured at or below torch's speed never serves.
+Nothing else: no nearest shape, no interpolation past measured corners. An entry measured at or below torch's speed
+never serves.
 
 A gated entry (``"gate": "silu"`` or ``"gelu_tanh"``: a kernel with that gated epilogue, measured against torch's
 gated MLP projection on a B of K x 2N, N being the output's) is evidence for that gated problem only: it serves
@@ -80,7 +81,11 @@ class TunedEntry:
 
     def holds(self, m: int, n: int, k: int) -> bool:
         """Whether this cell's box holds (M, N, K)."""
-        return self.m_lo <= m <= self.m_hi and self.n_lo <= n <= self.n_hi and self.k_lo <= k <= self.k_hi
+        return self.m_lo <= m <= self.m_hi and self.holds_nk(n, k)
+
+    def holds_nk(self, n: int, k: int) -> bool:
+        """Whether this cell's box holds (N, K) at some M (its M range)."""
+        return self.n_lo <= n <= self.n_hi and self.k_lo <= k <= self.k_hi
 
     def to_row(self) -> Dict[str, object]:
         row = {"m": self.m, "n": self.n, "k": self.k, "batch": self.batch, "dtype": self.dtype,
@@ -132,13 +137,13 @@ def entry_from_row(row) -> TunedEntry:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
     m_lo = m_hi = worst = None
     m, n, k = _whole(row["m"], "m"), _whole(row["n"], "n"), _whole(row["k"], "k")
-    cell = [row.get("n_range"), row.get("k_range")]
-    if (cell[0] is None) != (cell[1] is None) or (cell[0] is not None and row.get("m_range") is None):
+    n_range, k_range = row.get("n_range"), row.get("k_range")
+    if (n_range is None) != (k_range is None) or (n_range is not None and row.get("m_range") is None):
         raise ValueError("a cell has all three of m_range, n_range and k_range")
     n_lo = n_hi = k_lo = k_hi = None
-    if cell[0] is not None:
-        n_lo, n_hi = _span(cell[0], n, "n")
-        k_lo, k_hi = _span(cell[1], k, "k")
+    if n_range is not None:
+        n_lo, n_hi = _span(n_range, n, "n")
+        k_lo, k_hi = _span(k_range, k, "k")
     if row.get("m_range") is not None:
         m_lo, m_hi = _span(row["m_range"], m, "m")
         if row.get("range_min_speedup") is not None:
@@ -199,27 +204,28 @@ MAX_REMEMBERED_NK = 1 << 16
 
 
 class ServedShapes(dict):
-    """(N, K) -> the Ms some entry serves there (a frozenset or ServedMs; empty where none), keyed (K, N) when
-    `transposed` (b's shape in `a @ b`). The (N, K) of exact entries and ranges are held from the start; another
-    (N, K) is worked out from the cells the first time it is asked for (`d[nk]`) and remembered, so a call costs one
-    dict lookup and one membership test either way."""
+    """(N, K) -> the Ms some entry serves there (a frozenset, a range or a ServedMs; empty where none), keyed (K, N)
+    when `transposed` (b's shape in `a @ b`). Each (N, K) is worked out the first time it is asked for (`d[nk]`):
+    its exact entries' Ms, its token ranges and the M ranges of the cells whose box holds it; then remembered, so a
+    call costs one dict lookup and one membership test."""
 
-    def __init__(self, held: Dict[Tuple[int, int], object], cells: List["TunedEntry"], transposed: bool = False):
-        super().__init__(((k, n), ms) for (n, k), ms in held.items()) if transposed else super().__init__(held)
-        self.cells, self.transposed = cells, transposed
+    def __init__(self, exact_ms: Dict[Tuple[int, int], frozenset], spans: Dict[Tuple[int, int], list],
+                 cells: List["TunedEntry"], transposed: bool = False):
+        super().__init__()
+        self.exact_ms, self.spans, self.cells, self.transposed = exact_ms, spans, cells, transposed
 
     def __missing__(self, key):
         if len(key) != 2:
             return _NO_M
         n, k = (key[1], key[0]) if self.transposed else key
-        spans = tuple((e.m_lo, e.m_hi) for e in self.cells if e.n_lo <= n <= e.n_hi and e.k_lo <= k <= e.k_hi)
-        ms = _ms_holder(_NO_M, spans)
+        spans = self.spans.get((n, k), []) + [(e.m_lo, e.m_hi) for e in self.cells if e.holds_nk(n, k)]
+        ms = _ms_holder(self.exact_ms.get((n, k), _NO_M), tuple(spans))
         if len(self) < MAX_REMEMBERED_NK:
             self[key] = ms
         return ms
 
 
-NO_SHAPES = ServedShapes({}, [])   # where nothing serves: every (N, K) holds no M
+NO_SHAPES = ServedShapes({}, {}, [])   # where nothing serves: every (N, K) holds no M
 
 
 class TunedTable:
@@ -313,12 +319,8 @@ class TunedTable:
                     if ours(e):
                         spans.setdefault((e.n, e.k), []).append((e.m_lo, e.m_hi))
             cells = [e for group in self.cells.values() for e in group if ours(e)]
-            for n, k in exact_ms.keys() | spans.keys():   # a held (N, K) inside a cell serves the cell's Ms too
-                spans.setdefault((n, k), []).extend((e.m_lo, e.m_hi) for e in cells
-                                                    if e.n_lo <= n <= e.n_hi and e.k_lo <= k <= e.k_hi)
-            held = {nk: _ms_holder(frozenset(exact_ms.get(nk, ())), tuple(spans.get(nk, ())))
-                    for nk in exact_ms.keys() | spans.keys()}
-            self._served[key] = ServedShapes(held, cells, transposed)
+            self._served[key] = ServedShapes({nk: frozenset(ms) for nk, ms in exact_ms.items()}, spans, cells,
+                                             transposed)
         return self._served[key]
 
     def __len__(self) -> int:

@@ -12,10 +12,11 @@ among every M measured there, so a loss in between breaks the run — an entry w
 every M in between, measured or not.
 
 `--cells` adds cells (docs/CONTRACTS.md, the dispatch rule): where one kernel generic in M, N and K, with tiles at
-most 16 wide along N (`MAX_CELL_TILE_N`), qualifies as an entry (won by the margin; with several protocols, by the margin in one and slower in none) at each of the eight
-corners of a box whose sides join consecutive values of M, N and K at which that kernel was measured (same dtype,
-layouts, batch), an entry with `m_range`, `n_range` and `k_range` serves every shape inside the box. Where several
-kernels qualify, the one with the best worst corner; its figures are that worst corner's.
+most 16 wide along N (`MAX_CELL_TILE_N`), qualifies as an entry (won by the margin; with several protocols, by the
+margin in one and slower in none) at each of the eight corners of a box whose sides join consecutive values of M, N
+and K at which that kernel was measured (same dtype, layouts, batch), an entry with `m_range`, `n_range` and
+`k_range` serves every shape inside the box. Where several kernels qualify, the one with the best worst corner; its
+figures are that worst corner's.
 
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
 every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in
@@ -286,18 +287,17 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None, admit=None):
 
 # The widest tile along N a cell's kernel may have. Corners are powers of two, which every tile divides; inside a box
 # a wide tile pads a ragged N or K and its speed jumps with the tile count, so its corners do not predict it: on the
-# held-out shapes of `between` (session 15), cells of 64-wide kernels lost in device time at 41 of 50 shapes, those
-# of kernels 8 or 16 wide at 6 of 75 (2 below 0.97).
+# shapes of `--shapes between` (benchmarks/NOTES.md), cells of 64-wide kernels lost in device time at 41 of 50
+# shapes, those of kernels 8 or 16 wide at 6 of 75 (2 below 0.97).
 MAX_CELL_TILE_N = 16
 
 
 @functools.lru_cache(maxsize=None)
 def _cell_kernel(spec_text: str) -> bool:
     """Whether a spec text's kernel may make cells: generic in M, N and K, and at most MAX_CELL_TILE_N wide."""
-    from ..knobs import ANY
     from ..parser import parse_one
     spec = parse_one(spec_text)
-    return spec.problem_m == spec.problem_n == spec.problem_k == ANY and int(spec.tile_n) <= MAX_CELL_TILE_N
+    return spec.shape_generic and int(spec.tile_n) <= MAX_CELL_TILE_N
 
 
 def cell_rows(rows, protocol: str, min_speedup: float, cache=None):

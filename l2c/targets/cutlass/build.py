@@ -83,15 +83,20 @@ def _job(source: str, name: str, nvcc: Optional[str], no_nvcc: str) -> _Job:
                 prebuilt)
 
 
+def _pack_entry(job: _Job, nvcc: Optional[str]) -> Optional[pack.PackEntry]:
+    """The pack's entry for the job's library, if it was built by the job's compiler. Asked only on a cache miss:
+    with nvcc the pack's manifest is read then, without nvcc it was read with the job."""
+    entry = job.prebuilt if nvcc is None else pack.lookup(ARCH, job.key, job.name)
+    return entry if entry is not None and entry.nvcc_version == job.compiler else None
+
+
 def _settled(job: _Job, nvcc: Optional[str], no_nvcc: str) -> Optional[Outcome]:
     """With the job's lock held: its library if the cache has it or the pack installs it, its cached failure, or
     None when nvcc has to build it."""
     if job.library.exists():
         return job.library
-    prebuilt = job.prebuilt
-    if nvcc is not None:   # asked only on a miss: reading the pack costs a decompression
-        prebuilt = pack.lookup(ARCH, job.key, job.name)
-    if prebuilt is not None and prebuilt.nvcc_version == job.compiler:
+    prebuilt = _pack_entry(job, nvcc)
+    if prebuilt is not None:
         try:
             cache.write_atomic(job.library, pack.read_library(prebuilt))
             return job.library
@@ -109,8 +114,8 @@ def _install_from_pack(jobs: Sequence[_Job], nvcc: Optional[str]) -> None:
     the jobs' own turns, which then find it in the cache. What this pass cannot install is left to them."""
     wanted: Dict[str, Dict[str, Tuple[pack.PackEntry, _Job]]] = {}
     for job in jobs:
-        entry = job.prebuilt if nvcc is None else pack.lookup(ARCH, job.key, job.name)
-        if entry is not None and entry.nvcc_version == job.compiler:
+        entry = _pack_entry(job, nvcc)
+        if entry is not None:
             wanted.setdefault(entry.pack, {})[entry.file] = (entry, job)
     for path, members in wanted.items():
         for entry, data in pack.read_libraries(path, [e for e, _ in members.values()]):
