@@ -34,20 +34,19 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import settings, targets
+from . import native_call, settings, targets
 from .epilogue import (activate, check_activation, check_gate, torch_gated, torch_gated_linear, torch_matmul,
                        torch_residual)
 from .errors import BuildError, L2Error
-from .kernel import call_signature, cuda_accessors
-from .targets.cutlass import native as native_call
+from .kernel import call_signature
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
-from .tuned_table import NO_SHAPES, TableError, TunedEntry, TunedTable, load_table, served_spec
+from .tuned_table import (NO_LAYOUTS, NO_SHAPES, TableError, TunedEntry, TunedTable, load_table, served_spans,
+                          served_spec)
 
 log = logging.getLogger("l2c.dispatch")
 
 _TORCH_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
-_get_device, _get_stream = cuda_accessors()
 PREPARE_MODES = ("background", "inline")
 
 __all__ = ["Dispatcher", "TunedEntry", "TunedTable", "default_dispatcher", "set_tuned_table", "precompile"]
@@ -128,6 +127,23 @@ class _AnyShape:
 
 _ANY_M = _AnyM()
 _ANY_SHAPE = _AnyShape()
+_EVERY_M = [(0, 1 << 62)]   # _ANY_M as the C++ call table's spans
+
+
+def _first_test_resolvers(served_kn, served_nk):
+    """The two functions the C++ call table asks the first time it meets a key (l2c.native_call): the spans of M
+    served for `a @ b` at b's (K, N), dtype and layout, and for nn.Linear's layout at the weight's (N, K). They hold
+    the dispatcher's maps, not the dispatcher: the table the dispatcher holds must not hold it back."""
+    def spans(ms):
+        return _EVERY_M if ms is _ANY_M else served_spans(ms)
+
+    def resolve_matmul(a, b):
+        return spans(served_kn.get(a.dtype, NO_LAYOUTS)[not b.is_contiguous()][b.shape])
+
+    def resolve_linear(x, weight):
+        return spans(served_nk.get(x.dtype, NO_SHAPES)[weight.shape])
+
+    return resolve_matmul, resolve_linear
 
 
 class Dispatcher:
@@ -168,13 +184,30 @@ class Dispatcher:
         # (call signature, activation argument) -> the kernel that served such a plain call eagerly (no out=, no
         # autograd): the steady-state path, one lookup and the launch (`_served_call`)
         self._served: Dict[Tuple, Callable] = {}
-        # the C++ table of served CUTLASS plans (l2c.targets.cutlass.native), made at the first one; the served
-        # signatures met before the extension was loaded, registered at their next Python-path call
+        # the C++ call table (l2c.native_call): the first test, torch's fallback and the served CUTLASS plans in one
+        # C++ call, attached once the extension is loaded; the served signatures met before that, registered at
+        # their next Python-path call
         self.native = None
         self._unregistered: set = set()
         self._verified = None           # this GPU's VerifiedKernels, read at the first job (l2c.verified)
         self._lock = threading.Lock()
-        self.stats = {"tuned": 0, "fallback": 0}
+        self.counts = {"tuned": 0, "fallback": 0}   # the Python path's calls (`stats` adds the C++ table's)
+        if native_call.enabled() and (table is not None or self.online):
+            if torch.cuda.is_available():
+                native_call.start_build()
+            native_call.when_loaded(self._attach_native)
+
+    @property
+    def stats(self) -> Dict[str, int]:
+        """Calls served by a tuned kernel and calls sent to torch so far, by either path (Python or C++)."""
+        served, fallbacks = self.native.counts() if self.native is not None else (0, 0)
+        return {"tuned": self.counts["tuned"] + served, "fallback": self.counts["fallback"] + fallbacks}
+
+    def _attach_native(self) -> None:
+        """Take eager calls through the C++ call table from now on (its extension is loaded)."""
+        with self._lock:
+            if self.native is None:
+                self.native = native_call.new_table(*_first_test_resolvers(self.served_kn, self.served_nk))
 
     # ---- resolution
 
@@ -350,11 +383,11 @@ class Dispatcher:
                     else:
                         result = kernel(a, b, bias=bias, out=out)
                     self._ran.add((tensors, id(kernel)))
-                    self.stats["tuned"] += 1
+                    self.counts["tuned"] += 1
                     return result
                 except ValueError as err:
                     log.debug("tuned kernel declined the call (%s); falling back", err)
-        self.stats["fallback"] += 1
+        self.counts["fallback"] += 1
         return None
 
     def may_serve(self, m: int, n: int, k: int, gate: str = "none") -> bool:
@@ -376,19 +409,9 @@ class Dispatcher:
             log.debug("tuned kernel declined the call (%s)", err)
             return None
         if y is not None:
-            self.stats["tuned"] += 1
+            self.counts["tuned"] += 1
             if self._unregistered and key in self._unregistered:   # empty once registered: no hashing then
                 self._register_native(key, launch, a, b, bias)
-        return y
-
-    def native_served(self, launch, a, b, bias, activation):
-        """`launch` (this dispatcher's C++ table's `matmul` or `linear`) on the current device and stream: the
-        result of a served CUTLASS plan of this call, or None (not in the table, or declined: the Python path
-        decides)."""
-        device = _get_device()
-        y = launch(a, b, bias, native_call.ACTIVATIONS.get(activation, -1), device, _get_stream(device))
-        if y is not None:
-            self.stats["tuned"] += 1
         return y
 
     def _remember_served(self, key, kernel, a, b, bias) -> None:
@@ -409,15 +432,14 @@ class Dispatcher:
         code = native_call.ACTIVATIONS.get(key[1], -1)
         if plan is None or code < 0 or not native_call.enabled():
             return
-        if self.native is None:
-            self.native = native_call.new_table()
-            if self.native is None:   # being built: register at this key's next call; failed: never
-                if native_call.failure() is None:
-                    native_call.start_build()
-                    self._unregistered.add(key)
-                else:
-                    self._unregistered.clear()
-                return
+        if self.native is None:   # being built (attached when loaded): register at this key's next call
+            if native_call.failure() is None:
+                native_call.start_build()
+                native_call.when_loaded(self._attach_native)
+                self._unregistered.add(key)
+            else:
+                self._unregistered.clear()
+            return
         struct, address, template, transposed, device = plan
         self.native.add(a, b, bias, code, struct, address, template, transposed, device)
         self._unregistered.discard(key)
@@ -426,7 +448,7 @@ class Dispatcher:
         if residual is not None:
             return self._addmm(a, b, bias, activation, out, residual)
         if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]):
-            self.stats["fallback"] += 1   # an M no entry serves (its (N, K) has entries): torch, before any signature
+            self.counts["fallback"] += 1   # an M no entry serves (its (N, K) has entries): torch, before any signature
             if bias is None and activation is None:
                 return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
             return torch_matmul(a, b, bias, check_activation(activation), out)
@@ -440,7 +462,7 @@ class Dispatcher:
         asked = activation
         activation = check_activation(activation)
         if _graph_needs_torch(activation, out, a, b, bias):
-            self.stats["fallback"] += 1
+            self.counts["fallback"] += 1
             return torch_matmul(a, b, bias, activation, out)
         kernel = self.resolve(a, b, bias, activation, tensors)
         result = self._run_tuned(kernel, a, b, bias, out, tensors, grad)
@@ -456,7 +478,7 @@ class Dispatcher:
             raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
         if a.ndim != 2 or b.ndim != 2 or not self.may_serve(a.shape[0], b.shape[1], a.shape[1]) \
                 or _needs_grad(a, b, bias) or (torch.is_grad_enabled() and residual.requires_grad):
-            self.stats["fallback"] += 1
+            self.counts["fallback"] += 1
             return torch_residual(a, b, bias, residual)
         tensors = call_signature(a, b, bias)
         kernel = self.resolve(a, b, bias, "none", tensors, residual=residual)
@@ -470,7 +492,7 @@ class Dispatcher:
         gate = check_gate(gate)
         if a.ndim != 2 or b.ndim != 2 or b.shape[1] % 2 or _needs_grad(a, b, bias) \
                 or not self.may_serve(a.shape[0], b.shape[1] // 2, a.shape[1], gate):
-            self.stats["fallback"] += 1
+            self.counts["fallback"] += 1
             return torch_gated(a, b, bias, gate)
         tensors = call_signature(a, b, bias)
         y = self._run_tuned(self.resolve(a, b, bias, "none", tensors, gate=gate), a, b, bias, None, tensors)
@@ -484,7 +506,7 @@ class Dispatcher:
         n2, k = weight.shape if weight.ndim == 2 else (0, 0)
         if not (k and x.ndim and n2 % 2 == 0) or _needs_grad(x, weight, bias) \
                 or not self.may_serve(x.numel() // k, n2 // 2, k, gate):
-            self.stats["fallback"] += 1
+            self.counts["fallback"] += 1
             return torch_gated_linear(x, weight, bias, gate)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         w_t = weight.t()
@@ -501,17 +523,18 @@ class Dispatcher:
         Where no tuned kernel serves the call, this is exactly what `torch.nn.Linear` runs (`F.linear`,
         one cuBLAS call with the bias fused) plus the activation; with a residual, torch.addmm adds it in the GEMM.
         """
+        native = self.native
+        if native is not None and residual is None:   # the C++ call table: torch's fallback or a served plan
+            y = native.call_linear(x, weight, bias, native_call.ACTIVATIONS.get(activation, -1))
+            if y is not None:
+                return y
         if residual is not None:
             n = weight.shape[0]
             y = self._addmm(x.reshape(-1, x.shape[-1]), weight.t(), bias, activation, None, residual.reshape(-1, n))
             return y.reshape(*x.shape[:-1], n)
         if weight.ndim != 2 or not (weight.shape[1] and x.ndim) or \
                 x.numel() // weight.shape[1] not in self.served_nk.get(x.dtype, NO_SHAPES)[weight.shape]:
-            return self._torch_linear(x, weight, bias, activation)   # the hot unserved path: no entry for (N, K, M)
-        if self.native is not None:   # a served CUTLASS plan of this call: the C++ table launches it
-            y = self.native_served(self.native.linear, x, weight, bias, activation)
-            if y is not None:
-                return y
+            return self._torch_linear(x, weight, bias, activation)   # no entry for (N, K, M)
         n, k = weight.shape
         grad = _needs_grad(x, weight, bias)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
@@ -534,7 +557,7 @@ class Dispatcher:
 
     def _torch_linear(self, x, weight, bias, activation):
         """What torch.nn.Linear runs (F.linear, the bias fused) and then the activation: a fallback."""
-        self.stats["fallback"] += 1
+        self.counts["fallback"] += 1
         y = F.linear(x, weight, bias)
         return y if activation is None else activate(y, check_activation(activation))
 

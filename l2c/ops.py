@@ -12,16 +12,17 @@ import torch
 from . import dispatch
 from .dispatch import default_dispatcher
 from .epilogue import check_activation, check_gate, torch_gated, torch_matmul, torch_residual
-from .tuned_table import NO_SHAPES
+from .native_call import ACTIVATIONS
+from .tuned_table import NO_LAYOUTS
 
-NO_LAYOUTS = (NO_SHAPES, NO_SHAPES)
+_is_compiling = torch.compiler.is_compiling
 
 
 @torch.library.custom_op("l2c::matmul", mutates_args=())
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
     dispatcher = default_dispatcher()
-    if dispatcher.native is not None:   # a compiled graph runs this eagerly: the same served path as eager calls
-        y = dispatcher.native_served(dispatcher.native.matmul, a, b, bias, activation)
+    if dispatcher.native is not None:   # a compiled graph runs this eagerly: the same C++ call as eager calls
+        y = dispatcher.native.call(a, b, bias, ACTIVATIONS.get(activation, -1))
         if y is not None:
             return y
     return dispatcher.matmul(a, b, bias=bias, activation=activation)
@@ -86,32 +87,45 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     (added in the kernel's epilogue as its C input; no activation with it).
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
-    return matmul_with(dispatch._default or default_dispatcher(), a, b, bias, activation, out, residual)
+    dispatcher = dispatch._default or default_dispatcher()
+    native = dispatcher.native   # the C++ call table: the first test, then torch or a served plan, in one call
+    if native is not None and out is None and residual is None and not _is_compiling():
+        y = native.call(a, b, bias, 0 if activation is None else ACTIVATIONS.get(activation, -1))
+        if y is not None:
+            return y
+    return _python_path(dispatcher, a, b, bias, activation, out, residual)
 
 
 def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`matmul` through `dispatcher` (what `l2c bench dispatch:TABLE` times: a user's call with another table)."""
+    native = dispatcher.native
+    if native is not None and out is None and residual is None and not _is_compiling():
+        y = native.call(a, b, bias, 0 if activation is None else ACTIVATIONS.get(activation, -1))
+        if y is not None:
+            return y
+    return _python_path(dispatcher, a, b, bias, activation, out, residual)
+
+
+def _python_path(dispatcher, a, b, bias, activation, out, residual):
+    """A call the C++ call table did not take (not loaded, `out=`, a residual, tracing, or a call it leaves to
+    Python: see l2c.native_call): the first test in Python, then the traced custom op or the dispatcher."""
     if residual is None and bias is None and activation is None:
         # the Ms an entry of a's dtype and b's layout serves at b's (K, N): empty where none (a b that is neither
         # row- nor column-major is the column-major map's to let through, and the signature's to refuse)
         ms = dispatcher.served_kn.get(a.dtype, NO_LAYOUTS)[not b.is_contiguous()][b.shape]
         m = a.shape[0] if a.ndim == 2 else None   # a symbolic M (traced with dynamic shapes) is the custom op's to test
         if not ms or (type(m) is int and m not in ms):
-            dispatcher.stats["fallback"] += 1   # no entry for this (N, K) and M: torch, in eager mode and traced alike
+            dispatcher.counts["fallback"] += 1   # no entry for this (N, K) and M: torch, eager and traced alike
             return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         if out is None and a.dim() == 2 and b.dim() == 2:
             if residual is not None:
                 if check_activation(activation) != "none":
                     raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
                 return _addmm_op(a, b, bias, residual)
             return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
-    elif dispatcher.native is not None and out is None and residual is None:
-        y = dispatcher.native_served(dispatcher.native.matmul, a, b, bias, activation)   # a served CUTLASS plan
-        if y is not None:
-            return y
     # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it
     return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out, residual=residual)
 

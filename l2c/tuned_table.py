@@ -183,20 +183,36 @@ class ServedMs:
         return False
 
 
-def _ms_holder(exact: frozenset, spans: Tuple[Tuple[int, int], ...]):
-    """What holds these Ms, with C membership tests where it can: the frozenset itself where there is no range, a
-    `range` for one run of Ms and no exact one, else a ServedMs of the runs (overlapping or adjacent spans joined)."""
+def _joined(spans) -> List[Tuple[int, int]]:
+    """Closed spans sorted, overlapping or adjacent ones joined."""
     runs: List[List[int]] = []
     for lo, hi in sorted(spans):
         if runs and lo <= runs[-1][1] + 1:
             runs[-1][1] = max(runs[-1][1], hi)
         else:
             runs.append([lo, hi])
+    return [(lo, hi) for lo, hi in runs]
+
+
+def _ms_holder(exact: frozenset, spans: Tuple[Tuple[int, int], ...]):
+    """What holds these Ms, with C membership tests where it can: the frozenset itself where there is no range, a
+    `range` for one run of Ms and no exact one, else a ServedMs of the runs (overlapping or adjacent spans joined)."""
+    runs = _joined(spans)
     if not runs:
         return exact
     if len(runs) == 1 and not exact:
         return range(runs[0][0], runs[0][1] + 1)
-    return ServedMs(exact, tuple((lo, hi) for lo, hi in runs))
+    return ServedMs(exact, tuple(runs))
+
+
+def served_spans(ms) -> List[Tuple[int, int]]:
+    """The Ms a holder of `_ms_holder` (a frozenset, a `range` of step 1 or a ServedMs) holds, as sorted closed
+    spans: what the C++ call table's first test keeps (l2c.native_call)."""
+    if isinstance(ms, range):
+        return [(ms.start, ms.stop - 1)] if len(ms) else []
+    if isinstance(ms, ServedMs):
+        return _joined([(m, m) for m in ms.exact] + list(ms.spans))
+    return _joined((m, m) for m in ms)
 
 
 _NO_M = frozenset()
@@ -226,6 +242,7 @@ class ServedShapes(dict):
 
 
 NO_SHAPES = ServedShapes({}, {}, [])   # where nothing serves: every (N, K) holds no M
+NO_LAYOUTS = (NO_SHAPES, NO_SHAPES)   # the same for `a @ b` of either layout of b
 
 
 class TunedTable:

@@ -1,16 +1,15 @@
 #!/usr/bin/env python
-"""Where the host time of one served `l2c.matmul` call goes, piece by piece, against torch.matmul (GPU).
+"""Host time of one eager `l2c.matmul` / `l2c.nn.Linear` call against torch's, with the C++ call table and without it
+(GPU).
 
     python scripts/served_path.py OUT.json
 
-Each figure is microseconds per call of 400 back-to-back calls without synchronizing (best of 5): on a small
-shape that is host time, what the `call` protocol pays. The served kernel is the CUDA-graphs table's first CUTLASS
-fp16 entry under 256 MFLOP, behind a one-entry table prepared inline (served from the first call). The pieces:
-the kernel's planned call and its bound launcher (`Kernel.launcher`), the C++ served-call table
-(l2c.targets.cutlass.native) and `l2c.matmul` with and without it, the dispatcher's served lookup,
-`Dispatcher.matmul`, `ops.matmul_with`, and their parts (the call signature, the output's allocation, the stream
-and device queries). Then the unserved path (a shape no default-table entry has) through `l2c.matmul` and through
-`l2c bench`'s two wrappers.
+Each figure is microseconds per call of 400 back-to-back calls without synchronizing, the best of 7 rounds, the
+variants of one group interleaved round by round: on these small shapes that is host time, what the `call` protocol
+pays. Groups: a served shape (the CUDA-graphs table's first CUTLASS fp16 `a @ b` entry under 256 MFLOP, behind a
+one-entry table prepared inline, served from the first call); a shape no default-table entry serves, through
+`l2c.matmul`, `l2c bench`'s two wrappers, `Dispatcher.linear` and `l2c.nn.Linear`. "Python path" is the same call
+with the dispatcher's C++ table set aside (`Dispatcher.native = None`).
 """
 import json
 import sys
@@ -20,70 +19,77 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import torch
+import torch.nn.functional as F
 import l2c
-from l2c import dispatch, ops
-from l2c.kernel import call_signature, cuda_accessors
+from l2c import dispatch, native_call
 from l2c.tuned_table import load_table, TunedTable
 
-def per_call(fn, n=400):
-    best = 1e9
-    for _ in range(5):
-        torch.cuda.synchronize(); s = time.perf_counter()
-        for _ in range(n): fn()
-        best = min(best, (time.perf_counter() - s) / n)
-        torch.cuda.synchronize()
-    return round(best * 1e6, 2)
 
-out = {}
-t = load_table(ROOT / "l2c" / "tuned" / "sm_90_graphs.json")
-e = next(x for x in t.exact.values() if x.dtype == "f16" and x.layout == "row,row,row" and x.target == "cutlass"
+def per_call(group, n=400, rounds=7):
+    """{name: best microseconds per call} of the functions in `group`, interleaved round by round."""
+    best = {name: float("inf") for name in group}
+    for _ in range(rounds):
+        for name, fn in group.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / n)
+            torch.cuda.synchronize()
+    return {name: round(t * 1e6, 2) for name, t in best.items()}
+
+
+def detached(dispatcher, fn):
+    """`fn` with the dispatcher's C++ table set aside: its Python path."""
+    def run():
+        table, dispatcher.native = dispatcher.native, None
+        try:
+            return fn()
+        finally:
+            dispatcher.native = table
+    return run
+
+
+out = {"native_table": native_call.build_now(timeout=600) or native_call.failure()}
+graphs = load_table(ROOT / "l2c" / "tuned" / "sm_90_graphs.json")
+e = next(x for x in graphs.exact.values() if x.dtype == "f16" and x.layout == "row,row,row" and x.target == "cutlass"
          and x.m * x.n * x.k <= 256 * 1024 * 1024)
 a = torch.randn(e.m, e.k, device="cuda", dtype=torch.float16)
 b = torch.randn(e.k, e.n, device="cuda", dtype=torch.float16)
-out["shape"] = [e.m, e.n, e.k]
-from l2c.targets.cutlass import native
-out["native_table"] = native.build_now(timeout=300) or native.failure()
+out["served_shape"] = [e.m, e.n, e.k]
 d = dispatch.set_tuned_table(TunedTable([e]), prepare="inline")
-y = l2c.matmul(a, b); y = l2c.matmul(a, b)
-out["stats_after_two"] = dict(d.stats)
-sig = call_signature(a, b, None)
-launch = d._served.get((sig, None))
-kernel = d.resolve(a, b, None, "none")
-out["served"] = launch is not None and kernel is not None
-get_device, get_stream = cuda_accessors()
-parts = {"torch.matmul": lambda: torch.matmul(a, b), "l2c.matmul": lambda: l2c.matmul(a, b),
-         "matmul_with": lambda: ops.matmul_with(d, a, b), "dispatcher.matmul": lambda: d.matmul(a, b),
-         "call_signature": lambda: call_signature(a, b, None), "new_empty": lambda: a.new_empty((e.m, e.n)),
-         "get_stream": lambda: get_stream(0), "get_device": lambda: get_device(),
-         "is_compiling": lambda: torch.compiler.is_compiling(), "served_kn[dtype][layout][b.shape]":
-             lambda: d.served_kn[a.dtype][not b.is_contiguous()][b.shape]}
-if out["served"]:
-    parts["kernel.call_planned"] = lambda: kernel.call_planned(sig, a, b, None)
-    parts["bound launcher"] = lambda: launch(a, b, None)
-    parts["_served_call"] = lambda: d._served_call(a, b, None, None, sig)
-if d.native is not None:   # the C++ table's path, then the same calls with the table set aside (Python)
-    parts["native table.matmul"] = lambda: d.native.matmul(a, b, None, 0, get_device(), get_stream(get_device()))
-for name, fn in parts.items():
-    try: out[name] = per_call(fn)
-    except Exception as err: out[name] = repr(err)
-table, d.native = d.native, None
-out["l2c.matmul, Python path"] = per_call(lambda: l2c.matmul(a, b))
-d.native = table
-# while queued: a background dispatcher whose worker is busy with the first job (the same entry, never ready)
-d2 = dispatch.set_tuned_table(TunedTable([e]), prepare="background")
-l2c.matmul(a, b)
-out["queued_stats"] = dict(d2.stats)
-out["queued l2c.matmul"] = per_call(lambda: l2c.matmul(a, b), n=100)
-out["queued_stats_after"] = dict(d2.stats)
-# unserved: a shape no entry has, through l2c.matmul and through the bench's two wrappers
+l2c.matmul(a, b), l2c.matmul(a, b)
+out["served_stats_after_two"] = d.stats
+out["served"] = per_call({"torch.matmul": lambda: torch.matmul(a, b), "l2c.matmul": lambda: l2c.matmul(a, b),
+                          "l2c.matmul, Python path": detached(d, lambda: l2c.matmul(a, b)),
+                          "CallTable.call": lambda: d.native.call(a, b, None, 0),
+                          "torch.compiler.is_compiling": torch.compiler.is_compiling})
+out["served_stats"] = d.stats
+
 from l2c.candidates import load_candidates
-from l2c.measure import Problem, TorchMatmul
-dispatch.set_tuned_table(load_table(ROOT / "l2c" / "tuned" / "sm_90.json"))
-u = torch.randn(4, 88, device="cuda", dtype=torch.float16); v = torch.randn(88, 264, device="cuda", dtype=torch.float16)
-cand = load_candidates([f"dispatch:{ROOT / 'l2c' / 'tuned' / 'sm_90.json'}"])[0]._kernel
-base = TorchMatmul(Problem(4, 264, 88))
-for name, fn in {"unserved torch.matmul": lambda: torch.matmul(u, v), "unserved l2c.matmul": lambda: l2c.matmul(u, v),
-                 "unserved bench candidate": lambda: cand(u, v), "unserved bench baseline": lambda: base(u, v)}.items():
-    out[name] = per_call(fn)
+from l2c.measure import Problem, TorchLinear, TorchMatmul
+default = ROOT / "l2c" / "tuned" / "sm_90.json"
+d = dispatch.set_tuned_table(load_table(default))
+native_call.build_now()
+u = torch.randn(4, 88, device="cuda", dtype=torch.float16)
+v = torch.randn(88, 264, device="cuda", dtype=torch.float16)
+w = torch.randn(264, 88, device="cuda", dtype=torch.float16)
+ours, theirs = l2c.nn.Linear(88, 264, device="cuda", dtype=torch.float16), torch.nn.Linear(88, 264, device="cuda",
+                                                                                         dtype=torch.float16)
+cand, lin_cand = (load_candidates([f"{via}:{default}"])[0]._kernel for via in ("dispatch", "linear"))
+native_call.build_now()
+base, lin_base = TorchMatmul(Problem(4, 264, 88)), TorchLinear(Problem(4, 264, 88, layout_b="col"))
+with torch.no_grad():
+    out["unserved_shape"] = [4, 264, 88]
+    out["unserved"] = per_call({
+        "torch.matmul": lambda: torch.matmul(u, v), "l2c.matmul": lambda: l2c.matmul(u, v),
+        "l2c.matmul, Python path": detached(d, lambda: l2c.matmul(u, v)),
+        "bench candidate": lambda: cand(u, v), "bench baseline": lambda: base(u, v),
+        "F.linear": lambda: F.linear(u, w), "Dispatcher.linear": lambda: d.linear(u, w),
+        "Dispatcher.linear, Python path": detached(d, lambda: d.linear(u, w)),
+        "bench linear candidate": lambda: lin_cand(u, w.t()), "bench linear baseline": lambda: lin_base(u, w.t()),
+        "torch.nn.Linear": lambda: theirs(u), "l2c.nn.Linear": lambda: ours(u),
+        "l2c.nn.Linear, Python path": detached(d, lambda: ours(u))})
+out["unserved_stats"] = d.stats
 print(json.dumps(out, indent=1))
 json.dump(out, open(sys.argv[1], "w"), indent=1)

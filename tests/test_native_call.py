@@ -1,28 +1,41 @@
-"""The C++ served-call table (l2c.targets.cutlass.native), built with the real host C++ compiler against this torch.
+"""The C++ call table (l2c.native_call), built with the real host C++ compiler against this torch.
 
 Its plans' entry point is a real C function (the `recorder` fixture of conftest.py) that records what it received,
-so the pointers, the stream, the output's allocation and every way a call can miss or be declined are checked on
-CPU tensors; on the GPU the same table launches CUTLASS libraries (scripts/served_path.py measures it there).
+so the pointers, the output's allocation and every way a call can miss or be declined are checked on CPU tensors
+(a CPU call runs on "device -1" with no stream); its first test and torch fallback run torch's own CPU ops. On the
+GPU the same table launches CUTLASS libraries (scripts/served_path.py measures it there).
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import subprocess
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from l2c.targets.cutlass import native, shim
+import l2c
+from l2c import dispatch, native_call, ops
+from l2c.targets.cutlass import shim
 
-pytestmark = pytest.mark.skipif(native.find_cxx_compiler() is None or shim.find_c_compiler() is None,
+pytestmark = pytest.mark.skipif(native_call.find_cxx_compiler() is None or shim.find_c_compiler() is None,
                                 reason="no host C/C++ compiler")
+
+CPU = -1   # the device word of a CPU call in the table
 
 
 @pytest.fixture(scope="module")
-def table_type():
-    assert native.build_now(timeout=600), native.failure()
-    return native.new_table
+def new_table():
+    assert native_call.build_now(timeout=900), native_call.failure()
+
+    def make(matmul_spans=None, linear_spans=None):
+        """A table whose resolvers answer `matmul_spans(a, b)` / `linear_spans(x, weight)` (default: every M served,
+        so that calls reach the plans)."""
+        every = lambda *_: [(0, 1 << 40)]   # noqa: E731
+        return native_call.new_table(matmul_spans or every, linear_spans or every)
+    return make
 
 
 class Plan:
@@ -37,7 +50,7 @@ class Plan:
         self.template = output_template(self.stored, dtype, torch.device("cpu"))
         self.transposed = transposed
 
-    def add(self, table, a, b, bias=None, activation=0, device=0):
+    def add(self, table, a, b, bias=None, activation=0, device=CPU):
         table.add(a, b, bias, activation, self.struct, ctypes.addressof(self.struct), self.template, self.transposed,
                   device)
 
@@ -47,38 +60,54 @@ def operands(m=8, n=8, k=64, dtype=torch.float16):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_a_registered_call_launches_its_plan_with_this_calls_pointers(table_type, recorder, transposed):
-    table = table_type()
+def test_a_registered_call_launches_its_plan_with_this_calls_pointers(new_table, recorder, transposed):
+    table = new_table()
     plan = Plan(recorder, 8, 8, transposed=transposed)
     a, b, bias = operands()
     plan.add(table, a, b, bias)
     assert table.size() == 1
     a2, b2, bias2 = operands()                       # the same signature, other tensors
-    out = table.matmul(a2, b2, bias2, 0, 0, 0xC0FFEE)
+    out = table.call(a2, b2, bias2, 0)
     assert tuple(out.shape) == (8, 8) and out.dtype == torch.float16
     assert out.is_contiguous() == (not transposed) and out.mT.is_contiguous() == transposed
     seen = [recorder.recorded(i) for i in range(20)]
     assert seen[:5] == [a2.data_ptr(), b2.data_ptr(), 0, bias2.data_ptr(), out.data_ptr()]
-    assert seen[5:9] == [8, 8, 64, 1] and seen[19] == 0xC0FFEE
-    assert table.matmul(a2, b2, bias2, 0, 0, 1).data_ptr() != out.data_ptr()   # each call its own output
+    assert seen[5:9] == [8, 8, 64, 1] and seen[19] == 0        # a CPU call: no stream
+    assert table.call(a2, b2, bias2, 0).data_ptr() != out.data_ptr()   # each call its own output
+    assert table.counts() == (2, 0)
 
 
-def test_the_call_declines_where_the_python_path_must_decide(table_type, recorder):
-    """A misaligned pointer, another current device, autograd recording, or an error status: None."""
-    table, kept = table_type(), Plan(recorder, 8, 8)
+def test_the_call_declines_where_the_python_path_must_decide(new_table, recorder):
+    """A misaligned pointer, another device than the plan's, autograd recording, an error status, an operand that
+    is a tensor subclass or under a torch function mode: None."""
+    table, kept = new_table(), Plan(recorder, 8, 8)
     a, b, bias = operands()
     kept.add(table, a, b, bias)
     skewed = torch.zeros(8 * 64 + 1, dtype=torch.float16)[1:].view(8, 64)
-    assert table.matmul(skewed, b, bias, 0, 0, 0) is None
-    assert table.matmul(a, b, bias, 0, 1, 0) is None                        # the plan is device 0's
+    assert table.call(skewed, b, bias, 0) is None
+    elsewhere, plan = new_table(), Plan(recorder, 8, 8)
+    plan.add(elsewhere, a, b, bias, device=0)                  # a plan of CUDA device 0
+    assert elsewhere.call(a, b, bias, 0) is None
     w, plan = b.clone().requires_grad_(), Plan(recorder, 8, 8)
     plan.add(table, a, w, bias)
-    assert table.matmul(a, w, bias, 0, 0, 0) is None                        # autograd records this call
+    assert table.call(a, w, bias, 0) is None                   # autograd records this call
     with torch.no_grad():
-        assert table.matmul(a, w, bias, 0, 0, 0) is not None
-    failing, plan = table_type(), Plan(recorder, 8, 8, fail=True)
+        assert table.call(a, w, bias, 0) is not None
+    failing, plan = new_table(), Plan(recorder, 8, 8, fail=True)
     plan.add(failing, a, b, bias)
-    assert failing.matmul(a, b, bias, 0, 0, 0) is None
+    assert failing.call(a, b, bias, 0) is None
+
+    class Marked(torch.Tensor):
+        pass
+    assert table.call(a.as_subclass(Marked), b, bias, 0) is None
+    assert table.call(a, b, bias, 0) is not None
+
+    class Watching(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with Watching():
+        assert table.call(a, b, bias, 0) is None
+    assert table.counts()[1] == 0                              # none of them went to torch here either
 
 
 CHANGES = ["a rows", "a stride", "a dtype", "b cols", "b layout", "bias absent", "bias length", "activation"]
@@ -86,13 +115,13 @@ CHANGES = ["a rows", "a stride", "a dtype", "b cols", "b layout", "bias absent",
 
 @settings(max_examples=40, deadline=None)
 @given(change=st.sampled_from(CHANGES))
-def test_a_call_of_any_other_signature_misses(table_type, recorder, change):
+def test_a_call_of_any_other_signature_misses(new_table, recorder, change):
     """The key is the call signature (shapes, strides, dtypes, devices of A, B, bias) and the activation: a call
     that differs in any of them is not this plan's."""
-    table, plan = table_type(), Plan(recorder, 16, 8)
+    table, plan = new_table(), Plan(recorder, 16, 8)
     a, b, bias = operands(16, 8)
     plan.add(table, a, b, bias, activation=1)
-    assert table.matmul(a, b, bias, 1, 0, 0) is not None
+    assert table.call(a, b, bias, 1) is not None
     other = {"a rows": lambda: (torch.zeros(24, 64, dtype=torch.float16), b, bias, 1),
              "a stride": lambda: (torch.zeros(16, 128, dtype=torch.float16)[:, :64], b, bias, 1),
              "a dtype": lambda: (a.to(torch.bfloat16), b.to(torch.bfloat16), bias.to(torch.bfloat16), 1),
@@ -101,68 +130,147 @@ def test_a_call_of_any_other_signature_misses(table_type, recorder, change):
              "bias absent": lambda: (a, b, None, 1),
              "bias length": lambda: (a, b, torch.zeros(16, dtype=torch.float16)[::2], 1),   # same length, stride 2
              "activation": lambda: (a, b, bias, 0)}[change]()
-    assert table.matmul(*other, 0, 0) is None
+    assert table.call(*other) is None
 
 
-def test_a_linear_call_is_the_matmul_of_the_transposed_weight_with_any_leading_dimensions(table_type, recorder):
-    table = table_type()
+def test_a_linear_call_is_the_matmul_of_the_transposed_weight_with_any_leading_dimensions(new_table, recorder):
+    table = new_table()
     x = torch.zeros(2, 3, 64, dtype=torch.float16)
     weight = torch.zeros(8, 64, dtype=torch.float16)
     plan = Plan(recorder, 6, 8)
     plan.add(table, x.reshape(-1, 64), weight.t())                   # as Dispatcher.linear registers it
-    y = table.linear(x, weight, None, 0, 0, 0)
+    y = table.call_linear(x, weight, None, 0)
     assert tuple(y.shape) == (2, 3, 8)
     assert [recorder.recorded(i) for i in (0, 1, 4)] == [x.data_ptr(), weight.data_ptr(), y.data_ptr()]
-    assert table.linear(x.transpose(0, 1), weight, None, 0, 0, 0) is None   # not contiguous: the Python path
-    assert table.matmul(x.reshape(-1, 64), weight.t(), None, 0, 0, 0) is not None
+    assert table.call_linear(x.transpose(0, 1), weight, None, 0) is None   # not contiguous: the Python path
+    assert table.call(x.reshape(-1, 64), weight.t(), None, 0) is not None
 
 
-def test_the_dispatcher_serves_a_registered_plan_from_the_table(table_type, recorder, monkeypatch):
-    """`Dispatcher._remember_served` puts a CUTLASS launcher's plan in its C++ table, and `l2c.matmul`'s path
-    (`ops.matmul_with`) is then served by it. The current device and stream are stand-ins: no CUDA here."""
-    from l2c import dispatch, ops
+_SPANS = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 12)).map(lambda t: (t[0], t[0] + t[1])), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spans=st.dictionaries(st.tuples(st.sampled_from([8, 12]), st.sampled_from([8, 16]), st.booleans()), _SPANS),
+       calls=st.lists(st.tuples(st.integers(1, 48), st.sampled_from([8, 12]), st.sampled_from([8, 16]),
+                                st.booleans(), st.sampled_from([torch.float16, torch.float32])), min_size=1,
+                      max_size=12))
+def test_the_first_test_sends_to_torch_exactly_the_ms_its_resolver_does_not_serve(new_table, spans, calls):
+    """A key's spans are asked of the resolver once, then remembered; an M outside them is torch.matmul's result
+    (bitwise: the same op), counted; an M inside them with no plan is left to the Python path (None)."""
+    asked = []
+
+    def resolve(a, b):
+        key = (b.shape[0], b.shape[1], not b.is_contiguous())
+        asked.append((a.dtype, key))
+        return spans.get(key, []) if a.dtype == torch.float16 else []
+    table = new_table(resolve)
+    fallbacks = 0
+    for m, k, n, column_major, dtype in calls:
+        a = torch.randn(m, k, dtype=dtype)
+        b = torch.randn(n, k, dtype=dtype).t() if column_major else torch.randn(k, n, dtype=dtype)
+        served = dtype == torch.float16 and any(lo <= m <= hi for lo, hi in spans.get((k, n, column_major), []))
+        y = table.call(a, b, None, 0)
+        if served:
+            assert y is None
+        else:
+            fallbacks += 1
+            assert torch.equal(y, torch.matmul(a, b))
+    assert table.counts() == (0, fallbacks)
+    assert len(asked) == len(set(asked)) == table.shapes()
+
+
+def test_a_linear_call_no_entry_serves_is_f_linear_with_its_bias_and_gradients(new_table):
+    table = new_table(linear_spans=lambda x, w: [(5, 5)])
+    x = torch.randn(2, 3, 16, requires_grad=True)
+    weight = torch.nn.Parameter(torch.randn(8, 16))
+    bias = torch.nn.Parameter(torch.randn(8))
+    y = table.call_linear(x, weight, bias, 0)
+    torch.testing.assert_close(y, F.linear(x, weight, bias), rtol=0, atol=0)
+    y.sum().backward()
+    assert x.grad is not None and weight.grad is not None and bias.grad is not None
+    assert table.call_linear(torch.randn(5, 16), weight, None, 0) is None   # M = 5 is served: no plan, Python
+    assert table.call_linear(torch.randn(4, 16), weight, None, 2) is None   # an activation unserved: Python
+    assert table.counts() == (0, 1)
+
+
+def test_the_dispatcher_serves_through_the_table_once_it_is_loaded(new_table, recorder, monkeypatch):
+    """A dispatcher made once the extension is loaded holds a table (`Dispatcher.native`) whose first test asks the
+    dispatcher's maps; `_remember_served` puts a CUTLASS launcher's plan in it, and `l2c.matmul`'s path
+    (`ops.matmul_with`) and the custom op a compiled graph calls are then served by it; `stats` counts both paths."""
     from l2c.dispatch import Dispatcher, TunedEntry, TunedTable
     from l2c.kernel import call_signature
     from l2c.ir import KernelSpec
     from tests.test_cutlass_shim import _bound_kernel
-    monkeypatch.setattr(dispatch, "_get_device", lambda: 0)
-    monkeypatch.setattr(dispatch, "_get_stream", lambda device: 0xBEEF)
     spec = KernelSpec(name="k", target="cutlass").to_l2()
     entry = TunedEntry(m=8, n=8, k=64, batch=1, dtype="f16", layout="row,row,row", target="cutlass",
                        spec_text=spec, tflops=2.0, baseline_tflops=1.0)
     dispatcher = Dispatcher(TunedTable([entry]), allow_cpu=True)
+    assert dispatcher.native is not None
     kernel = _bound_kernel(recorder, 8, 8)
     a, b, _ = operands()
     sig = call_signature(a, b, None)
-    kernel._plans = {sig: kernel._plans["sig"]}
+    kernel._plans = {sig: dataclasses.replace(kernel._plans["sig"], device=CPU)}
     dispatcher._remember_served((sig, None), kernel, a, b, None)
-    assert dispatcher.native is not None and dispatcher.native.size() == 1
+    assert dispatcher.native.size() == 1
     y = ops.matmul_with(dispatcher, a, b)
-    assert tuple(y.shape) == (8, 8) and dispatcher.stats["tuned"] == 1
-    assert recorder.recorded(0) == a.data_ptr() and recorder.recorded(19) == 0xBEEF
-    # the custom op a compiled graph calls runs the same path
+    assert tuple(y.shape) == (8, 8) and dispatcher.stats == {"tuned": 1, "fallback": 0}
+    assert recorder.recorded(0) == a.data_ptr()
     monkeypatch.setattr(dispatch, "_default", dispatcher)
     a2 = a.clone()
     assert tuple(ops._matmul_op(a2, b, None, "none").shape) == (8, 8) and dispatcher.stats["tuned"] == 2
     assert recorder.recorded(0) == a2.data_ptr()
+    assert tuple(l2c.matmul(a2, b).shape) == (8, 8) and dispatcher.stats["tuned"] == 3
+    other = torch.randn(3, 64, dtype=torch.float16)            # an M no entry serves: torch, in C++
+    torch.testing.assert_close(l2c.matmul(other, b), torch.matmul(other, b), rtol=0, atol=0)
+    assert dispatcher.stats == {"tuned": 3, "fallback": 1} and dispatcher.native.counts() == (3, 1)
 
 
-def test_without_a_cxx_compiler_served_calls_keep_the_python_path(tmp_path):
+def test_l2c_nn_linear_goes_through_the_table(new_table, monkeypatch):
+    from l2c.dispatch import Dispatcher, TunedTable
+    from tests.test_dispatch import entry
+    dispatcher = Dispatcher(TunedTable([entry(32, 48, 40)]), allow_cpu=True)
+    monkeypatch.setattr(dispatch, "_default", dispatcher)
+    layer = l2c.nn.Linear(40, 48, dtype=torch.float16)
+    x = torch.randn(2, 5, 40, dtype=torch.float16)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+    assert dispatcher.native.counts() == (0, 1) and dispatcher.native.shapes() == 1
+
+
+def test_without_a_cxx_compiler_calls_keep_the_python_path(tmp_path):
     """No C++ compiler (or no torch headers): the build fails once with a warning that says why, no table is made,
-    and the dispatcher keeps serving through its Python path; `L2C_NATIVE_CALL=0` never builds."""
+    and the dispatcher keeps its Python path; `L2C_NATIVE_CALL=0` never builds."""
     import os
     import sys
-    code = ("import warnings\nfrom l2c.targets.cutlass import native\n"
+    code = ("import warnings\nfrom l2c import native_call\n"
             "with warnings.catch_warnings(record=True) as w:\n    warnings.simplefilter('always')\n"
-            "    print(native.build_now(), native.new_table() is None, repr(native.failure()),"
-            " any('Python path' in str(x.message) for x in w))\n")
+            "    print(native_call.build_now(), native_call.new_table(None, None) is None,"
+            " repr(native_call.failure()), any('Python path' in str(x.message) for x in w))\n")
     env = dict(os.environ, L2C_CACHE_DIR=str(tmp_path), CXX="", PATH=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(" ", 2)[:2] == ["False", "True"]
     assert "no C++ compiler" in done.stdout and done.stdout.strip().endswith("True")
-    off = subprocess.run([sys.executable, "-c", "from l2c.targets.cutlass import native\n"
-                          "print(native.build_now(), native.failure())"],
+    off = subprocess.run([sys.executable, "-c", "from l2c import native_call\n"
+                          "print(native_call.build_now(), native_call.failure())"],
                          capture_output=True, text=True, env=dict(os.environ, L2C_NATIVE_CALL="0",
                                                                   L2C_CACHE_DIR=str(tmp_path)))
     assert off.stdout.split() == ["False", "None"] and not list(tmp_path.glob("native/*.so"))
+
+
+def test_compiled_graphs_trace_past_the_table(new_table, monkeypatch):
+    """Under torch.compile the eager C++ call is never reached (it would break the graph): `fullgraph=True` compiles
+    l2c.matmul and l2c.nn.Linear of a dispatcher holding the table, and the compiled results are torch's."""
+    from l2c.dispatch import Dispatcher, TunedTable
+    from tests.test_dispatch import entry
+    dispatcher = Dispatcher(TunedTable([entry(32, 48, 40, dtype="f32"), entry(32, 48, 40, layout="row,row,row")]),
+                            allow_cpu=True)
+    assert dispatcher.native is not None
+    monkeypatch.setattr(dispatch, "_default", dispatcher)
+    layer = l2c.nn.Linear(40, 48)
+    a, b = torch.randn(6, 40), torch.randn(40, 48)
+    compiled = torch.compile(lambda a, b: (l2c.matmul(a, b), layer(a)), fullgraph=True)
+    with torch.no_grad():
+        y, z = compiled(a, b)
+        torch.testing.assert_close(y, a @ b)
+        torch.testing.assert_close(z, F.linear(a, layer.weight, layer.bias))

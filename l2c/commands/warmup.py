@@ -5,7 +5,7 @@ while torch serves the call. Whoever wants the tuned path from the first call ru
 `l2c.precompile(model, example_input)` in the process itself): CUTLASS libraries land in the build cache (from the
 prebuilt pack or nvcc, several kernels per nvcc run, `-j` runs at once), Triton modules are generated and, with a GPU, compiled into Triton's cache
 by their first launch, and each kernel is checked against the reference at a shape it serves; on a GPU the C++
-table that replays served CUTLASS calls (l2c.targets.cutlass.native) is built into the cache beside them. Each pass
+call table (l2c.native_call: the first test, torch's fallback and served CUTLASS plans) is built into the cache beside them. Each pass
 is recorded for the GPU, driver and l2c version (`l2c.verified`), so every later process serves those kernels from its first
 call. A kernel that fails is named with the reason and the command exits 1; the dispatcher then falls back to
 torch for it, as it would.
@@ -75,9 +75,9 @@ def run(args) -> int:
             print(f"[{counted[0]}/{total}] built {valid.name} [{valid.target}] ({how}, "
                   f"{time.perf_counter() - start:.0f}s so far)", flush=True)
 
-    from ..targets.cutlass import native
-    if device == "cuda":   # the C++ table that replays served CUTLASS calls, built beside the kernels
-        native.start_build()
+    from .. import native_call
+    if device == "cuda":   # the C++ call table, built beside the kernels
+        native_call.start_build()
     outcomes = prebuild_many([valid for _, valid in jobs], max(1, args.jobs), report)
     for job, outcome in zip(jobs, outcomes):
         if isinstance(outcome, BuildError):
@@ -87,9 +87,9 @@ def run(args) -> int:
     if device == "cuda":
         unverified = verify_served(built, device)
     failed = invalid + unbuilt + unverified
-    if device == "cuda" and native.enabled():   # no failure without it: served calls take the Python path
-        loaded = native.build_now()
-        print("C++ served-call table: " + ("ready" if loaded else f"not built ({native.failure()})"), flush=True)
+    if device == "cuda" and native_call.enabled():   # no failure without it: calls take the Python path
+        loaded = native_call.build_now()
+        print("C++ call table: " + ("ready" if loaded else f"not built ({native_call.failure()})"), flush=True)
     print(f"{len(built) - unverified} ready, {failed} failed", file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0
 

@@ -168,7 +168,7 @@ class CutlassKernel(Kernel):
             if status != 0:
                 raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(error(status))
             return out.transpose(-1, -2) if transposed else out
-        if plan.native_address:   # what the C++ served-call table (native.py) replays the same plan from
+        if plan.native_address:   # what the C++ call table (l2c/native_call.py) replays the same plan from
             launch.native_plan = (plan.native, address, template, transposed, device)
         return launch
 

@@ -25,7 +25,7 @@ from typing import Optional
 
 from ... import cache
 
-# The plan struct and the call that replays it, shared with the C++ served-call table (native.py).
+# The plan struct and the call that replays it, shared with the C++ call table (l2c/native_call.py).
 PLAN_STRUCT = r"""
 typedef int (*l2c_run_fn)(void const*, void const*, void const*, void const*, void*, int, int, int, int,
                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
