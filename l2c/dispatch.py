@@ -435,7 +435,6 @@ class Dispatcher:
         if self.native is None:   # being built (attached when loaded): register at this key's next call
             if native_call.failure() is None:
                 native_call.start_build()
-                native_call.when_loaded(self._attach_native)
                 self._unregistered.add(key)
             else:
                 self._unregistered.clear()

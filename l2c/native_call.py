@@ -30,6 +30,7 @@ the calling thread (`start_build`); until it is loaded, and wherever it cannot b
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
 import os
@@ -359,12 +360,16 @@ def find_cxx_compiler() -> Optional[str]:
 
 
 def _compile(compiler: str, folder: Path, name: str) -> Path:
+    """g++ against the running torch's headers and libraries, found beside its package: importing
+    torch.utils.cpp_extension for them would import setuptools on the loading thread, and on the H200's host that
+    held the GIL (and set off a collection) for 70-130 ms of the caller's first calls."""
     import torch
-    from torch.utils import cpp_extension
+    root = Path(torch.__file__).parent
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     library = folder / f"{name}{suffix}"
-    includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
-    libs = cpp_extension.library_paths()
+    includes = [f"-I{p}" for p in (root / "include", root / "include" / "torch" / "csrc" / "api" / "include",
+                                   sysconfig.get_paths()["include"])]
+    libs = [root / "lib"]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     with tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}.") as work:
         cpp, so = Path(work) / "call_table.cpp", Path(work) / f"served{suffix}"
@@ -398,6 +403,7 @@ def _load() -> None:
         with cache.locked(library):
             if not library.exists():
                 _compile(compiler, library.parent, name)
+        ctypes.CDLL(str(library))   # dlopen with the GIL released (an import holds it): the import then finds it loaded
         spec = importlib.util.spec_from_file_location(name, library)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

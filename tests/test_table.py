@@ -233,6 +233,22 @@ def test_two_protocols_admit_a_kernel_only_where_it_is_slower_in_neither(tmp_pat
     assert table["protocol"] == "kernel,call"
 
 
+def test_a_range_under_two_protocols_holds_only_ms_won_in_the_first(tmp_path):
+    """With --protocol kernel,call a range's figures are the first protocol's: an M that tied in device time (1.0)
+    and won only the eager call ends a run rather than joining it with a worst of 1.0, which the dispatcher would
+    refuse to load (a range serves only where it won)."""
+    generic = KernelSpec(name="g", tile_m=16, problem_m="any").to_l2()
+    kernel = {1: 1.10, 2: 1.08, 4: 1.00, 8: 1.06, 16: 1.07, 32: 1.09}
+    rows = [{"type": "env", "gpu": "NVIDIA H200"}]
+    rows += [row("g", m, s, spec=generic) for m, s in kernel.items()]
+    rows += [row("g", m, 1.2, protocol="call", spec=generic) for m in kernel]
+    table = _table_run(tmp_path, rows, "--protocol", "kernel,call", "--min-speedup", "1.03", "--ranges")
+    ranges = [(tuple(e["m_range"]), e["range_min_speedup"]) for e in table["entries"] if "m_range" in e]
+    assert ranges == [((8, 32), 1.06)]
+    loaded = TunedTable.load(tmp_path / "t.json")
+    assert loaded.skipped == 0 and loaded.lookup("f16", "row,row,row", 3, 64, 64) is None
+
+
 def test_rows_of_what_users_call_count_for_the_entry_that_served_them(tmp_path):
     """`l2c bench dispatch:TABLE` rows carry no spec: each is evidence for TABLE's entry at that shape (its spec
     and target); a row torch served is no candidate."""

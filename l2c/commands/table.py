@@ -274,8 +274,8 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None, admit=None):
     for (group, _), points in by_spec.items():
         run = []
         for m in sorted(measured[group]) + [None]:
-            row = points.get(m)
-            if row is not None and row["speedup"] >= min_speedup:
+            row = points.get(m)   # a win: by the margin, and faster (with several protocols the margin is 1.0)
+            if row is not None and row["speedup"] >= min_speedup and row["speedup"] > 1.0:
                 run.append(row)
                 continue
             if len(run) >= MIN_RANGE_POINTS:
