@@ -110,11 +110,11 @@ def compiler(mode: str):
 
 def served(fn) -> Dict[str, int]:
     """What served the GEMMs of one call of `fn`: the dispatcher's counts of tuned kernels and torch fallbacks."""
-    stats = default_dispatcher().stats
-    before = dict(stats)
+    before = default_dispatcher().stats   # a snapshot: read again after the call
     with torch.no_grad():
         fn()
-    return {k: stats[k] - before.get(k, 0) for k in stats}
+    after = default_dispatcher().stats
+    return {k: after[k] - before.get(k, 0) for k in after}
 
 
 def counts(text: str) -> List[int]:

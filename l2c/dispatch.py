@@ -524,7 +524,7 @@ class Dispatcher:
         """
         native = self.native
         if native is not None and residual is None:   # the C++ call table: torch's fallback or a served plan
-            y = native.call_linear(x, weight, bias, native_call.ACTIVATIONS.get(activation, -1))
+            y = native.call_linear(x, weight, bias, 0 if activation is None else native_call.activation_code(activation))
             if y is not None:
                 return y
         if residual is not None:

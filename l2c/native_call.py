@@ -50,11 +50,20 @@ from .targets.cutlass import shim
 # the activation argument of a plain call, as the key holds it (None: no activation)
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "silu": 3}
 
+
+def activation_code(activation) -> int:
+    """The table's code of an activation argument; -1 for one it does not know (the Python path then raises)."""
+    try:
+        return ACTIVATIONS.get(activation, -1)
+    except TypeError:   # unhashable
+        return -1
+
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <array>
@@ -191,8 +200,27 @@ class CallTable {
                           out_template.size(1), out_template.scalar_type(), transposed, device};
   }
 
-  // l2c.matmul(a, b, bias, activation) with no out= and no residual.
+  // l2c.matmul(a, b, bias, activation) with no out= and no residual. As torch's own bindings do, torch's warnings
+  // reach Python's `warnings` and its errors become the Python exceptions torch.matmul raises.
   py::object call(py::handle ha, py::handle hb, py::handle hbias, int64_t activation) {
+    HANDLE_TH_ERRORS
+    return call_checked(ha, hb, hbias, activation);
+    END_HANDLE_TH_ERRORS_PYBIND
+  }
+
+  // l2c.nn.Linear's forward: activation(x @ weight^T + bias), any leading dimensions of x, no residual.
+  py::object call_linear(py::handle hx, py::handle hweight, py::handle hbias, int64_t activation) {
+    HANDLE_TH_ERRORS
+    return call_linear_checked(hx, hweight, hbias, activation);
+    END_HANDLE_TH_ERRORS_PYBIND
+  }
+
+  size_t size() const { return entries_.size(); }
+  size_t shapes() const { return first_.size(); }
+  std::pair<int64_t, int64_t> counts() const { return {served_, fallbacks_}; }
+
+ private:
+  py::object call_checked(py::handle ha, py::handle hb, py::handle hbias, int64_t activation) {
     if (!plain_tensor(ha) || !plain_tensor(hb) || !(hbias.is_none() || plain_tensor(hbias)) ||
         at::impl::torch_function_mode_enabled()) {
       return py::none();
@@ -226,16 +254,15 @@ class CallTable {
     return out.has_value() ? wrap(std::move(*out)) : py::none();
   }
 
-  // l2c.nn.Linear's forward: activation(x @ weight^T + bias), any leading dimensions of x, no residual.
-  py::object call_linear(py::handle hx, py::handle hweight, py::handle hbias, int64_t activation) {
+  py::object call_linear_checked(py::handle hx, py::handle hweight, py::handle hbias, int64_t activation) {
     if (!plain_tensor(hx) || !plain_tensor(hweight) || !(hbias.is_none() || plain_tensor(hbias)) ||
         at::impl::torch_function_mode_enabled()) {
       return py::none();
     }
     at::Tensor const& x = unpack(hx);
     at::Tensor const& weight = unpack(hweight);
-    if (x.dim() < 1 || weight.dim() != 2 || weight.size(1) == 0) {
-      return py::none();
+    if (x.dim() < 1 || weight.dim() != 2 || weight.size(1) == 0 || x.size(-1) != weight.size(1)) {
+      return py::none();   // F.linear's own error, from the Python path
     }
     c10::optional<at::Tensor> bias;
     if (!hbias.is_none()) {
@@ -271,11 +298,6 @@ class CallTable {
     return wrap(out->view(shape));
   }
 
-  size_t size() const { return entries_.size(); }
-  size_t shapes() const { return first_.size(); }
-  std::pair<int64_t, int64_t> counts() const { return {served_, fallbacks_}; }
-
- private:
   // The spans of M served at `shape`, asked of `resolve` the first time; nullptr where it gave none.
   Spans const* first_test(ShapeKey const& shape, py::object const& resolve, py::handle x, py::handle y) {
     auto found = first_.find(shape);
@@ -408,17 +430,17 @@ def _load() -> None:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         _module = module
-    except (OSError, ImportError) as err:
-        _failure = str(err)
+    except Exception as err:  # noqa: BLE001 - whatever stops the build, calls keep the Python path
+        _failure = f"{type(err).__name__}: {err}"
         warnings.warn(f"l2c: calls keep the Python path (the C++ call table did not build: {_failure[:300]})")
     finally:
-        _done.set()
         with _lock:
             waiting, _waiting[:] = list(_waiting), []
-        for ref in waiting:
+        for ref in waiting:   # attached before `build_now` returns
             callback = ref()
             if callback is not None and _module is not None:
                 callback()
+        _done.set()
 
 
 def _claim() -> bool:
@@ -452,6 +474,7 @@ def when_loaded(callback) -> None:
     it (never if it fails). Held by a weak reference: a dispatcher dropped meanwhile is not kept alive."""
     with _lock:
         if _module is None and not _done.is_set():
+            _waiting[:] = [ref for ref in _waiting if ref() is not None]   # dispatchers dropped meanwhile
             _waiting.append(weakref.WeakMethod(callback))
             return
     if _module is not None:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from . import dispatch
 from .dispatch import default_dispatcher
 from .epilogue import check_activation, check_gate
-from .native_call import ACTIVATIONS
+from .native_call import activation_code
 from .ops import gated_matmul, matmul
 from .tuned_table import NO_SHAPES
 
@@ -42,19 +42,11 @@ class Linear(torch.nn.Linear):
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`activation(x @ W^T + b)`, or `residual + x @ W^T + b` (the residual added in the GEMM's epilogue)."""
         dispatcher = dispatch._default or default_dispatcher()
-        if not _is_compiling():   # eager: the C++ call table (the first test, then torch or a served plan), else
-            native = dispatcher.native   # the dispatcher's Python path
-            if native is not None and residual is None:
-                activation = self.activation
-                y = native.call_linear(x, self.weight, self.bias,
-                                       0 if activation is None else ACTIVATIONS.get(activation, -1))
-                if y is not None:
-                    return y
+        if not _is_compiling():   # eager: the dispatcher's path, its C++ call table first
             return dispatcher.linear(x, self.weight, self.bias, self.activation, residual=residual)
         served = dispatcher.served_nk.get(self.weight.dtype, NO_SHAPES)
         if self.activation is None and residual is None and not served[self.out_features, self.in_features]:
-            dispatcher.counts["fallback"] += 1   # no entry for this (N, K): F.linear in the traced graph
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.bias)   # no entry for this (N, K): F.linear in the traced graph
         lead = x.shape[:-1]
         y = matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, activation=self.activation,
                    residual=None if residual is None else residual.reshape(-1, self.out_features))

@@ -12,7 +12,7 @@ import torch
 from . import dispatch
 from .dispatch import default_dispatcher
 from .epilogue import check_activation, check_gate, torch_gated, torch_matmul, torch_residual
-from .native_call import ACTIVATIONS
+from .native_call import activation_code
 from .tuned_table import NO_LAYOUTS
 
 _is_compiling = torch.compiler.is_compiling
@@ -22,7 +22,7 @@ _is_compiling = torch.compiler.is_compiling
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: str) -> torch.Tensor:
     dispatcher = default_dispatcher()
     if dispatcher.native is not None:   # a compiled graph runs this eagerly: the same C++ call as eager calls
-        y = dispatcher.native.call(a, b, bias, ACTIVATIONS.get(activation, -1))
+        y = dispatcher.native.call(a, b, bias, activation_code(activation))
         if y is not None:
             return y
     return dispatcher.matmul(a, b, bias=bias, activation=activation)
@@ -88,9 +88,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
     dispatcher = dispatch._default or default_dispatcher()
-    native = dispatcher.native   # the C++ call table: the first test, then torch or a served plan, in one call
-    if native is not None and out is None and residual is None and not _is_compiling():
-        y = native.call(a, b, bias, 0 if activation is None else ACTIVATIONS.get(activation, -1))
+    # the C++ call table: the first test, then torch or a served plan, in one call (tested for tracing first, so that
+    # a compiled graph does not guard on whether the table is attached yet)
+    if not _is_compiling() and out is None and residual is None and dispatcher.native is not None:
+        y = dispatcher.native.call(a, b, bias, 0 if activation is None else activation_code(activation))
         if y is not None:
             return y
     return _python_path(dispatcher, a, b, bias, activation, out, residual)
@@ -100,9 +101,8 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
                 activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`matmul` through `dispatcher` (what `l2c bench dispatch:TABLE` times: a user's call with another table)."""
-    native = dispatcher.native
-    if native is not None and out is None and residual is None and not _is_compiling():
-        y = native.call(a, b, bias, 0 if activation is None else ACTIVATIONS.get(activation, -1))
+    if not _is_compiling() and out is None and residual is None and dispatcher.native is not None:
+        y = dispatcher.native.call(a, b, bias, 0 if activation is None else activation_code(activation))
         if y is not None:
             return y
     return _python_path(dispatcher, a, b, bias, activation, out, residual)
@@ -116,8 +116,9 @@ def _python_path(dispatcher, a, b, bias, activation, out, residual):
         # row- nor column-major is the column-major map's to let through, and the signature's to refuse)
         ms = dispatcher.served_kn.get(a.dtype, NO_LAYOUTS)[not b.is_contiguous()][b.shape]
         m = a.shape[0] if a.ndim == 2 else None   # a symbolic M (traced with dynamic shapes) is the custom op's to test
-        if not ms or (type(m) is int and m not in ms):
-            dispatcher.counts["fallback"] += 1   # no entry for this (N, K) and M: torch, eager and traced alike
+        if not ms or (type(m) is int and m not in ms):   # no entry for this (N, K) and M: torch, eager and traced
+            if not _is_compiling():   # a count in a traced graph would make it guard on the count's value
+                dispatcher.counts["fallback"] += 1
             return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
     if _is_compiling():
         if out is None and a.dim() == 2 and b.dim() == 2:

@@ -91,12 +91,55 @@ def main(argv=None) -> int:
                          else "fallback", "rel_error": rel, "grad_rel_error": grad_rel, "ok": ok})
             print(f"{'ok  ' if ok else 'FAIL'} {e.target:<8} {e.dtype:<4} {m:>6}x{e.n:>6}x{e.k:>6} bias={bias_kind} act={act} "
                   f"served by {served}, rel error {rel:.2e}" + (f", grads {grad_rel:.2e}" if grad_rel is not None else ""))
+    replayed = replay_check(disp, rows)
+    failures += not replayed["ok"]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "table": table.source,
-                       "command": " ".join(["python"] + sys.argv), "checks": rows}, f, indent=1)
+                       "command": " ".join(["python"] + sys.argv), "checks": rows, "replayed": replayed}, f, indent=1)
     print(f"{failures} failure(s)")
     return 1 if failures else 0
+
+
+def replay_check(disp, rows) -> dict:
+    """A served CUTLASS call through the C++ call table launches on the caller's current stream: captured into a CUDA
+    graph on the capture's stream and replayed on fresh inputs, and called on a side stream behind a long sleep, its
+    results equal torch's."""
+    served = [r for r in rows if r["ok"] and r["served_by"] == "tuned" and r["target"] == "cutlass"
+              and r["bias"] is None and r["layout"].startswith("row")]
+    if disp.native is None or not served:
+        return {"ok": disp.native is not None, "reason": "no C++ call table" if disp.native is None else
+                "no plain CUTLASS entry served"}
+    r = served[0]
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[r["dtype"]]
+    a = torch.randn(r["m"], r["k"], device="cuda", dtype=dtype)
+    b = torch.randn(r["k"], r["n"], device="cuda", dtype=dtype) if r["layout"].split(",")[1] == "row" else \
+        torch.randn(r["n"], r["k"], device="cuda", dtype=dtype).t()
+    l2c.matmul(a, b)
+    tol = 5e-3 if dtype == torch.float16 else 2e-2
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    before = disp.native.counts()[0]
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)   # a launch on any other stream would read and write before this ends
+        a.normal_()
+        y_side = l2c.matmul(a, b)
+    side.synchronize()
+    side_rel = ((y_side.float() - a.float() @ b.float()).norm() / (a.float() @ b.float()).norm()).item()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_graph = l2c.matmul(a, b)
+    a.normal_()
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = a.float() @ b.float()
+    graph_rel = ((y_graph.float() - ref).norm() / ref.norm()).item()
+    launched = disp.native.counts()[0] - before
+    ok = side_rel < tol and graph_rel < tol and launched == 2
+    print(f"{'ok  ' if ok else 'FAIL'} C++ call table, {r['m']}x{r['n']}x{r['k']} {r['dtype']}: side stream rel error "
+          f"{side_rel:.2e}, CUDA graph replay rel error {graph_rel:.2e}, {launched} launches from the table")
+    return {"ok": ok, "shape": [r["m"], r["n"], r["k"]], "dtype": r["dtype"], "side_stream_rel_error": side_rel,
+            "graph_replay_rel_error": graph_rel, "table_launches": launched}
 
 
 if __name__ == "__main__":

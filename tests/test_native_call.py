@@ -274,3 +274,59 @@ def test_compiled_graphs_trace_past_the_table(new_table, monkeypatch):
         y, z = compiled(a, b)
         torch.testing.assert_close(y, a @ b)
         torch.testing.assert_close(z, F.linear(a, layer.weight, layer.bias))
+
+
+def test_the_table_warns_and_raises_as_torch_does(new_table):
+    """Torch's warnings inside the table's op reach Python's `warnings` (recordable, filterable), and its errors are
+    the exceptions torch.matmul and F.linear raise. (A fresh process: this warning is issued once per process.)"""
+    import os
+    import sys
+    code = """
+import warnings, torch
+from l2c import native_call
+assert native_call.build_now()
+table = native_call.new_table(lambda a, b: [], lambda x, w: [])
+x = torch.zeros(2, 8, dtype=torch.float16).view(torch.complex32)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    try:
+        table.call(x, x.t(), None, 0)
+    except Exception as err:
+        print(type(err).__name__)
+    try:
+        torch.matmul(x, x.t())
+    except Exception as err:
+        print(type(err).__name__)
+print(sorted({w.category.__name__ for w in seen}), any("ComplexHalf" in str(w.message) for w in seen))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    first, second, kinds = done.stdout.strip().splitlines()
+    assert first == second and kinds == "['UserWarning'] True" and "ComplexHalf" not in done.stderr
+    table = new_table(lambda a, b: [], lambda x, w: [])
+    a, w = torch.randn(3, 16), torch.randn(8, 12)
+    for run in (lambda: table.call(a, w.t(), None, 0), lambda: table.call_linear(a, w, None, 0)):
+        with pytest.raises(RuntimeError):
+            y = run()
+            if y is None:   # left to the Python path, which raises as torch does
+                F.linear(a, w)
+
+
+def test_a_compiled_graph_guards_neither_on_the_table_nor_on_the_counts(new_table, monkeypatch):
+    """A function compiled while the table was not attached, and calling torch for shapes no entry serves, is not
+    compiled again when the table attaches or as the fallback count grows."""
+    from torch._dynamo.testing import CompileCounter
+    from l2c.dispatch import Dispatcher, TunedTable
+    from tests.test_dispatch import entry
+    torch._dynamo.reset()
+    dispatcher = Dispatcher(TunedTable([entry(32, 48, 40, layout="row,row,row")]), allow_cpu=True)
+    dispatcher.native = None
+    monkeypatch.setattr(dispatch, "_default", dispatcher)
+    counter = CompileCounter()
+    compiled = torch.compile(lambda a, b: l2c.matmul(a, b), backend=counter)
+    a, b = torch.randn(6, 40), torch.randn(40, 48)
+    for i in range(6):
+        if i == 3:
+            dispatcher._attach_native()
+        torch.testing.assert_close(compiled(a, b), a @ b)
+    assert counter.frame_count == 1
