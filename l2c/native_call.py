@@ -118,6 +118,16 @@ bool plain_tensor(py::handle h) { return THPVariable_CheckExact(h.ptr()); }
 
 at::Tensor const& unpack(py::handle h) { return THPVariable_Unpack(h.ptr()); }
 
+c10::optional<at::Tensor> optional_tensor(py::handle h) {
+  return h.is_none() ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(unpack(h));
+}
+
+// Operands torch.matmul would run as they are: plain tensors (the bias may be None) and no torch function mode.
+bool plain_operands(py::handle a, py::handle b, py::handle bias) {
+  return plain_tensor(a) && plain_tensor(b) && (bias.is_none() || plain_tensor(bias)) &&
+         !at::impl::torch_function_mode_enabled();
+}
+
 py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))); }
 
 // torch's op for a call the table does not serve. Torch's bindings release the GIL around every op; here only CPU
@@ -221,8 +231,7 @@ class CallTable {
 
  private:
   py::object call_checked(py::handle ha, py::handle hb, py::handle hbias, int64_t activation) {
-    if (!plain_tensor(ha) || !plain_tensor(hb) || !(hbias.is_none() || plain_tensor(hbias)) ||
-        at::impl::torch_function_mode_enabled()) {
+    if (!plain_operands(ha, hb, hbias)) {
       return py::none();
     }
     at::Tensor const& a = unpack(ha);
@@ -242,10 +251,7 @@ class CallTable {
         return wrap(unlocked_if_cpu(a, [&] { return at::matmul(a, b); }));
       }
     }
-    c10::optional<at::Tensor> bias;
-    if (!hbias.is_none()) {
-      bias = unpack(hbias);
-    }
+    c10::optional<at::Tensor> bias = optional_tensor(hbias);
     if (records_grad(a, b, bias)) {
       return py::none();
     }
@@ -255,8 +261,7 @@ class CallTable {
   }
 
   py::object call_linear_checked(py::handle hx, py::handle hweight, py::handle hbias, int64_t activation) {
-    if (!plain_tensor(hx) || !plain_tensor(hweight) || !(hbias.is_none() || plain_tensor(hbias)) ||
-        at::impl::torch_function_mode_enabled()) {
+    if (!plain_operands(hx, hweight, hbias)) {
       return py::none();
     }
     at::Tensor const& x = unpack(hx);
@@ -264,10 +269,7 @@ class CallTable {
     if (x.dim() < 1 || weight.dim() != 2 || weight.size(1) == 0 || x.size(-1) != weight.size(1)) {
       return py::none();   // F.linear's own error, from the Python path
     }
-    c10::optional<at::Tensor> bias;
-    if (!hbias.is_none()) {
-      bias = unpack(hbias);
-    }
+    c10::optional<at::Tensor> bias = optional_tensor(hbias);
     if (activation == 0) {
       ShapeKey shape{static_cast<int64_t>(x.scalar_type()), kLinear, weight.size(0), weight.size(1)};
       Spans const* spans = first_test(shape, resolve_linear_, hx, hweight);
