@@ -40,7 +40,7 @@ uint64_t recorded(int i) { return seen[i]; }
 def recorder(tmp_path_factory):
     """A real C function with the ABI of a CUTLASS library's `l2c_<name>_run` that records the arguments it got
     (`recorded(i)`) and returns M ^ N as its status: the entry point of call plans in the shim's and the C++
-    served-call table's tests."""
+    call table's tests."""
     import ctypes
     import subprocess
     from l2c.targets.cutlass import shim as cutlass_shim
