@@ -429,7 +429,7 @@ class Dispatcher:
         """Put a CUTLASS plan that served `key` into the C++ table (when the extension is loaded; until then the
         key waits in `_unregistered` for its next served call)."""
         plan = getattr(launch, "native_plan", None)
-        code = native_call.ACTIVATIONS.get(key[1], -1)
+        code = native_call.activation_code(key[1])
         if plan is None or code < 0 or not native_call.enabled():
             return
         if self.native is None:   # being built (attached when loaded): register at this key's next call

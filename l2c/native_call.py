@@ -44,11 +44,12 @@ import weakref
 from pathlib import Path
 from typing import List, Optional
 
-from . import cache, settings
+from . import cache, epilogue, settings
 from .targets.cutlass import shim
 
-# the activation argument of a plain call, as the key holds it (None: no activation)
-ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "silu": 3}
+# the activation argument of a plain call, as a served plan's key holds it (None: no activation): an index into
+# the one list of activations
+ACTIVATIONS = {None: 0, **{name: code for code, name in enumerate(epilogue.ACTIVATIONS)}}
 
 
 def activation_code(activation) -> int:
@@ -57,6 +58,7 @@ def activation_code(activation) -> int:
         return ACTIVATIONS.get(activation, -1)
     except TypeError:   # unhashable
         return -1
+
 
 SOURCE = r"""
 #include <torch/extension.h>
