@@ -74,7 +74,7 @@ def test_a_registered_call_launches_its_plan_with_this_calls_pointers(new_table,
     assert seen[:5] == [a2.data_ptr(), b2.data_ptr(), 0, bias2.data_ptr(), out.data_ptr()]
     assert seen[5:9] == [8, 8, 64, 1] and seen[19] == 0        # a CPU call: no stream
     assert table.call(a2, b2, bias2, 0).data_ptr() != out.data_ptr()   # each call its own output
-    assert table.counts() == (2, 0)
+    assert table.counts() == (2, 0, 0)
 
 
 def test_the_call_declines_where_the_python_path_must_decide(new_table, recorder):
@@ -175,8 +175,88 @@ def test_the_first_test_sends_to_torch_exactly_the_ms_its_resolver_does_not_serv
         else:
             fallbacks += 1
             assert torch.equal(y, torch.matmul(a, b))
-    assert table.counts() == (0, fallbacks)
+    assert table.counts() == (0, fallbacks, 0)
     assert len(asked) == len(set(asked)) == table.shapes()
+
+
+LAYOUTS = ("row", "column", "row_in_wider", "column_in_wider", "every_other_column", "broadcast_rows")
+
+
+def laid_out(rows, cols, layout, draw_offset):
+    """A rows x cols float64 view over a random buffer, in `layout`, and that buffer: (view, buffer)."""
+    pad = 3
+    if layout == "row":
+        shape, strides = (rows, cols), (cols, 1)
+    elif layout == "column":
+        shape, strides = (rows, cols), (1, rows)
+    elif layout == "row_in_wider":
+        shape, strides = (rows, cols), (cols + pad, 1)
+    elif layout == "column_in_wider":
+        shape, strides = (rows, cols), (1, rows + pad)
+    elif layout == "every_other_column":
+        shape, strides = (rows, cols), (2 * cols, 2)
+    else:
+        shape, strides = (rows, cols), (0, 1)
+    offset = draw_offset
+    span = offset + sum((n - 1) * s for n, s in zip(shape, strides)) + 1
+    buffer = torch.randn(span, dtype=torch.float64)
+    return buffer.as_strided(shape, strides, offset), buffer
+
+
+def is_non_overlapping_and_dense(t):
+    """Whether `t` fills a block of memory without gaps in some order of its dimensions (extent-1 dimensions aside)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def column_major(buffer, offset, ld, rows, cols, transposed):
+    """op(X) of column-major cuBLAS: X read from `buffer` at `offset` with leading dimension `ld`, (rows x cols)
+    after the op."""
+    i = torch.arange(rows).unsqueeze(1)
+    j = torch.arange(cols).unsqueeze(0)
+    return buffer[offset + (j + i * ld if transposed else i + j * ld)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(m=st.integers(1, 6), n=st.integers(1, 6), k=st.integers(1, 6), a_layout=st.sampled_from(LAYOUTS),
+       b_layout=st.sampled_from(LAYOUTS), offsets=st.tuples(st.integers(0, 5), st.integers(0, 5)))
+def test_the_direct_cublas_arguments_compute_a_at_b_as_mm_reads_the_operands(new_table, m, n, k, a_layout, b_layout,
+                                                                           offsets):
+    """The arguments of the direct cuBLAS call (l2c.native_call's `cublas_mm`, run on the GPU only), put through a
+    column-major GEMM over the operands' own storage, give a @ b; an operand in a plain row- or column-major layout,
+    padded or not, is always taken; one mm would copy first (a broadcast or gapped one) never is unless its extents
+    make it dense. On the GPU scripts/dispatch_check.py checks the call bitwise against torch.matmul."""
+    a, a_buffer = laid_out(m, k, a_layout, offsets[0])
+    b, b_buffer = laid_out(k, n, b_layout, offsets[1])
+    args = new_table().cublas_arguments(a, b)
+    plain = {"row", "column", "row_in_wider", "column_in_wider"}
+    if a_layout in plain and b_layout in plain:
+        assert args is not None
+    if args is None:
+        assert not all(is_non_overlapping_and_dense(x) for x in (a, b))
+        return
+    transa, transb, gm, gn, gk, lda, ldb, ldc = args
+    assert (gm, gn, gk, ldc) == (n, m, k, n)   # out^T (n x m, column-major) = b^T a^T
+    op_a = column_major(b_buffer, b.storage_offset(), lda, gm, gk, transa)
+    op_b = column_major(a_buffer, a.storage_offset(), ldb, gk, gn, transb)
+    torch.testing.assert_close((op_a @ op_b).t(), a @ b)
+    # cuBLAS's bound on a leading dimension (at least the stored rows), where more than one column is stored
+    for ld, rows, cols in ((lda, gk if transa else gm, gm if transa else gk),
+                           (ldb, gn if transb else gk, gk if transb else gn)):
+        assert cols == 1 or ld >= rows
+
+
+def test_the_table_on_a_cpu_torch_has_no_direct_cublas_call(new_table):
+    """CPU calls never take it, and a torch without CUDA builds the table without it (no CUDA headers asked)."""
+    table = new_table(lambda a, b: [])
+    a, b = torch.randn(3, 8), torch.randn(8, 5)
+    assert torch.equal(table.call(a, b, None, 0), a @ b) and table.counts() == (0, 1, 0)
+    if not torch.version.cuda:
+        assert native_call.cuda_include_dirs() is None and native_call.direct_cublas() is False
 
 
 def test_a_linear_call_no_entry_serves_is_f_linear_with_its_bias_and_gradients(new_table):
@@ -190,7 +270,7 @@ def test_a_linear_call_no_entry_serves_is_f_linear_with_its_bias_and_gradients(n
     assert x.grad is not None and weight.grad is not None and bias.grad is not None
     assert table.call_linear(torch.randn(5, 16), weight, None, 0) is None   # M = 5 is served: no plan, Python
     assert table.call_linear(torch.randn(4, 16), weight, None, 2) is None   # an activation unserved: Python
-    assert table.counts() == (0, 1)
+    assert table.counts() == (0, 1, 0)
 
 
 def test_the_dispatcher_serves_through_the_table_once_it_is_loaded(new_table, recorder, monkeypatch):
@@ -222,7 +302,7 @@ def test_the_dispatcher_serves_through_the_table_once_it_is_loaded(new_table, re
     assert tuple(l2c.matmul(a2, b).shape) == (8, 8) and dispatcher.stats["tuned"] == 3
     other = torch.randn(3, 64, dtype=torch.float16)            # an M no entry serves: torch, in C++
     torch.testing.assert_close(l2c.matmul(other, b), torch.matmul(other, b), rtol=0, atol=0)
-    assert dispatcher.stats == {"tuned": 3, "fallback": 1} and dispatcher.native.counts() == (3, 1)
+    assert dispatcher.stats == {"tuned": 3, "fallback": 1} and dispatcher.native.counts() == (3, 1, 0)
 
 
 def test_l2c_nn_linear_goes_through_the_table(new_table, monkeypatch):
@@ -234,7 +314,7 @@ def test_l2c_nn_linear_goes_through_the_table(new_table, monkeypatch):
     x = torch.randn(2, 5, 40, dtype=torch.float16)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
-    assert dispatcher.native.counts() == (0, 1) and dispatcher.native.shapes() == 1
+    assert dispatcher.native.counts() == (0, 1, 0) and dispatcher.native.shapes() == 1
 
 
 def test_without_a_cxx_compiler_calls_keep_the_python_path(tmp_path):
