@@ -68,8 +68,9 @@ SOURCE = r"""
 #include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#ifdef L2C_CUBLAS
-#include <ATen/cuda/CUDABlas.h>
+#ifdef L2C_CUDA_OPS
+#include <ATen/ops/addmm_cuda_dispatch.h>
+#include <ATen/ops/mm_cuda_dispatch.h>
 #endif
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -201,101 +202,46 @@ bool current_stream(at::Tensor const& a, int64_t* device, int64_t* stream) {
   return true;
 }
 
-// Whether aten::mm on these operands, on this thread, would reach its CUDA kernel with nothing in between but
-// autograd (checked apart, records_grad) and ADInplaceOrView: the dispatcher's own key computation, so autocast, a
-// Python dispatch mode, functorch's wrappers, the conjugate or negative bit or a fake tensor all keep torch's op.
-bool reaches_cuda_kernel(at::Tensor const& a, at::Tensor const& b) {
+// Whether aten::mm / aten::addmm on these operands, on this thread, would reach its CUDA (or CPU) kernel with nothing in
+// between but autograd (checked apart, records_grad) and ADInplaceOrView: the dispatcher's own key computation, so
+// autocast, a Python dispatch mode, functorch's wrappers, the conjugate or negative bit or a fake tensor all keep
+// torch's op.
+bool reaches_kernel(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
   c10::impl::LocalDispatchKeySet tls = c10::impl::tls_local_dispatch_key_set();
-  c10::DispatchKeySet keys = ((a.key_set() | b.key_set() | tls.included_) - tls.excluded_) -
-                             (c10::autograd_dispatch_keyset_with_ADInplaceOrView |
-                              c10::DispatchKeySet(c10::DispatchKey::BackendSelect));
-  return keys.highestPriorityTypeId() == c10::DispatchKey::CUDA;
-}
-// How cuBLAS reads a 2-D operand, as aten::mm decides it (prepare_matrix_for_cublas in ATen's Blas.cpp): row-major
-// ("transposed" to column-major cuBLAS) or column-major. False where mm would copy it first.
-bool cublas_layout(at::Tensor const& t, bool* row_major) {
-  if (t.is_non_overlapping_and_dense()) {
-    *row_major = t.is_contiguous();
-    return true;
+  c10::DispatchKeySet keys = a.key_set() | b.key_set() | tls.included_;
+  if (bias.has_value()) {
+    keys = keys | bias->key_set();
   }
-  if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(1, t.size(0))) {
-    *row_major = false;
-    return true;
-  }
-  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, t.size(1))) {
-    *row_major = true;
-    return true;
-  }
-  return false;
+  keys = (keys - tls.excluded_) - (c10::autograd_dispatch_keyset_with_ADInplaceOrView |
+                                   c10::DispatchKeySet(c10::DispatchKey::BackendSelect));
+  c10::DispatchKey kernel = a.is_cuda() ? c10::DispatchKey::CUDA : a.is_cpu() ? c10::DispatchKey::CPU
+                                                                              : c10::DispatchKey::Undefined;
+  return kernel != c10::DispatchKey::Undefined && keys.highestPriorityTypeId() == kernel;
 }
-// The arguments of column-major cuBLAS's C = op(A) op(B) that compute a @ b into a fresh row-major output as
-// aten::mm passes them (cublasCommonArgs in ATen's Blas.cpp): out^T = b^T a^T, so cuBLAS's A is b and its B is a.
-// False where mm would copy an operand first.
-struct GemmArguments {
-  bool transa, transb;
-  int64_t m, n, k, lda, ldb, ldc;
-};
-bool gemm_arguments(at::Tensor const& a, at::Tensor const& b, GemmArguments* g) {
-  bool a_row_major = false, b_row_major = false;
-  if (!cublas_layout(a, &a_row_major) || !cublas_layout(b, &b_row_major)) {
-    return false;
-  }
-  g->transa = !b_row_major;
-  g->transb = !a_row_major;
-  g->m = b.size(1);
-  g->n = a.size(0);
-  g->k = a.size(1);
-  g->lda = b.stride(g->transa ? 1 : 0);
-  g->ldb = a.stride(g->transb ? 1 : 0);
-  g->ldc = g->m;
-  return true;
-}
-#ifdef L2C_CUBLAS
-template <typename T>
-void gemm(GemmArguments const& g, at::Tensor const& a, at::Tensor const& b, at::Tensor& out) {
-  at::cuda::blas::gemm<T>(g.transa ? 't' : 'n', g.transb ? 't' : 'n', g.m, g.n, g.k, at::opmath_type<T>(1),
-                          static_cast<T const*>(b.const_data_ptr()), g.lda,
-                          static_cast<T const*>(a.const_data_ptr()), g.ldb, at::opmath_type<T>(0),
-                          static_cast<T*>(out.data_ptr()), g.ldc);
-}
-#endif
-// a @ b through the function aten::mm's CUDA kernel ends in (at::cuda::blas::gemm: torch's cuBLAS handle, stream
-// and workspace, its math-mode, reduced-precision and TunableOp settings), with mm's transposes and leading
-// dimensions, so the same cuBLAS kernel runs and the result is torch.matmul's, bit for bit. What it skips is
-// torch's dispatch (the Python binding, the dispatcher's autograd and ADInplaceOrView layers, the structured
-// kernel's checks): a few microseconds of host time per call. None where mm would do anything else; the caller
-// then runs torch's op.
-c10::optional<at::Tensor> cublas_mm(at::Tensor const& a, at::Tensor const& b) {
-#ifdef L2C_CUBLAS
+// torch's own CUDA kernel of aten::mm (bias: none) or aten::addmm (bias + a @ b), called below torch's dispatcher
+// (at::cuda::mm / at::cuda::addmm: the CUDA key's entry, with its device guard, checks, output allocation and
+// cuBLAS call), so the same kernels run and the result is torch's, bit for bit. What it skips is torch's dispatch:
+// the Python binding, the composite matmul / linear, the dispatcher's autograd and ADInplaceOrView layers, a few
+// microseconds of host time per call. None where the dispatcher would route the call anywhere else (autocast, a
+// dispatch mode, autograd, ...) or the table was built without it; the caller then runs torch's op.
+c10::optional<at::Tensor> cuda_mm(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
+#ifdef L2C_CUDA_OPS
   at::ScalarType dtype = a.scalar_type();
-  if (!a.is_cuda() || b.scalar_type() != dtype || b.device() != a.device() ||
-      (dtype != at::kHalf && dtype != at::kBFloat16 && dtype != at::kFloat) ||
-      a.size(0) == 0 || a.size(1) == 0 || b.size(1) == 0 || b.size(0) != a.size(1) ||
-      !reaches_cuda_kernel(a, b) || records_grad(a, b, c10::nullopt)) {
+  if (!a.is_cuda() || !b.is_cuda() || !at::isFloatingType(dtype) || b.scalar_type() != dtype ||
+      (bias.has_value() && (!bias->is_cuda() || bias->scalar_type() != dtype)) ||
+      !reaches_kernel(a, b, bias) || records_grad(a, b, bias)) {
     return c10::nullopt;
   }
-  GemmArguments g{};
-  if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice() != a.device() ||
-      !gemm_arguments(a, b, &g)) {
-    return c10::nullopt;
-  }
-  RECORD_FUNCTION("l2c::cublas_mm", std::vector<c10::IValue>());
-  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-  if (dtype == at::kHalf) {
-    gemm<at::Half>(g, a, b, out);
-  } else if (dtype == at::kBFloat16) {
-    gemm<at::BFloat16>(g, a, b, out);
-  } else {
-    gemm<float>(g, a, b, out);
-  }
-  return out;
+  RECORD_FUNCTION(bias.has_value() ? "l2c::addmm" : "l2c::mm", std::vector<c10::IValue>());
+  return bias.has_value() ? at::cuda::addmm(*bias, a, b) : at::cuda::mm(a, b);
 #else
   return c10::nullopt;
 #endif
 }
-// torch.matmul's result for an M no entry serves: the direct cuBLAS call where it applies, else torch's op.
+// torch.matmul's result for an M no entry serves (2-D operands: aten::mm): torch's CUDA kernel called directly
+// where it applies, else torch's op.
 at::Tensor torch_matmul(at::Tensor const& a, at::Tensor const& b, int64_t* direct) {
-  c10::optional<at::Tensor> out = cublas_mm(a, b);
+  c10::optional<at::Tensor> out = cuda_mm(a, b, c10::nullopt);
   if (out.has_value()) {
     ++*direct;
     return std::move(*out);
@@ -343,19 +289,15 @@ class CallTable {
 
   size_t size() const { return entries_.size(); }
   size_t shapes() const { return first_.size(); }
-  // (served by a plan, run by torch's kernels, of those called straight into torch's cuBLAS GEMM)
+  // (served by a plan, run by torch, of those run by torch's CUDA kernel called directly)
   std::tuple<int64_t, int64_t, int64_t> counts() const { return {served_, fallbacks_, direct_}; }
-  // The direct call's cuBLAS arguments for a @ b: (transa, transb, m, n, k, lda, ldb, ldc), or None where mm
-  // would copy an operand (tests check them against a column-major GEMM over the operands' storage).
-  static py::object cublas_arguments(at::Tensor const& a, at::Tensor const& b) {
-    GemmArguments g{};
-    if (a.dim() != 2 || b.dim() != 2 || !gemm_arguments(a, b, &g)) {
-      return py::none();
-    }
-    return py::make_tuple(g.transa, g.transb, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
+  // the rule of reaches_kernel, for tests: CPU tensors reach the CPU kernel under the same rule
+  static bool reaches_kernel(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
+    return ::reaches_kernel(a, b, bias);
   }
-  static bool direct_cublas() {
-#ifdef L2C_CUBLAS
+  // Whether calls no entry serves run torch's CUDA kernels directly (the table was built with them)
+  static bool direct() {
+#ifdef L2C_CUDA_OPS
     return true;
 #else
     return false;
@@ -433,20 +375,22 @@ class CallTable {
     return wrap(out->view(shape));
   }
 
-  // F.linear's result for an M no entry serves. Without a bias F.linear is matmul(x, weight^T), which folds a
-  // contiguous x's leading dimensions into one mm: the direct cuBLAS call where it applies. With a bias torch fuses
-  // it in cuBLASLt's epilogue (addmm): torch's op.
+  // F.linear's result for an M no entry serves, as at::linear composes it: with a bias, addmm(bias, x, weight^T)
+  // over x's leading dimensions folded (x 2-D, or contiguous with a 1-D bias); without one, matmul(x, weight^T),
+  // which folds a contiguous x's leading dimensions into one mm. Those run torch's CUDA kernels directly where they
+  // apply; anything else is torch's op.
   at::Tensor torch_linear(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias) {
-    if (!bias.has_value() && x.dim() >= 2 && (x.dim() == 2 || x.is_contiguous())) {
+    bool folds = x.dim() == 2 || (x.dim() > 2 && x.is_contiguous());
+    if (folds && (!bias.has_value() || bias->dim() == 1)) {
       int64_t k = x.size(-1);
-      c10::optional<at::Tensor> out = cublas_mm(x.dim() == 2 ? x : x.view({-1, k}), weight.t());
+      c10::optional<at::Tensor> out = cuda_mm(x.dim() == 2 ? x : x.view({-1, k}), weight.t(), bias);
       if (out.has_value()) {
         ++direct_;
         if (x.dim() == 2) {
           return std::move(*out);
         }
         std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-        shape.back() = weight.size(0);
+        shape.back() = out->size(1);
         return out->view(shape);
       }
     }
@@ -515,8 +459,8 @@ PYBIND11_MODULE(L2C_MODULE_NAME, m) {
       .def("size", &CallTable::size)
       .def("shapes", &CallTable::shapes)
       .def("counts", &CallTable::counts)
-      .def_static("direct_cublas", &CallTable::direct_cublas)
-      .def_static("cublas_arguments", &CallTable::cublas_arguments);
+      .def_static("direct", &CallTable::direct)
+      .def_static("reaches_kernel", &CallTable::reaches_kernel);
 }
 """
 
@@ -524,7 +468,7 @@ _lock = threading.Lock()
 _done = threading.Event()   # set once the build finished, loaded or not
 _module = None              # the loaded extension
 _failure: Optional[str] = None
-_cublas_failure: Optional[str] = None   # why the table was built without the direct cuBLAS call, where it was not
+_direct_failure: Optional[str] = None   # why the table was built without the direct calls, where it was not
 _started = False
 _waiting: List = []         # weak references to the callbacks of `when_loaded`
 
@@ -538,51 +482,30 @@ def find_cxx_compiler() -> Optional[str]:
     return shim.find_host_compiler("CXX", "c++", "g++")
 
 
-# The CUDA headers torch's cuBLAS declarations include (ATen/cuda/CUDAContextLight.h)
-CUDA_HEADERS = ("cuda_runtime_api.h", "cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h")
-
-
-def cuda_include_dirs() -> Optional[List[Path]]:
-    """Folders holding every header of CUDA_HEADERS, for a torch built with CUDA: the NVIDIA wheels beside torch
-    (nvidia/cu13/include, or nvidia/<library>/include for CUDA 12), else the toolkit ($CUDA_HOME, $CUDA_PATH,
-    /usr/local/cuda, nvcc's). None where torch has no CUDA or some header is not found: the table is then built
-    without the direct cuBLAS call."""
+def torch_cuda_library() -> Optional[Path]:
+    """torch's CUDA library (lib/libtorch_cuda.so), which defines the CUDA kernels' entries (at::cuda::mm, ...) the
+    table calls directly; None for a torch without CUDA, whose table is built without them."""
     import torch
     if not torch.version.cuda:
         return None
-    site = Path(torch.__file__).resolve().parents[1]
-    candidates = sorted(site.glob("nvidia/*/include"))
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        roots.append(str(Path(nvcc).resolve().parents[1]))
-    for root in filter(None, roots):
-        candidates += [Path(root) / "include", *sorted(Path(root).glob("targets/*/include"))]
-    found: List[Path] = []
-    for header in CUDA_HEADERS:
-        where = next((d for d in candidates if (d / header).is_file()), None)
-        if where is None:
-            return None
-        if where not in found:
-            found.append(where)
-    return found
+    library = Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"
+    return library if library.is_file() else None
 
 
-def _compile(compiler: str, folder: Path, name: str, cuda_includes: Optional[List[Path]]) -> Path:
+def _compile(compiler: str, folder: Path, name: str, cuda_ops: bool) -> Path:
     """g++ against the running torch's headers and libraries, found beside its package: importing
     torch.utils.cpp_extension for them would import setuptools on the loading thread, and on the H200's host that
-    held the GIL (and set off a collection) for 70-130 ms of the caller's first calls. With `cuda_includes` the
-    direct cuBLAS call is compiled in (L2C_CUBLAS), linked against torch's CUDA library."""
+    held the GIL (and set off a collection) for 70-130 ms of the caller's first calls. With `cuda_ops` the direct
+    calls of torch's CUDA kernels are compiled in (L2C_CUDA_OPS), linked against torch's CUDA library."""
     import torch
     root = Path(torch.__file__).parent
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     library = folder / f"{name}{suffix}"
     includes = [f"-I{p}" for p in (root / "include", root / "include" / "torch" / "csrc" / "api" / "include",
-                                   sysconfig.get_paths()["include"], *(cuda_includes or []))]
+                                   sysconfig.get_paths()["include"])]
     libs = [root / "lib"]
-    defines = [f"-DL2C_MODULE_NAME={name}", *(["-DL2C_CUBLAS"] if cuda_includes else [])]
-    torch_libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
-                  *(["-lc10_cuda", "-ltorch_cuda"] if cuda_includes else [])]
+    defines = [f"-DL2C_MODULE_NAME={name}", *(["-DL2C_CUDA_OPS"] if cuda_ops else [])]
+    torch_libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", *(["-ltorch_cuda"] if cuda_ops else [])]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     with tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}.") as work:
         cpp, so = Path(work) / "call_table.cpp", Path(work) / f"served{suffix}"
@@ -601,21 +524,20 @@ def _compile(compiler: str, folder: Path, name: str, cuda_includes: Optional[Lis
         raise OSError(f"{compiler} failed: {errors[-800:]}")
 
 
-def _direct_cublas_wanted() -> bool:
-    return (settings.value("L2C_DIRECT_CUBLAS") or "1") != "0"
+def _direct_wanted() -> bool:
+    return (settings.value("L2C_DIRECT_CALLS") or "1") != "0"
 
 
-def _built(compiler: str, cuda_includes: Optional[List[Path]]) -> Path:
+def _built(compiler: str, cuda_ops: bool) -> Path:
     """The extension's library in the build cache, compiled there first if it is not: keyed by its source, the
-    compiler, torch, Python and the CUDA headers it was compiled against (none: no direct cuBLAS call)."""
+    compiler, torch, Python and whether it calls torch's CUDA kernels directly."""
     import torch
-    digest = cache.content_hash(SOURCE, compiler, torch.__version__, sys.version,
-                                *[str(d) for d in cuda_includes or []])[:20]
+    digest = cache.content_hash(SOURCE, compiler, torch.__version__, sys.version, "cuda ops" if cuda_ops else "")[:20]
     name = f"l2c_call_table_{digest}"
     library = cache.cache_dir("native") / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     with cache.locked(library):
         if not library.exists():
-            _compile(compiler, library.parent, name, cuda_includes)
+            _compile(compiler, library.parent, name, cuda_ops)
     return library
 
 
@@ -632,21 +554,20 @@ def _imported(library: Path):
 
 def _load() -> None:
     """Build (or find in the cache) and import the extension; records why not on failure."""
-    global _module, _failure, _cublas_failure
+    global _module, _failure, _direct_failure
     try:
         import torch
         compiler = find_cxx_compiler()
         if compiler is None:
             raise OSError("no C++ compiler ($CXX, c++ or g++)")
-        cuda_includes = cuda_include_dirs() if _direct_cublas_wanted() else None
         module = None
-        if cuda_includes:
+        if _direct_wanted() and torch_cuda_library() is not None:
             try:
-                module = _imported(_built(compiler, cuda_includes))
-            except (OSError, ImportError) as err:   # the table still builds, without the direct call
-                _cublas_failure = f"{type(err).__name__}: {err}"
+                module = _imported(_built(compiler, True))
+            except (OSError, ImportError) as err:   # the table still builds, without the direct calls
+                _direct_failure = f"{type(err).__name__}: {err}"
         if module is None:
-            module = _imported(_built(compiler, None))
+            module = _imported(_built(compiler, False))
         _module = module
     except Exception as err:  # noqa: BLE001 - whatever stops the build, calls keep the Python path
         _failure = f"{type(err).__name__}: {err}"
@@ -711,12 +632,12 @@ def failure() -> Optional[str]:
     return _failure
 
 
-def direct_cublas() -> Optional[bool]:
-    """Whether the loaded table calls torch's cuBLAS GEMM directly for the calls it leaves to torch; None while it
-    is not loaded."""
-    return None if _module is None else bool(_module.CallTable.direct_cublas())
+def direct() -> Optional[bool]:
+    """Whether the loaded table runs the calls no entry serves through torch's CUDA kernels directly (below torch's
+    dispatcher); None while it is not loaded."""
+    return None if _module is None else bool(_module.CallTable.direct())
 
 
-def cublas_failure() -> Optional[str]:
-    """Why the table was built without the direct cuBLAS call though torch has CUDA and its headers were found."""
-    return _cublas_failure
+def direct_failure() -> Optional[str]:
+    """Why the table was built without the direct calls though torch has CUDA."""
+    return _direct_failure

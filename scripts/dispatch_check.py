@@ -8,7 +8,7 @@ dispatcher's background worker prepared the call's kernel, `l2c.matmul(a, b)` mu
 dtype's tolerance and must have been served by the tuned kernel (dispatcher statistics); called with inputs that
 require grad it must keep autograd, with gradients equal to torch's. Triton entries are also called with a fused
 column bias + GELU (the dispatcher specialises the spec's epilogue). A token count the table holds no measurement
-for (3 below an exact entry, outside any range) must be served by torch. The C++ call table's direct cuBLAS call
+for (3 below an exact entry, outside any range) must be served by torch. The C++ call table's direct calls of torch's kernels
 (the calls no entry serves) must equal torch.matmul / F.linear bit for bit and run the same kernels, on a side
 stream and in a CUDA graph too, and must leave to torch's op every call torch would route elsewhere (autocast, a
 dispatch mode, autograd). Exits 1 on any failure.
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "table": table.source,
                        "command": " ".join(["python"] + sys.argv), "checks": rows, "replayed": replayed,
-                       "direct_cublas": native_call.direct_cublas(), "direct_cublas_failure": native_call.cublas_failure(),
+                       "direct_built": native_call.direct(), "direct_failure": native_call.direct_failure(),
                        "direct": direct}, f, indent=1)
     print(f"{failures} failure(s)")
     return 1 if failures else 0
@@ -173,15 +173,15 @@ def _kernels(fn) -> list:
 
 
 def direct_check() -> list:
-    """The direct cuBLAS call of a C++ call table that serves no M (every call goes to torch): bitwise equal to
-    torch.matmul (same kernels) over dtypes, layouts and ragged shapes, and to F.linear without a bias; declined
+    """The direct calls of torch's CUDA kernels by a C++ call table that serves no M (every call goes to torch):
+    bitwise equal to torch.matmul (same kernels) over dtypes, layouts and ragged shapes, and to F.linear; declined
     (torch's op runs, the direct count stays) under autocast, a dispatch mode and autograd; right on a side stream
     behind a sleep and in a replayed CUDA graph."""
     from torch.utils._python_dispatch import TorchDispatchMode
     if not native_call.build_now(timeout=600):
         return [{"ok": False, "what": "C++ call table", "reason": native_call.failure()}]
-    if not native_call.direct_cublas():
-        return [{"ok": False, "what": "direct cuBLAS call", "reason": native_call.cublas_failure() or "not built in"}]
+    if not native_call.direct():
+        return [{"ok": False, "what": "direct calls", "reason": native_call.direct_failure() or "not built in"}]
     table = native_call.new_table(lambda a, b: [], lambda x, w: [])
     checks = []
 
@@ -194,7 +194,7 @@ def direct_check() -> list:
         ok = y is not None and y.dtype == ref.dtype and y.shape == ref.shape and torch.equal(y, ref) and \
             took == (1 if direct_expected else 0)
         checks.append({"what": what, "ok": ok, "direct": took})
-        print(f"{'ok  ' if ok else 'FAIL'} direct cuBLAS: {what} ({'direct' if took else 'torch op'})")
+        print(f"{'ok  ' if ok else 'FAIL'} direct call: {what} ({'direct' if took else 'torch op'})")
 
     shapes = [(1, 4096, 4096), (7, 72, 40), (128, 1000, 360), (333, 4096, 11008), (2048, 2048, 2048), (1, 1, 64),
               (64, 1, 128), (5, 3, 1), (16, 14336, 4096)]
@@ -207,7 +207,7 @@ def direct_check() -> list:
     a, b = _operand(96, 512, "row", torch.float16), _operand(512, 640, "col", torch.float16)
     same = _kernels(lambda: table.call(a, b, None, 0)) == _kernels(lambda: torch.matmul(a, b))
     checks.append({"what": "the same kernels as torch.matmul (profiler)", "ok": same})
-    print(f"{'ok  ' if same else 'FAIL'} direct cuBLAS: the same kernels as torch.matmul")
+    print(f"{'ok  ' if same else 'FAIL'} direct call: the same kernels as torch.matmul")
     for flag in (False, True):   # torch's settings reach the call: both settings of reduced-precision reduction
         old = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = flag
@@ -229,8 +229,14 @@ def direct_check() -> list:
                                                                                  dtype=torch.float16)
     check("F.linear, 3-D input, no bias", lambda: table.call_linear(x, w, None, 0), lambda: F.linear(x, w), True)
     bias = torch.randn(1000, device="cuda", dtype=torch.float16)
-    check("F.linear with a bias (torch's op)", lambda: table.call_linear(x, w, bias, 0), lambda: F.linear(x, w, bias),
-          False)
+    check("F.linear with a bias, 3-D input", lambda: table.call_linear(x, w, bias, 0), lambda: F.linear(x, w, bias),
+          True)
+    x2 = x[0]
+    check("F.linear with a bias, 2-D input", lambda: table.call_linear(x2, w, bias, 0), lambda: F.linear(x2, w, bias),
+          True)
+    xt = x.transpose(0, 1)   # not contiguous: torch's op
+    check("F.linear with a bias, 3-D input not contiguous", lambda: table.call_linear(xt, w, bias, 0),
+          lambda: F.linear(xt, w, bias), False)
     a, b = _operand(48, 512, "row", torch.float32), _operand(512, 256, "row", torch.float32)
     with torch.autocast("cuda", dtype=torch.float16):
         check("autocast (torch's op)", lambda: table.call(a, b, None, 0), lambda: torch.matmul(a, b), False)
@@ -259,7 +265,7 @@ def direct_check() -> list:
     side.synchronize()
     ok = torch.equal(y_side, torch.matmul(a, b))
     checks.append({"what": "side stream behind a sleep", "ok": ok})
-    print(f"{'ok  ' if ok else 'FAIL'} direct cuBLAS: side stream behind a sleep")
+    print(f"{'ok  ' if ok else 'FAIL'} direct call: side stream behind a sleep")
     graph = torch.cuda.CUDAGraph()
     table.call(a, b, None, 0)
     torch.cuda.synchronize()
@@ -270,7 +276,7 @@ def direct_check() -> list:
     torch.cuda.synchronize()
     ok = torch.equal(y_graph, torch.matmul(a, b))
     checks.append({"what": "CUDA graph capture and replay", "ok": ok})
-    print(f"{'ok  ' if ok else 'FAIL'} direct cuBLAS: CUDA graph capture and replay")
+    print(f"{'ok  ' if ok else 'FAIL'} direct call: CUDA graph capture and replay")
     return checks
 
 

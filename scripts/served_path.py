@@ -95,8 +95,8 @@ with torch.no_grad():
         "l2c.nn.Linear, Python path": detached(d, lambda: ours(u)),
         "torch.nn.Linear, no bias": lambda: theirs_nb(u), "l2c.nn.Linear, no bias": lambda: ours_nb(u)})
 out["unserved_stats"] = d.stats
-out["direct_cublas"] = native_call.direct_cublas()
-out["direct_cublas_failure"] = native_call.cublas_failure()
+out["direct"] = native_call.direct()
+out["direct_failure"] = native_call.direct_failure()
 out["unserved_direct_calls"] = d.direct_calls
 print(json.dumps(out, indent=1))
 json.dump(out, open(sys.argv[1], "w"), indent=1)

@@ -179,84 +179,39 @@ def test_the_first_test_sends_to_torch_exactly_the_ms_its_resolver_does_not_serv
     assert len(asked) == len(set(asked)) == table.shapes()
 
 
-LAYOUTS = ("row", "column", "row_in_wider", "column_in_wider", "every_other_column", "broadcast_rows")
+def test_a_call_reaches_torch_s_kernel_directly_only_where_the_dispatcher_would(new_table):
+    """The rule of the direct calls (l2c.native_call's `cuda_mm`, on CUDA tensors only), on CPU tensors and their CPU
+    kernel: plain tensors, in inference mode too, reach it; autocast, a dispatch mode, a vmap wrapper and the
+    negative bit route aten::mm elsewhere, so the table leaves those calls to torch's op. On the GPU
+    scripts/dispatch_check.py checks the direct calls bitwise against torch.matmul and F.linear."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    reaches = new_table().reaches_kernel
+    a, b, bias = torch.randn(4, 8), torch.randn(8, 3), torch.randn(3)
+    assert reaches(a, b, None) and reaches(a, b.t().contiguous().t(), bias)
+    with torch.inference_mode():
+        assert reaches(torch.randn(4, 8), torch.randn(8, 3), None)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not reaches(a, b, None)
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with Passing():
+        assert not reaches(a, b, None)
+    seen = []
+    torch.vmap(lambda row: seen.append(reaches(row.unsqueeze(0), b, None)) or row)(a)
+    assert seen == [False]
+    assert not reaches(torch._neg_view(a), b, None) and not reaches(a, b, torch._neg_view(bias))
+    assert reaches(a, b, None)   # and back once they are gone
 
 
-def laid_out(rows, cols, layout, draw_offset):
-    """A rows x cols float64 view over a random buffer, in `layout`, and that buffer: (view, buffer)."""
-    pad = 3
-    if layout == "row":
-        shape, strides = (rows, cols), (cols, 1)
-    elif layout == "column":
-        shape, strides = (rows, cols), (1, rows)
-    elif layout == "row_in_wider":
-        shape, strides = (rows, cols), (cols + pad, 1)
-    elif layout == "column_in_wider":
-        shape, strides = (rows, cols), (1, rows + pad)
-    elif layout == "every_other_column":
-        shape, strides = (rows, cols), (2 * cols, 2)
-    else:
-        shape, strides = (rows, cols), (0, 1)
-    offset = draw_offset
-    span = offset + sum((n - 1) * s for n, s in zip(shape, strides)) + 1
-    buffer = torch.randn(span, dtype=torch.float64)
-    return buffer.as_strided(shape, strides, offset), buffer
-
-
-def is_non_overlapping_and_dense(t):
-    """Whether `t` fills a block of memory without gaps in some order of its dimensions (extent-1 dimensions aside)."""
-    expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def column_major(buffer, offset, ld, rows, cols, transposed):
-    """op(X) of column-major cuBLAS: X read from `buffer` at `offset` with leading dimension `ld`, (rows x cols)
-    after the op."""
-    i = torch.arange(rows).unsqueeze(1)
-    j = torch.arange(cols).unsqueeze(0)
-    return buffer[offset + (j + i * ld if transposed else i + j * ld)]
-
-
-@settings(max_examples=150, deadline=None)
-@given(m=st.integers(1, 6), n=st.integers(1, 6), k=st.integers(1, 6), a_layout=st.sampled_from(LAYOUTS),
-       b_layout=st.sampled_from(LAYOUTS), offsets=st.tuples(st.integers(0, 5), st.integers(0, 5)))
-def test_the_direct_cublas_arguments_compute_a_at_b_as_mm_reads_the_operands(new_table, m, n, k, a_layout, b_layout,
-                                                                           offsets):
-    """The arguments of the direct cuBLAS call (l2c.native_call's `cublas_mm`, run on the GPU only), put through a
-    column-major GEMM over the operands' own storage, give a @ b; an operand in a plain row- or column-major layout,
-    padded or not, is always taken; one mm would copy first (a broadcast or gapped one) never is unless its extents
-    make it dense. On the GPU scripts/dispatch_check.py checks the call bitwise against torch.matmul."""
-    a, a_buffer = laid_out(m, k, a_layout, offsets[0])
-    b, b_buffer = laid_out(k, n, b_layout, offsets[1])
-    args = new_table().cublas_arguments(a, b)
-    plain = {"row", "column", "row_in_wider", "column_in_wider"}
-    if a_layout in plain and b_layout in plain:
-        assert args is not None
-    if args is None:
-        assert not all(is_non_overlapping_and_dense(x) for x in (a, b))
-        return
-    transa, transb, gm, gn, gk, lda, ldb, ldc = args
-    assert (gm, gn, gk, ldc) == (n, m, k, n)   # out^T (n x m, column-major) = b^T a^T
-    op_a = column_major(b_buffer, b.storage_offset(), lda, gm, gk, transa)
-    op_b = column_major(a_buffer, a.storage_offset(), ldb, gk, gn, transb)
-    torch.testing.assert_close((op_a @ op_b).t(), a @ b)
-    # cuBLAS's bound on a leading dimension (at least the stored rows), where more than one column is stored
-    for ld, rows, cols in ((lda, gk if transa else gm, gm if transa else gk),
-                           (ldb, gn if transb else gk, gk if transb else gn)):
-        assert cols == 1 or ld >= rows
-
-
-def test_the_table_on_a_cpu_torch_has_no_direct_cublas_call(new_table):
-    """CPU calls never take it, and a torch without CUDA builds the table without it (no CUDA headers asked)."""
+def test_the_table_on_a_cpu_torch_has_no_direct_calls(new_table):
+    """CPU calls never take them, and a torch without CUDA builds the table without them."""
     table = new_table(lambda a, b: [])
     a, b = torch.randn(3, 8), torch.randn(8, 5)
     assert torch.equal(table.call(a, b, None, 0), a @ b) and table.counts() == (0, 1, 0)
     if not torch.version.cuda:
-        assert native_call.cuda_include_dirs() is None and native_call.direct_cublas() is False
+        assert native_call.torch_cuda_library() is None and native_call.direct() is False
 
 
 def test_a_linear_call_no_entry_serves_is_f_linear_with_its_bias_and_gradients(new_table):
