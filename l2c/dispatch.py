@@ -200,14 +200,8 @@ class Dispatcher:
     @property
     def stats(self) -> Dict[str, int]:
         """Calls served by a tuned kernel and calls sent to torch so far, by either path (Python or C++)."""
-        served, fallbacks, _ = self.native.counts() if self.native is not None else (0, 0, 0)
+        served, fallbacks = self.native.counts() if self.native is not None else (0, 0)
         return {"tuned": self.counts["tuned"] + served, "fallback": self.counts["fallback"] + fallbacks}
-
-    @property
-    def direct_calls(self) -> int:
-        """Of the calls sent to torch, those the C++ table ran through torch's cuBLAS GEMM below torch's dispatcher
-        (l2c.native_call); 0 without CUDA."""
-        return self.native.counts()[2] if self.native is not None else 0
 
     def _attach_native(self) -> None:
         """Take eager calls through the C++ call table from now on (its extension is loaded)."""

@@ -34,7 +34,6 @@ import ctypes
 import importlib.machinery
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -65,19 +64,11 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
-#include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#ifdef L2C_CUDA_OPS
-#include <ATen/ops/addmm_cuda_dispatch.h>
-#include <ATen/ops/mm_cuda_dispatch.h>
-#endif
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <algorithm>
 #include <array>
-#include <tuple>
 #include <cstdint>
 #include <unordered_map>
 #include <utility>
@@ -175,7 +166,7 @@ Key make_key(at::Tensor const& a, int64_t b_rows, int64_t b_cols, int64_t b_row_
 }
 
 bool forward_grad(at::Tensor const& t) { return t._fw_grad(/*level=*/0).defined(); }
-// Whether torch's op would record anything for autograd, backward (requires_grad) or forward (a dual tensor).
+// Whether torch's op would record anything for autograd: backward (requires_grad) or forward (a dual tensor).
 bool records_grad(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
   if (at::GradMode::is_enabled() &&
       (a.requires_grad() || b.requires_grad() || (bias.has_value() && bias->requires_grad()))) {
@@ -202,52 +193,6 @@ bool current_stream(at::Tensor const& a, int64_t* device, int64_t* stream) {
   return true;
 }
 
-// Whether aten::mm / aten::addmm on these operands, on this thread, would reach its CUDA (or CPU) kernel with nothing in
-// between but autograd (checked apart, records_grad) and ADInplaceOrView: the dispatcher's own key computation, so
-// autocast, a Python dispatch mode, functorch's wrappers, the conjugate or negative bit or a fake tensor all keep
-// torch's op.
-bool reaches_kernel(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
-  c10::impl::LocalDispatchKeySet tls = c10::impl::tls_local_dispatch_key_set();
-  c10::DispatchKeySet keys = a.key_set() | b.key_set() | tls.included_;
-  if (bias.has_value()) {
-    keys = keys | bias->key_set();
-  }
-  keys = (keys - tls.excluded_) - (c10::autograd_dispatch_keyset_with_ADInplaceOrView |
-                                   c10::DispatchKeySet(c10::DispatchKey::BackendSelect));
-  c10::DispatchKey kernel = a.is_cuda() ? c10::DispatchKey::CUDA : a.is_cpu() ? c10::DispatchKey::CPU
-                                                                              : c10::DispatchKey::Undefined;
-  return kernel != c10::DispatchKey::Undefined && keys.highestPriorityTypeId() == kernel;
-}
-// torch's own CUDA kernel of aten::mm (bias: none) or aten::addmm (bias + a @ b), called below torch's dispatcher
-// (at::cuda::mm / at::cuda::addmm: the CUDA key's entry, with its device guard, checks, output allocation and
-// cuBLAS call), so the same kernels run and the result is torch's, bit for bit. What it skips is torch's dispatch:
-// the Python binding, the composite matmul / linear, the dispatcher's autograd and ADInplaceOrView layers, a few
-// microseconds of host time per call. None where the dispatcher would route the call anywhere else (autocast, a
-// dispatch mode, autograd, ...) or the table was built without it; the caller then runs torch's op.
-c10::optional<at::Tensor> cuda_mm(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
-#ifdef L2C_CUDA_OPS
-  at::ScalarType dtype = a.scalar_type();
-  if (!a.is_cuda() || !b.is_cuda() || !at::isFloatingType(dtype) || b.scalar_type() != dtype ||
-      (bias.has_value() && (!bias->is_cuda() || bias->scalar_type() != dtype)) ||
-      !reaches_kernel(a, b, bias) || records_grad(a, b, bias)) {
-    return c10::nullopt;
-  }
-  RECORD_FUNCTION(bias.has_value() ? "l2c::addmm" : "l2c::mm", std::vector<c10::IValue>());
-  return bias.has_value() ? at::cuda::addmm(*bias, a, b) : at::cuda::mm(a, b);
-#else
-  return c10::nullopt;
-#endif
-}
-// torch.matmul's result for an M no entry serves (2-D operands: aten::mm): torch's CUDA kernel called directly
-// where it applies, else torch's op.
-at::Tensor torch_matmul(at::Tensor const& a, at::Tensor const& b, int64_t* direct) {
-  c10::optional<at::Tensor> out = cuda_mm(a, b, c10::nullopt);
-  if (out.has_value()) {
-    ++*direct;
-    return std::move(*out);
-  }
-  return unlocked_if_cpu(a, [&] { return at::matmul(a, b); });
-}
 struct Entry {
   l2c_call_plan const* plan;
   py::object owner;            // the Python object holding the plan's struct: kept alive by the table
@@ -289,20 +234,7 @@ class CallTable {
 
   size_t size() const { return entries_.size(); }
   size_t shapes() const { return first_.size(); }
-  // (served by a plan, run by torch, of those run by torch's CUDA kernel called directly)
-  std::tuple<int64_t, int64_t, int64_t> counts() const { return {served_, fallbacks_, direct_}; }
-  // the rule of reaches_kernel, for tests: CPU tensors reach the CPU kernel under the same rule
-  static bool reaches_kernel(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
-    return ::reaches_kernel(a, b, bias);
-  }
-  // Whether calls no entry serves run torch's CUDA kernels directly (the table was built with them)
-  static bool direct() {
-#ifdef L2C_CUDA_OPS
-    return true;
-#else
-    return false;
-#endif
-  }
+  std::pair<int64_t, int64_t> counts() const { return {served_, fallbacks_}; }
 
  private:
   py::object call_checked(py::handle ha, py::handle hb, py::handle hbias, int64_t activation) {
@@ -323,7 +255,7 @@ class CallTable {
       }
       if (!holds(*spans, a.size(0))) {
         ++fallbacks_;
-        return wrap(torch_matmul(a, b, &direct_));
+        return wrap(unlocked_if_cpu(a, [&] { return at::matmul(a, b); }));
       }
     }
     c10::optional<at::Tensor> bias = optional_tensor(hbias);
@@ -353,7 +285,7 @@ class CallTable {
       }
       if (!holds(*spans, x.numel() / weight.size(1))) {
         ++fallbacks_;
-        return wrap(torch_linear(x, weight, bias));
+        return wrap(unlocked_if_cpu(x, [&] { return at::linear(x, weight, bias); }));
       }
     }
     if (x.dim() < 2 || !x.is_contiguous() || records_grad(x, weight, bias)) {
@@ -375,27 +307,6 @@ class CallTable {
     return wrap(out->view(shape));
   }
 
-  // F.linear's result for an M no entry serves, as at::linear composes it: with a bias, addmm(bias, x, weight^T)
-  // over x's leading dimensions folded (x 2-D, or contiguous with a 1-D bias); without one, matmul(x, weight^T),
-  // which folds a contiguous x's leading dimensions into one mm. Those run torch's CUDA kernels directly where they
-  // apply; anything else is torch's op.
-  at::Tensor torch_linear(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias) {
-    bool folds = x.dim() == 2 || (x.dim() > 2 && x.is_contiguous());
-    if (folds && (!bias.has_value() || bias->dim() == 1)) {
-      int64_t k = x.size(-1);
-      c10::optional<at::Tensor> out = cuda_mm(x.dim() == 2 ? x : x.view({-1, k}), weight.t(), bias);
-      if (out.has_value()) {
-        ++direct_;
-        if (x.dim() == 2) {
-          return std::move(*out);
-        }
-        std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-        shape.back() = out->size(1);
-        return out->view(shape);
-      }
-    }
-    return unlocked_if_cpu(x, [&] { return at::linear(x, weight, bias); });
-  }
   // The spans of M served at `shape`, asked of `resolve` the first time; nullptr where it gave none.
   Spans const* first_test(ShapeKey const& shape, py::object const& resolve, py::handle x, py::handle y) {
     auto found = first_.find(shape);
@@ -445,7 +356,7 @@ class CallTable {
   py::object resolve_matmul_, resolve_linear_;
   std::unordered_map<ShapeKey, Spans, WordsHash<4>> first_;
   std::unordered_map<Key, Entry, WordsHash<kKeyLength>> entries_;
-  int64_t served_ = 0, fallbacks_ = 0, direct_ = 0;
+  int64_t served_ = 0, fallbacks_ = 0;
 };
 
 }  // namespace
@@ -458,9 +369,7 @@ PYBIND11_MODULE(L2C_MODULE_NAME, m) {
       .def("call_linear", &CallTable::call_linear)
       .def("size", &CallTable::size)
       .def("shapes", &CallTable::shapes)
-      .def("counts", &CallTable::counts)
-      .def_static("direct", &CallTable::direct)
-      .def_static("reaches_kernel", &CallTable::reaches_kernel);
+      .def("counts", &CallTable::counts);
 }
 """
 
@@ -468,7 +377,6 @@ _lock = threading.Lock()
 _done = threading.Event()   # set once the build finished, loaded or not
 _module = None              # the loaded extension
 _failure: Optional[str] = None
-_direct_failure: Optional[str] = None   # why the table was built without the direct calls, where it was not
 _started = False
 _waiting: List = []         # weak references to the callbacks of `when_loaded`
 
@@ -482,21 +390,10 @@ def find_cxx_compiler() -> Optional[str]:
     return shim.find_host_compiler("CXX", "c++", "g++")
 
 
-def torch_cuda_library() -> Optional[Path]:
-    """torch's CUDA library (lib/libtorch_cuda.so), which defines the CUDA kernels' entries (at::cuda::mm, ...) the
-    table calls directly; None for a torch without CUDA, whose table is built without them."""
-    import torch
-    if not torch.version.cuda:
-        return None
-    library = Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"
-    return library if library.is_file() else None
-
-
-def _compile(compiler: str, folder: Path, name: str, cuda_ops: bool) -> Path:
+def _compile(compiler: str, folder: Path, name: str) -> Path:
     """g++ against the running torch's headers and libraries, found beside its package: importing
     torch.utils.cpp_extension for them would import setuptools on the loading thread, and on the H200's host that
-    held the GIL (and set off a collection) for 70-130 ms of the caller's first calls. With `cuda_ops` the direct
-    calls of torch's CUDA kernels are compiled in (L2C_CUDA_OPS), linked against torch's CUDA library."""
+    held the GIL (and set off a collection) for 70-130 ms of the caller's first calls."""
     import torch
     root = Path(torch.__file__).parent
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
@@ -504,8 +401,6 @@ def _compile(compiler: str, folder: Path, name: str, cuda_ops: bool) -> Path:
     includes = [f"-I{p}" for p in (root / "include", root / "include" / "torch" / "csrc" / "api" / "include",
                                    sysconfig.get_paths()["include"])]
     libs = [root / "lib"]
-    defines = [f"-DL2C_MODULE_NAME={name}", *(["-DL2C_CUDA_OPS"] if cuda_ops else [])]
-    torch_libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", *(["-ltorch_cuda"] if cuda_ops else [])]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     with tempfile.TemporaryDirectory(dir=folder, prefix=f".{name}.") as work:
         cpp, so = Path(work) / "call_table.cpp", Path(work) / f"served{suffix}"
@@ -514,8 +409,9 @@ def _compile(compiler: str, folder: Path, name: str, cuda_ops: bool) -> Path:
         for std in ("-std=c++20", "-std=c++17"):   # what this torch's headers ask for, else the older standard
             done = subprocess.run(
                 [compiler, "-O2", "-shared", "-fPIC", std, "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                 *defines, *includes, str(cpp), "-o", str(so),
-                 *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs], *torch_libs],
+                 f"-DL2C_MODULE_NAME={name}", *includes, str(cpp), "-o", str(so),
+                 *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
+                 "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"],
                 capture_output=True, text=True)
             if done.returncode == 0:
                 os.replace(so, library)
@@ -524,50 +420,24 @@ def _compile(compiler: str, folder: Path, name: str, cuda_ops: bool) -> Path:
         raise OSError(f"{compiler} failed: {errors[-800:]}")
 
 
-def _direct_wanted() -> bool:
-    return (settings.value("L2C_DIRECT_CALLS") or "1") != "0"
-
-
-def _built(compiler: str, cuda_ops: bool) -> Path:
-    """The extension's library in the build cache, compiled there first if it is not: keyed by its source, the
-    compiler, torch, Python and whether it calls torch's CUDA kernels directly."""
-    import torch
-    digest = cache.content_hash(SOURCE, compiler, torch.__version__, sys.version, "cuda ops" if cuda_ops else "")[:20]
-    name = f"l2c_call_table_{digest}"
-    library = cache.cache_dir("native") / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-    with cache.locked(library):
-        if not library.exists():
-            _compile(compiler, library.parent, name, cuda_ops)
-    return library
-
-
-def _imported(library: Path):
-    """The extension module in `library`, dlopened first with the GIL released (an import holds it while it loads
-    the library and torch's, and the caller's thread is waiting on the GIL): the import then finds it loaded."""
-    ctypes.CDLL(str(library))
-    name = library.name[:-len(importlib.machinery.EXTENSION_SUFFIXES[0])]
-    spec = importlib.util.spec_from_file_location(name, library)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _load() -> None:
     """Build (or find in the cache) and import the extension; records why not on failure."""
-    global _module, _failure, _direct_failure
+    global _module, _failure
     try:
         import torch
         compiler = find_cxx_compiler()
         if compiler is None:
             raise OSError("no C++ compiler ($CXX, c++ or g++)")
-        module = None
-        if _direct_wanted() and torch_cuda_library() is not None:
-            try:
-                module = _imported(_built(compiler, True))
-            except (OSError, ImportError) as err:   # the table still builds, without the direct calls
-                _direct_failure = f"{type(err).__name__}: {err}"
-        if module is None:
-            module = _imported(_built(compiler, False))
+        digest = cache.content_hash(SOURCE, compiler, torch.__version__, sys.version)[:20]
+        name = f"l2c_call_table_{digest}"
+        library = cache.cache_dir("native") / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+        with cache.locked(library):
+            if not library.exists():
+                _compile(compiler, library.parent, name)
+        ctypes.CDLL(str(library))   # dlopen with the GIL released (an import holds it): the import then finds it loaded
+        spec = importlib.util.spec_from_file_location(name, library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
         _module = module
     except Exception as err:  # noqa: BLE001 - whatever stops the build, calls keep the Python path
         _failure = f"{type(err).__name__}: {err}"
@@ -630,14 +500,3 @@ def new_table(resolve_matmul, resolve_linear):
 def failure() -> Optional[str]:
     """Why the extension did not build, or None."""
     return _failure
-
-
-def direct() -> Optional[bool]:
-    """Whether the loaded table runs the calls no entry serves through torch's CUDA kernels directly (below torch's
-    dispatcher); None while it is not loaded."""
-    return None if _module is None else bool(_module.CallTable.direct())
-
-
-def direct_failure() -> Optional[str]:
-    """Why the table was built without the direct calls though torch has CUDA."""
-    return _direct_failure

@@ -22,8 +22,6 @@ SETTINGS = {
                         "dispatch)",
     "L2C_NATIVE_CALL": "`0` keeps served CUTLASS calls on the Python path (default: a C++ table, built once per "
                        "machine, replays them)",
-    "L2C_DIRECT_CALLS": "`0` sends the calls no entry serves through torch's dispatcher (default: the C++ table calls "
-                        "torch's own CUDA kernel of aten::mm / aten::addmm directly where the dispatcher would reach it)",
     "L2C_LLM_MODEL_DIR": "a local Hugging Face model that proposes specs in l2c tune / l2c propose",
     "L2C_LLM_URL": "an OpenAI-compatible server that proposes specs (with L2C_LLM_MODEL)",
     "L2C_LLM_MODEL": "the model name to ask at L2C_LLM_URL",

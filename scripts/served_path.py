@@ -8,9 +8,8 @@ Each figure is microseconds per call of 400 back-to-back calls without synchroni
 variants of one group interleaved round by round: on these small shapes that is host time, what the `call` protocol
 pays. Groups: a served shape (the CUDA-graphs table's first CUTLASS fp16 `a @ b` entry under 256 MFLOP, behind a
 one-entry table prepared inline, served from the first call); a shape no default-table entry serves, through
-`l2c.matmul`, `l2c bench`'s two wrappers, `Dispatcher.linear` and `l2c.nn.Linear` (with and without a bias: without
-one the C++ table calls torch's cuBLAS GEMM directly). "Python path" is the same call with the dispatcher's C++ table
-set aside (`Dispatcher.native = None`).
+`l2c.matmul`, `l2c bench`'s two wrappers, `Dispatcher.linear` and `l2c.nn.Linear`. "Python path" is the same call
+with the dispatcher's C++ table set aside (`Dispatcher.native = None`).
 """
 import json
 import sys
@@ -77,8 +76,6 @@ v = torch.randn(88, 264, device="cuda", dtype=torch.float16)
 w = torch.randn(264, 88, device="cuda", dtype=torch.float16)
 ours, theirs = l2c.nn.Linear(88, 264, device="cuda", dtype=torch.float16), torch.nn.Linear(88, 264, device="cuda",
                                                                                          dtype=torch.float16)
-ours_nb = l2c.nn.Linear(88, 264, bias=False, device="cuda", dtype=torch.float16)
-theirs_nb = torch.nn.Linear(88, 264, bias=False, device="cuda", dtype=torch.float16)
 cand, lin_cand = (load_candidates([f"{via}:{default}"])[0]._kernel for via in ("dispatch", "linear"))
 native_call.build_now()
 base, lin_base = TorchMatmul(Problem(4, 264, 88)), TorchLinear(Problem(4, 264, 88, layout_b="col"))
@@ -92,11 +89,7 @@ with torch.no_grad():
         "Dispatcher.linear, Python path": detached(d, lambda: d.linear(u, w)),
         "bench linear candidate": lambda: lin_cand(u, w.t()), "bench linear baseline": lambda: lin_base(u, w.t()),
         "torch.nn.Linear": lambda: theirs(u), "l2c.nn.Linear": lambda: ours(u),
-        "l2c.nn.Linear, Python path": detached(d, lambda: ours(u)),
-        "torch.nn.Linear, no bias": lambda: theirs_nb(u), "l2c.nn.Linear, no bias": lambda: ours_nb(u)})
+        "l2c.nn.Linear, Python path": detached(d, lambda: ours(u))})
 out["unserved_stats"] = d.stats
-out["direct"] = native_call.direct()
-out["direct_failure"] = native_call.direct_failure()
-out["unserved_direct_calls"] = d.direct_calls
 print(json.dumps(out, indent=1))
 json.dump(out, open(sys.argv[1], "w"), indent=1)
