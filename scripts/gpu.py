@@ -93,11 +93,13 @@ def _evidence(a):
 
 def _cells(a):
     """The corner evidence of cells: each of the narrow CUTLASS kernels that win the tables' small shapes, served by
-    `l2c.matmul` at every grid corner under 1 GFLOP (M also 16 and 32), f16 and bf16: `l2c table --cells` makes the
-    default table's cells from it (README, "Two tables ship")."""
+    `l2c.matmul` at every grid corner under 1 GFLOP (M also 16 and 32), and at M = 1, 2, 4, 8 below those corners,
+    f16 and bf16: `l2c table --cells` makes the default table's cells from it (README, "Two tables ship")."""
     return [l2c("bench", f"serving:{ROOT / 'benchmarks' / f'cell_specs_{dtype}.l2'}", "--shapes",
-                str(ROOT / "benchmarks" / "cell_corners.txt"), "--protocol", "kernel,call", "--reps", "5", "--iters",
-                "10", "-o", f"{a.out}/cells_{dtype}.jsonl") for dtype in ("f16", "bf16")]
+                str(ROOT / "benchmarks" / corners), "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
+                f"{a.out}/{name}_{dtype}.jsonl")
+            for corners, name in (("cell_corners.txt", "cells"), ("cell_corners_small_m.txt", "cells_small_m"))
+            for dtype in ("f16", "bf16")]
 
 
 def _serve(a):
