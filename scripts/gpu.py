@@ -51,6 +51,7 @@ def _check(a):
 def _overhead(a):
     return [script("scripts/call_overhead.py", "--out", f"{a.out}/call_overhead.json"),
             script("scripts/cublas_gemmex_probe.py", f"{a.out}/cublas_gemmex_probe.json"),
+            script("scripts/host_path_probe.py", f"{a.out}/host_path_probe.json"),
             script("scripts/served_path.py", f"{a.out}/served_path.json"),
             script("scripts/cutlass_host_cost.py", f"{a.out}/cutlass_host_cost.json")]
 
