@@ -87,20 +87,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
     (added in the kernel's epilogue as its C input; no activation with it).
     Other ranks are handled by torch (3-D inputs are flattened by `l2c.nn.Linear` before they get here).
     """
-    dispatcher = dispatch._default or default_dispatcher()
-    # the C++ call table: the first test, then torch or a served plan, in one call (tested for tracing first, so that
-    # a compiled graph does not guard on whether the table is attached yet)
-    if not _is_compiling() and out is None and residual is None and dispatcher.native is not None:
-        y = dispatcher.native.call(a, b, bias, 0 if activation is None else activation_code(activation))
-        if y is not None:
-            return y
-    return _python_path(dispatcher, a, b, bias, activation, out, residual)
+    return matmul_with(dispatch._default or default_dispatcher(), a, b, bias, activation, out, residual)
 
 
 def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
                 activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`matmul` through `dispatcher` (what `l2c bench dispatch:TABLE` times: a user's call with another table)."""
+    # the C++ call table: the first test, then torch or a served plan, in one call (tested for tracing first, so that
+    # a compiled graph does not guard on whether the table is attached yet)
     if not _is_compiling() and out is None and residual is None and dispatcher.native is not None:
         y = dispatcher.native.call(a, b, bias, 0 if activation is None else activation_code(activation))
         if y is not None:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils.cpp_extension import load_inline
 
 SOURCE = r"""
@@ -154,7 +155,6 @@ def main(out_path):
                     timing[name] = min(timing[name], (time.perf_counter() - s) / 400)
             torch.cuda.synchronize()
             row["python_us"] = {name: round(v * 1e6, 2) for name, v in timing.items()}
-            from torch.profiler import ProfilerActivity, profile
             kernels = {}
             for name, fn in (("torch.matmul", py["torch.matmul"]), ("lt", py["probe.lt"]),
                              ("gemmex", py["probe.gemmex"])):
