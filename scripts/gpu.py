@@ -94,12 +94,15 @@ def _evidence(a):
 
 def _cells(a):
     """The corner evidence of cells: each of the narrow CUTLASS kernels that win the tables' small shapes, served by
-    `l2c.matmul` at every grid corner under 1 GFLOP (M also 16 and 32), and at M = 1, 2, 4, 8 below those corners,
-    f16 and bf16: `l2c table --cells` makes the default table's cells from it (README, "Two tables ship")."""
-    return [l2c("bench", f"serving:{ROOT / 'benchmarks' / f'cell_specs_{dtype}.l2'}", "--shapes",
+    `l2c.matmul` at every grid corner under 1 GFLOP (M also 16 and 32), and at M = 1, 2, 4, 8 below those corners;
+    the swapped decoding kernels (64 wide along N) at M = 1-16 where N >= 2048; f16 and bf16: `l2c table --cells`
+    makes the default table's cells from it (README, "Two tables ship")."""
+    return [l2c("bench", f"serving:{ROOT / 'benchmarks' / specs.format(dtype=dtype)}", "--shapes",
                 str(ROOT / "benchmarks" / corners), "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
                 f"{a.out}/{name}_{dtype}.jsonl")
-            for corners, name in (("cell_corners.txt", "cells"), ("cell_corners_small_m.txt", "cells_small_m"))
+            for specs, corners, name in (("cell_specs_{dtype}.l2", "cell_corners.txt", "cells"),
+                                         ("cell_specs_{dtype}.l2", "cell_corners_small_m.txt", "cells_small_m"),
+                                         ("cell_specs_swapped_{dtype}.l2", "cell_corners_wide.txt", "cells_wide"))
             for dtype in ("f16", "bf16")]
 
 
@@ -162,7 +165,7 @@ STAGES: Dict[str, Stage] = {
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "
-                   "under 1 GFLOP, kernel and call, f16 and bf16 (about 9 minutes)", _cells),
+                   "under 1 GFLOP, kernel and call, f16 and bf16 (about 20 minutes)", _cells),
     "serve": Stage("l2c.nn.Linear on the decoding set (29 weights x 15 token counts): the graphs table with cold "
                    "weights and fraction of roofline (f16, bf16), the eager table in the call protocol", _serve),
     "sweep": Stage("search decoding kernels per weight (gemv and swapped CUTLASS families) into JSON lines that "

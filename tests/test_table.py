@@ -1,6 +1,7 @@
 """`l2c table`: a tuned table from recorded bench rows — the per-shape best verified candidate above a margin."""
 import itertools
 import json
+import math
 import subprocess
 import sys
 
@@ -334,3 +335,72 @@ def test_cells_serve_the_shapes_inside_their_box_and_merge_by_box(tmp_path):
     (tmp_path / "t.json").rename(base)
     data = _table_run(tmp_path, [_at("g", m, n, k, 1.3, spec) for m, n, k in corners], "--cells", "--into", str(base))
     assert sum(1 for e in data["entries"] if "n_range" in e) == 1   # the same box: replaced
+
+
+def test_wide_kernels_make_cells_only_from_32_tiles_along_n_and_k_1024_in_one_wave(tmp_path):
+    """A kernel wider than MAX_CELL_TILE_N pads a ragged N, steps in time where its tiles cross a wave over the SMs
+    and ties torch at short K; its cell needs N >= WIDE_CELL_MIN_TILES tiles, K >= WIDE_CELL_MIN_K and one wave
+    count across the box: a 64-wide kernel won at every corner makes the box of N = 2048-4096 (32-64 tiles) and
+    K = 1024-2048, not N = 1024-2048 (16 tiles at N = 1024), nor 4096-16384 (64 tiles, one wave on the H200's 132
+    SMs, to 256, two), nor K = 512-1024."""
+    from l2c.commands.table import WIDE_CELL_MIN_K, WIDE_CELL_MIN_TILES
+    wide = KernelSpec(name="w", tile_m=16, tile_n=64).to_l2()
+    assert WIDE_CELL_MIN_TILES * 64 == 2048 and WIDE_CELL_MIN_K == 1024
+    corners = list(itertools.product((1, 8), (1024, 2048, 4096, 16384), (512, 1024, 2048)))
+    data = _table_run(tmp_path, [_at("w", m, n, k, 1.2, wide) for m, n, k in corners], "--cells")
+    cells = [(e["m_range"], e["n_range"], e["k_range"]) for e in data["entries"] if "n_range" in e]
+    assert cells == [([1, 8], [2048, 4096], [1024, 2048])]
+    table = TunedTable.load(tmp_path / "t.json")
+    assert table.lookup("f16", "row,row,row", 3, 3000, 1500).spec_text == wide
+    for n, k in ((1500, 1500), (5000, 1500), (3000, 800)):
+        assert table.lookup("f16", "row,row,row", 3, n, k) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([(8, 64, 1), (16, 64, 1), (8, 64, 4), (64, 16, 1), (128, 128, 2)]),
+       st.tuples(st.integers(1, 64), st.integers(1, 64)).map(sorted),
+       st.tuples(st.integers(64, 20000), st.integers(64, 20000)).map(sorted),
+       st.tuples(st.integers(64, 4096), st.integers(64, 4096)).map(sorted),
+       st.integers(1, 64), st.integers(64, 20000), st.integers(64, 4096))
+def test_a_wide_cell_holds_one_wave_count_32_tiles_along_n_and_k_from_1024(tiling, ms, ns, ks, m, n, k):
+    """cell_fits: a box a kernel wider than MAX_CELL_TILE_N may serve launches, at every shape inside, the same
+    number of waves of its tiles over 132 SMs, with N at least WIDE_CELL_MIN_TILES tiles and K at least
+    WIDE_CELL_MIN_K."""
+    from l2c.commands.table import MAX_CELL_TILE_N, WIDE_CELL_MIN_K, WIDE_CELL_MIN_TILES, cell_fits
+    tile_m, tile_n, slices = tiling
+    if not cell_fits(tiling, tuple(ms), tuple(ns), tuple(ks), 132) or tile_n <= MAX_CELL_TILE_N:
+        return
+    m, n, k = (min(max(v, lo), hi) for v, (lo, hi) in ((m, ms), (n, ns), (k, ks)))   # a shape inside the box
+
+    def waves(m, n):
+        return math.ceil(math.ceil(m / tile_m) * math.ceil(n / tile_n) * slices / 132)
+    assert n >= WIDE_CELL_MIN_TILES * tile_n and k >= WIDE_CELL_MIN_K
+    assert waves(m, n) == waves(ms[0], ns[0]) == waves(ms[1], ns[1])
+
+
+def test_cell_inside_draws_shapes_the_wide_cells_serve(tmp_path):
+    """scripts/cell_inside.py on the shipped default table: every shape it draws lies inside a cell of a kernel wider
+    than 16 along N in its dtype, off the corners, with N and K multiples of 8, so the held-out check measures what
+    those cells serve; the draw is fixed by its seed."""
+    import re
+    from pathlib import Path
+    repo = Path(__file__).resolve().parent.parent
+    table_path = repo / "l2c" / "tuned" / "sm_90.json"
+    out = tmp_path / "inside.txt"
+    args = [sys.executable, str(repo / "scripts" / "cell_inside.py"), str(table_path), str(out), "--count", "12"]
+    done = subprocess.run(args, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    first = out.read_text()
+    assert subprocess.run(args, capture_output=True, text=True).returncode == 0 and out.read_text() == first
+    shapes = [tuple(map(int, line.split())) for line in first.splitlines() if not line.startswith("#")]
+    table = TunedTable.load(table_path)
+    entries = json.loads(table_path.read_text())["entries"]
+    wide = [e for e in entries if "n_range" in e and int(re.search(r"tile\s+m=\d+\s+n=(\d+)", e["spec"]).group(1)) > 16]
+    assert len(shapes) == 12 * len({e["dtype"] for e in wide})
+    for m, n, k in shapes:
+        assert n % 8 == 0 and k % 8 == 0
+        boxes = [e for e in wide if e["m_range"][0] <= m <= e["m_range"][1] and e["n_range"][0] <= n <= e["n_range"][1]
+                 and e["k_range"][0] <= k <= e["k_range"][1]]
+        assert boxes
+        assert any(table.lookup(e["dtype"], e["layout"], m, n, k) is not None for e in boxes)
+        assert not all(m in e["m_range"] and n in e["n_range"] and k in e["k_range"] for e in boxes)

@@ -11,11 +11,13 @@ the margin at three or more consecutive measured token counts M of the same (N, 
 among every M measured there, so a loss in between breaks the run — an entry with `m_range` [first, last] serves
 every M in between, measured or not.
 
-`--cells` adds cells (docs/CONTRACTS.md, the dispatch rule): where one kernel generic in M, N and K, with tiles at
-most 16 wide along N (`MAX_CELL_TILE_N`), qualifies as an entry (won by the margin; with several protocols, by the
-margin in one and slower in none) at each of the eight corners of a box whose sides join consecutive values of M, N
-and K at which that kernel was measured (same dtype, layouts, batch), an entry with `m_range`, `n_range` and
-`k_range` serves every shape inside the box. Where several kernels qualify, the one with the best worst corner; its
+`--cells` adds cells (docs/CONTRACTS.md, the dispatch rule): where one kernel generic in M, N and K qualifies as an
+entry (won by the margin; with several protocols, by the margin in one and slower in none) at each of the eight
+corners of a box whose sides join consecutive values of M, N and K at which that kernel was measured (same dtype,
+layouts, batch), an entry with `m_range`, `n_range` and `k_range` serves every shape inside the box. The kernel's
+tiles are at most 16 wide along N (`MAX_CELL_TILE_N`), or wider in a box whose N starts at 32 of its tiles or more,
+whose K starts at 1024 or more and whose shapes all launch its tiles in one number of waves over the SMs
+(`WIDE_CELL_MIN_TILES`, `WIDE_CELL_MIN_K`). Where several kernels qualify, the one with the best worst corner; its
 figures are that worst corner's.
 
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
@@ -38,6 +40,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Optional
 
 
 def add_parser(sub) -> None:
@@ -285,28 +288,62 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None, admit=None):
     return out
 
 
-# The widest tile along N a cell's kernel may have. Corners are powers of two, which every tile divides; inside a box
-# a wide tile pads a ragged N or K and its speed jumps with the tile count, so its corners do not predict it: on the
-# shapes of `--shapes between` (benchmarks/NOTES.md), cells of 64-wide kernels lost in device time at 41 of 50
-# shapes, those of kernels 8 or 16 wide at 6 of 75 (2 below 0.97).
+# The widest tile along N a cell's kernel may have at any N. Corners are powers of two, which every tile divides;
+# inside a box a wide tile pads a ragged N and its speed jumps with the tile count, so its corners do not predict
+# it: on the shapes of `--shapes between` (benchmarks/NOTES.md), cells of 64-wide kernels lost in device time at 41
+# of 50 shapes, those of kernels 8 or 16 wide at 6 of 75 (2 below 0.97).
 MAX_CELL_TILE_N = 16
+# A wider kernel makes a cell only where the box's N starts at this many of its tiles, so that a ragged N pads at
+# most 1/32 of the tiles along N (the swapped decoding kernels, 64 wide along N, from N = 2048), and where every
+# shape of the box launches its tiles in the same number of waves over the GPU's SMs: a step in waves inside the box
+# (N = 8192 is 128 tiles of 64, one wave on 132 SMs; N = 12288 two) is a step in time no corner shows.
+WIDE_CELL_MIN_TILES = 32
+# ... and where the box's K starts here: below it a few tokens against the weight take under about 6 us, latency-
+# bound, where the wide kernels tie cuBLAS, a few percent either way from one ragged shape to the next (on the
+# H200, 13 of 89 shapes drawn inside such boxes lost below 0.97 in device time; inside boxes from K = 1024, 12 of
+# 120, every one of them still faster in an eager call: benchmarks/NOTES.md, session 18).
+WIDE_CELL_MIN_K = 1024
 
 
 @functools.lru_cache(maxsize=None)
-def _cell_kernel(spec_text: str) -> bool:
-    """Whether a spec text's kernel may make cells: generic in M, N and K, and at most MAX_CELL_TILE_N wide."""
+def _cell_tiling(spec_text: str) -> Optional[tuple]:
+    """(tile_m, tile_n, split-K slices) of a spec text whose kernel may make cells (generic in M, N and K), else
+    None."""
     from ..parser import parse_one
     spec = parse_one(spec_text)
-    return spec.shape_generic and int(spec.tile_n) <= MAX_CELL_TILE_N
+    if not spec.shape_generic:
+        return None
+    return int(spec.tile_m), int(spec.tile_n), int(spec.split_k_slices)
 
 
-def cell_rows(rows, protocol: str, min_speedup: float, cache=None):
+def cell_fits(tiling: tuple, ms: tuple, ns: tuple, ks: tuple, sm_count: int) -> bool:
+    """Whether a kernel tiled `tiling` (tile_m, tile_n, split-K slices) may make the cell of M in `ms`, N in `ns`, K
+    in `ks`: at most MAX_CELL_TILE_N wide, or N from WIDE_CELL_MIN_TILES of its tiles on, K from WIDE_CELL_MIN_K on
+    and one wave count over `sm_count` SMs at every shape of the box (tiles grow with M and N, so the two far
+    corners decide)."""
+    tile_m, tile_n, slices = tiling
+    if tile_n <= MAX_CELL_TILE_N:
+        return True
+    if ns[0] < WIDE_CELL_MIN_TILES * tile_n or ks[0] < WIDE_CELL_MIN_K:
+        return False
+
+    def ceil_div(a, b):
+        return -(-a // b)
+
+    def waves(m, n):
+        return ceil_div(ceil_div(m, tile_m) * ceil_div(n, tile_n) * slices, sm_count)
+    return waves(ms[0], ns[0]) == waves(ms[1], ns[1])
+
+
+def cell_rows(rows, protocol: str, min_speedup: float, cache=None, sm_count: Optional[int] = None):
     """Cells (module docstring): (row of the worst corner, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box
-    whose eight corners one shape-generic spec at most MAX_CELL_TILE_N wide won by `min_speedup`, between
-    consecutive values of each axis at which that spec was measured in its (batch, dtype, layout); per box the spec
-    with the best worst corner."""
+    whose eight corners one shape-generic spec won by `min_speedup`, between consecutive values of each axis at which
+    that spec was measured in its (batch, dtype, layout), where the spec's tiling fits the box (`cell_fits`, over
+    `sm_count` SMs: the H200's 132 unless told); per box the spec with the best worst corner."""
     import itertools
+    from ..arch import ARCHS
     cache = {} if cache is None else cache
+    sm_count = sm_count or ARCHS["sm_90"].sm_count
     points = {}   # (group, spec) -> {(m, n, k): worst row}
     for r in rows:
         if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
@@ -314,16 +351,19 @@ def cell_rows(rows, protocol: str, min_speedup: float, cache=None):
         if r.get("kernel") == "torch" or r.get("speedup") is None or r.get("gate", "none") != "none":
             continue
         text = spec_text(r, cache)
-        if not text or not _cell_kernel(text):
+        if not text or _cell_tiling(text) is None:
             continue
         slot = points.setdefault((shape_key(r)[3:], text), {})
         at = (r["m"], r["n"], r["k"])
         if at not in slot or r["speedup"] < slot[at]["speedup"]:   # a repeated point counts its worst
             slot[at] = dict(r, spec=text)
     best = {}
-    for (group, _), measured in points.items():
+    for (group, text), measured in points.items():
+        tiling = _cell_tiling(text)
         axes = [sorted({at[i] for at in measured}) for i in range(3)]
         for sides in itertools.product(*(list(zip(a, a[1:])) for a in axes)):
+            if not cell_fits(tiling, *sides, sm_count):
+                continue
             corners = [measured.get(at) for at in itertools.product(*sides)]
             if any(c is None or c["speedup"] < min_speedup for c in corners):
                 continue
@@ -378,12 +418,14 @@ def merged(base: dict, new: dict, error) -> dict:
 def run(args) -> int:
     from ..results_file import read_rows
     from ..cli import UsageError
-    rows, gpus = [], set()
+    rows, gpus, sm_counts = [], set(), set()
     for path in args.results:
         for r in read_rows(path):
             rows.append(r)
             if r.get("type") == "env" and r.get("gpu"):
                 gpus.add(r["gpu"])
+                if r.get("sm_count"):
+                    sm_counts.add(r["sm_count"])
     if len(gpus) > 1:
         raise UsageError(f"results from different GPUs: {sorted(gpus)}")
     try:
@@ -433,7 +475,7 @@ def run(args) -> int:
         entries += [dict(entry(r), m_range=[lo, hi], range_min_speedup=worst)
                     for r, lo, hi, worst in sorted(ranges, key=lambda t: (t[0]["n"], t[0]["k"], t[1]))]
     if args.cells:
-        cells = cell_rows(rows, protocol, margin, cache)
+        cells = cell_rows(rows, protocol, margin, cache, max(sm_counts, default=None))
         entries += [dict(entry(r), m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"])
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
