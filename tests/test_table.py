@@ -298,7 +298,7 @@ def test_cells_are_boxes_whose_every_corner_one_kernel_won(points):
     from l2c.commands.table import cell_rows
     specs = {name: KernelSpec(name=name, tile_m=16 if name == "g" else 32, tile_n=16).to_l2() for name in "gh"}
     rows = [_at(name, m, n, k, s, specs[name]) for (name, m, n, k), s in points.items()]
-    cells = {(ms, ns, ks): worst for worst, ms, ns, ks in cell_rows(rows, "kernel", 1.05)}
+    cells = {(ms, ns, ks): worst for worst, ms, ns, ks in cell_rows(rows, "kernel", 1.05, 132)}
     for name, spec in specs.items():
         measured = {(m, n, k): s for (p, m, n, k), s in points.items() if p == name}
         axes = [sorted({at[i] for at in measured}) for i in range(3)]
@@ -356,51 +356,78 @@ def test_wide_kernels_make_cells_only_from_32_tiles_along_n_and_k_1024_in_one_wa
         assert table.lookup("f16", "row,row,row", 3, n, k) is None
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.sampled_from([(8, 64, 1), (16, 64, 1), (8, 64, 4), (64, 16, 1), (128, 128, 2)]),
-       st.tuples(st.integers(1, 64), st.integers(1, 64)).map(sorted),
-       st.tuples(st.integers(64, 20000), st.integers(64, 20000)).map(sorted),
-       st.tuples(st.integers(64, 4096), st.integers(64, 4096)).map(sorted),
-       st.integers(1, 64), st.integers(64, 20000), st.integers(64, 4096))
-def test_a_wide_cell_holds_one_wave_count_32_tiles_along_n_and_k_from_1024(tiling, ms, ns, ks, m, n, k):
-    """cell_fits: a box a kernel wider than MAX_CELL_TILE_N may serve launches, at every shape inside, the same
-    number of waves of its tiles over 132 SMs, with N at least WIDE_CELL_MIN_TILES tiles and K at least
-    WIDE_CELL_MIN_K."""
-    from l2c.commands.table import MAX_CELL_TILE_N, WIDE_CELL_MIN_K, WIDE_CELL_MIN_TILES, cell_fits
+_WIDE_TILINGS = st.sampled_from([(8, 64, 1), (16, 64, 1), (8, 64, 4), (64, 32, 1), (128, 128, 2)])
+
+
+@st.composite
+def _wide_boxes(draw):
+    """A wide kernel's tiling and a box near the floors: N from 24-40 tiles, K around 1024, M over one or two
+    tiles, N up to 120 tiles wide (one wave or two)."""
+    tiling = draw(_WIDE_TILINGS)
+    tile_m, tile_n, _ = tiling
+    m_lo = draw(st.integers(1, tile_m))
+    n_lo = tile_n * draw(st.integers(24, 40)) + draw(st.sampled_from([0, 0, 8]))
+    k_lo = draw(st.sampled_from([512, 1016, 1024, 1032, 2048]))
+    ms = (m_lo, m_lo + draw(st.integers(1, tile_m)))
+    ns = (n_lo, n_lo + tile_n * draw(st.integers(1, 120)))
+    ks = (k_lo, 2 * k_lo)
+    inside = (draw(st.integers(*ms)), draw(st.integers(*ns)))
+    return tiling, ms, ns, ks, inside
+
+
+@settings(max_examples=300, deadline=None)
+@given(_wide_boxes())
+def test_a_wide_cell_fits_exactly_where_its_box_holds_one_wave_count_32_tiles_along_n_and_k_from_1024(box):
+    """cell_fits for a kernel wider than MAX_CELL_TILE_N: a box it accepts launches the same number of waves of
+    tiles over 132 SMs at every shape inside (a drawn one and the far corners), with N >= WIDE_CELL_MIN_TILES tiles
+    and K >= WIDE_CELL_MIN_K; a box it refuses breaks one of these."""
+    from l2c.commands.table import WIDE_CELL_MIN_K, WIDE_CELL_MIN_TILES, cell_fits
+    tiling, ms, ns, ks, (m, n) = box
     tile_m, tile_n, slices = tiling
-    if not cell_fits(tiling, tuple(ms), tuple(ns), tuple(ks), 132) or tile_n <= MAX_CELL_TILE_N:
-        return
-    m, n, k = (min(max(v, lo), hi) for v, (lo, hi) in ((m, ms), (n, ns), (k, ks)))   # a shape inside the box
 
     def waves(m, n):
         return math.ceil(math.ceil(m / tile_m) * math.ceil(n / tile_n) * slices / 132)
-    assert n >= WIDE_CELL_MIN_TILES * tile_n and k >= WIDE_CELL_MIN_K
-    assert waves(m, n) == waves(ms[0], ns[0]) == waves(ms[1], ns[1])
+    floors = ns[0] >= WIDE_CELL_MIN_TILES * tile_n and ks[0] >= WIDE_CELL_MIN_K
+    if cell_fits(tiling, ms, ns, ks, 132):
+        assert floors and waves(m, n) == waves(ms[0], ns[0]) == waves(ms[1], ns[1])
+    else:
+        assert not floors or waves(ms[0], ns[0]) != waves(ms[1], ns[1])
+
+
+def test_cell_rows_count_waves_over_the_sm_count_they_are_given():
+    """The same corners make a 64-wide kernel's box of N = 2048-8192 (32-128 tiles) on 132 SMs, one wave, and not
+    on 114, where N = 8192 is two."""
+    from l2c.commands.table import cell_rows
+    wide = KernelSpec(name="w", tile_m=16, tile_n=64).to_l2()
+    rows = [_at("w", m, n, k, 1.2, wide) for m, n, k in itertools.product((1, 8), (2048, 8192), (1024, 2048))]
+    assert [sides for _, *sides in cell_rows(rows, "kernel", 1.05, 132)] == [[(1, 8), (2048, 8192), (1024, 2048)]]
+    assert cell_rows(rows, "kernel", 1.05, 114) == []
 
 
 def test_cell_inside_draws_shapes_the_wide_cells_serve(tmp_path):
-    """scripts/cell_inside.py on the shipped default table: every shape it draws lies inside a cell of a kernel wider
-    than 16 along N in its dtype, off the corners, with N and K multiples of 8, so the held-out check measures what
-    those cells serve; the draw is fixed by its seed."""
-    import re
+    """scripts/cell_inside.py: every shape it draws lies inside a cell of a kernel wider than 16 along N, off the
+    corners, with N and K multiples of 8, and that cell's kernel serves it; narrow cells are not drawn from; the
+    draw is fixed by its seed."""
     from pathlib import Path
-    repo = Path(__file__).resolve().parent.parent
-    table_path = repo / "l2c" / "tuned" / "sm_90.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "cell_inside.py"
+    wide = KernelSpec(name="w", tile_m=16, tile_n=64).to_l2()
+    narrow = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    rows = [_at("w", m, n, k, 1.2, wide) for m, n, k in itertools.product((1, 8), (2048, 4096), (1024, 2048))]
+    rows += [_at("g", m, n, k, 1.2, narrow) for m, n, k in itertools.product((16, 32), (64, 128), (64, 128))]
+    _table_run(tmp_path, rows, "--cells")
     out = tmp_path / "inside.txt"
-    args = [sys.executable, str(repo / "scripts" / "cell_inside.py"), str(table_path), str(out), "--count", "12"]
-    done = subprocess.run(args, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    first = out.read_text()
-    assert subprocess.run(args, capture_output=True, text=True).returncode == 0 and out.read_text() == first
-    shapes = [tuple(map(int, line.split())) for line in first.splitlines() if not line.startswith("#")]
-    table = TunedTable.load(table_path)
-    entries = json.loads(table_path.read_text())["entries"]
-    wide = [e for e in entries if "n_range" in e and int(re.search(r"tile\s+m=\d+\s+n=(\d+)", e["spec"]).group(1)) > 16]
-    assert len(shapes) == 12 * len({e["dtype"] for e in wide})
+    args = [sys.executable, str(script), str(tmp_path / "t.json"), str(out), "--count", "25"]
+    draws = []
+    for _ in range(2):
+        done = subprocess.run(args, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        draws.append(out.read_text())
+    drawn = draws[0]
+    assert draws[1] == drawn
+    shapes = [tuple(map(int, line.split())) for line in drawn.splitlines() if not line.startswith("#")]
+    assert len(shapes) == 25
+    table = TunedTable.load(tmp_path / "t.json")
     for m, n, k in shapes:
-        assert n % 8 == 0 and k % 8 == 0
-        boxes = [e for e in wide if e["m_range"][0] <= m <= e["m_range"][1] and e["n_range"][0] <= n <= e["n_range"][1]
-                 and e["k_range"][0] <= k <= e["k_range"][1]]
-        assert boxes
-        assert any(table.lookup(e["dtype"], e["layout"], m, n, k) is not None for e in boxes)
-        assert not all(m in e["m_range"] and n in e["n_range"] and k in e["k_range"] for e in boxes)
+        assert n % 8 == 0 and k % 8 == 0 and 1 <= m <= 8 and 2048 <= n <= 4096 and 1024 <= k <= 2048
+        assert not (m in (1, 8) and n in (2048, 4096) and k in (1024, 2048))
+        assert table.lookup("f16", "row,row,row", m, n, k).spec_text == wide

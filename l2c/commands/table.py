@@ -296,7 +296,8 @@ MAX_CELL_TILE_N = 16
 # A wider kernel makes a cell only where the box's N starts at this many of its tiles, so that a ragged N pads at
 # most 1/32 of the tiles along N (the swapped decoding kernels, 64 wide along N, from N = 2048), and where every
 # shape of the box launches its tiles in the same number of waves over the GPU's SMs: a step in waves inside the box
-# (N = 8192 is 128 tiles of 64, one wave on 132 SMs; N = 12288 two) is a step in time no corner shows.
+# (with M in one tile, N = 8192 is 128 tiles of 64, one wave on 132 SMs; N = 12288 two) is a step in time no corner
+# shows. One block per SM and no cluster is assumed: a clustered kernel's waves may come sooner.
 WIDE_CELL_MIN_TILES = 32
 # ... and where the box's K starts here: below it a few tokens against the weight take under about 6 us, latency-
 # bound, where the wide kernels tie cuBLAS, a few percent either way from one ragged shape to the next (on the
@@ -335,15 +336,13 @@ def cell_fits(tiling: tuple, ms: tuple, ns: tuple, ks: tuple, sm_count: int) -> 
     return waves(ms[0], ns[0]) == waves(ms[1], ns[1])
 
 
-def cell_rows(rows, protocol: str, min_speedup: float, cache=None, sm_count: Optional[int] = None):
+def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None):
     """Cells (module docstring): (row of the worst corner, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box
     whose eight corners one shape-generic spec won by `min_speedup`, between consecutive values of each axis at which
     that spec was measured in its (batch, dtype, layout), where the spec's tiling fits the box (`cell_fits`, over
-    `sm_count` SMs: the H200's 132 unless told); per box the spec with the best worst corner."""
+    `sm_count` SMs); per box the spec with the best worst corner."""
     import itertools
-    from ..arch import ARCHS
     cache = {} if cache is None else cache
-    sm_count = sm_count or ARCHS["sm_90"].sm_count
     points = {}   # (group, spec) -> {(m, n, k): worst row}
     for r in rows:
         if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
@@ -428,6 +427,8 @@ def run(args) -> int:
                     sm_counts.add(r["sm_count"])
     if len(gpus) > 1:
         raise UsageError(f"results from different GPUs: {sorted(gpus)}")
+    if len(sm_counts) > 1:
+        raise UsageError(f"results from GPUs with different SM counts: {sorted(sm_counts)}")
     try:
         charges = parse_overhead(args.host_overhead)
     except ValueError as err:
@@ -475,7 +476,13 @@ def run(args) -> int:
         entries += [dict(entry(r), m_range=[lo, hi], range_min_speedup=worst)
                     for r, lo, hi, worst in sorted(ranges, key=lambda t: (t[0]["n"], t[0]["k"], t[1]))]
     if args.cells:
-        cells = cell_rows(rows, protocol, margin, cache, max(sm_counts, default=None))
+        from ..arch import ARCHS
+        known = ARCHS.get(args.arch)   # the SM count the results' GPU reported, else the arch's
+        sm_count = next(iter(sm_counts), None) or (known.sm_count if known else None)
+        if sm_count is None:
+            raise UsageError(f"--cells needs the GPU's SM count: the results record none and --arch {args.arch} "
+                             f"is not one l2c knows ({', '.join(ARCHS)})")
+        cells = cell_rows(rows, protocol, margin, sm_count, cache)
         entries += [dict(entry(r), m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"])
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
