@@ -37,6 +37,7 @@ class ValidSpec:
     warps: int                 # Triton warps per program (CUTLASS: threads / 32 of the kernel)
     schedule: str              # CUTLASS schedule; "none" for Triton
     smem_bytes: int            # estimated shared memory per block
+    stages_pinned: bool = False   # CUTLASS: stages=auto resolved to a count the template must name (not CUTLASS's own)
 
     @property
     def name(self) -> str:

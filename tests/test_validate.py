@@ -59,6 +59,10 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
     ("kernel a { problem n=66 layout c=col split_k slices=4 mode=parallel }", "cutlass", "parallel-split-k",
      "problem.n"),
     ("kernel a { pipeline stages=1 }", "cutlass", "cutlass-min-stages", "pipeline.stages"),
+    ("kernel a { layout a=col b=col tile m=128 n=8 k=64 pipeline stages=7 launch schedule=basic }", "cutlass",
+     "mn-major-a-stages", "pipeline.stages"),
+    ("kernel a { layout a=row b=row tile m=8 n=64 k=64 pipeline stages=7 launch schedule=basic swap=yes }",
+     "cutlass", "mn-major-a-stages", "pipeline.stages"),
     ("kernel a { tile m=128 n=256 k=128 pipeline stages=5 }", "cutlass", "shared-memory", "pipeline.stages"),
     ("kernel a { problem m=4096 n=4096 k=4100 layout a=row }", "cutlass", "tma-alignment", "problem.k"),
     ("kernel a { problem m=4100 n=64 k=64 layout a=col }", "cutlass", "tma-alignment", "problem.m"),
@@ -183,3 +187,18 @@ def test_swapped_operands_describe_the_same_product_in_the_same_memory(m, n, k, 
     _view(out, n, m, g.layout_c, ldd)[...] = d2   # CUTLASS's D: N x M, written into D's buffer
     assert np.array_equal(out, expected)
     assert swapped_operands(g) == spec.replace(launch_swap="no")   # transposing twice changes nothing
+
+
+def test_auto_stages_an_mn_major_a_cannot_take_are_rounded_down_and_named_in_the_source():
+    """stages=auto is CUTLASS's own count (StageCountAutoCarveout), except where CUTLASS 4.2 cannot build it (rule
+    mn-major-a-stages: an odd count for an MN-major A 64 deep beside an 8-wide B tile): there the rules round it
+    down to an even count and the template names it. Elsewhere an odd auto count stays CUTLASS's."""
+    from l2c.lower import render
+    pinned = validate(parse_one("kernel p { layout a=row b=row c=row tile m=8 n=128 k=64 "
+                                "launch schedule=basic swap=yes }"), "cutlass")
+    assert pinned.stages == 12 and pinned.stages_pinned
+    source = render(pinned)
+    assert "StageCount<12>" in source and "StageCountAutoCarveout" not in source
+    wide = validate(parse_one("kernel w { tile m=192 n=128 k=64 launch schedule=cooperative swap=yes "
+                              "cluster m=1 n=2 }"), "cutlass")   # an MN-major A beside a 192-wide B tile
+    assert wide.stages == 5 and not wide.stages_pinned and "StageCountAutoCarveout" in render(wide)

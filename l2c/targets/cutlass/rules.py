@@ -30,6 +30,10 @@ RULES = declare({
     "gated-target": "`epilogue gate` is lowered by the Triton kernels: CUTLASS's fused epilogue sees one accumulator "
                     "tile, in which the gate and up columns of an output column (N columns apart in B) never meet",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
+    "mn-major-a-stages": "CUTLASS 4.2 cannot stage an MN-major A operand (A column-major, or B row-major under "
+                         "launch swap=yes) 64 deep along K beside an 8-wide B tile in an odd number of stages "
+                         "(cute's Shape Divisibility Condition at compile time: 7 and 13 stages fail with 64- and "
+                         "128-row tiles, 6, 8 and 24 build; a wider B tile, or tile K 32 or 128, builds at odd counts)",
 })
 
 
@@ -190,10 +194,15 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
                         f"{operand}'s contiguous extent {extent} x {nbytes} bytes is not a multiple of 16")
     per_stage = mainloop_stage_bytes(spec) + CUTLASS_STAGE_BARRIER_BYTES
     carve = cutlass_epilogue_smem(cutlass_gemm_spec(spec), schedule)
+    # CUTLASS's A operand is MN-major when the spec's A is column-major, or under swap=yes when B is row-major.
+    stage_group = 2 if gemm.layout_a == "col" and gemm.tile_n == 8 and spec.tile_k == 64 else 1
+    pinned = False
     if spec.pipeline_stages == AUTO:
         # CUTLASS's StageCountAutoCarveout: whole stages in what the epilogue leaves (128-byte granules).
         capacity = arch.smem_per_block // 128 * 128
         stages = (capacity - _round_up(carve, 128)) // per_stage
+        if stages % stage_group:   # the template then names the count (rule mn-major-a-stages)
+            stages, pinned = stages // stage_group * stage_group, True
         if stages < 2:
             raise fail(spec, "tile_k", "shared-memory",
                         f"not even 2 stages of {per_stage} bytes fit beside a {carve}-byte epilogue")
@@ -201,6 +210,9 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
         stages = int(spec.pipeline_stages)
         if stages < 2:
             raise fail(spec, "pipeline_stages", "cutlass-min-stages", f"stages={stages}")
+        if stages % stage_group:
+            raise fail(spec, "pipeline_stages", "mn-major-a-stages",
+                        f"stages={stages} with tile k={spec.tile_k}, an MN-major A and an 8-wide B tile")
     smem = cutlass_kernel_smem(cutlass_gemm_spec(spec), schedule, stages)
     if smem > arch.smem_per_block:
         raise fail(spec, "pipeline_stages", "shared-memory",
@@ -208,4 +220,5 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
                     f"alignment, is {smem} bytes > {arch.smem_per_block}")
     # Cooperative and pingpong run three warpgroups (one TMA producer, two MMA consumers); basic runs two.
     warps = 8 if schedule == "basic" else 12
-    return ValidSpec(spec, "cutlass", arch, stages=stages, warps=warps, schedule=schedule, smem_bytes=smem)
+    return ValidSpec(spec, "cutlass", arch, stages=stages, warps=warps, schedule=schedule, smem_bytes=smem,
+                     stages_pinned=pinned)
