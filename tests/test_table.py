@@ -443,3 +443,19 @@ def test_cells_refuse_results_of_different_sm_counts(tmp_path):
     done = subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(tmp_path / "t.json"), "--cells"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "different SM counts" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_default_table_is_what_l2c_table_makes_of_its_recorded_sources(tmp_path):
+    """The shipped default table is reproducible: `l2c table` over the committed results it names in `sources`, with
+    its protocol and margin, token-count ranges and cells, writes the same entries. A results file added to (or
+    left out of) the README's command, or a change to the rules of `l2c table`, shows here first."""
+    from pathlib import Path
+    repo = Path(__file__).resolve().parent.parent
+    shipped = json.loads((repo / "l2c" / "tuned" / "sm_90.json").read_text())
+    assert shipped["sources"] and not shipped["confirmed_by"]
+    out = tmp_path / "remade.json"
+    done = subprocess.run([sys.executable, "-m", "l2c", "table", *shipped["sources"], "--protocol",
+                           shipped["protocol"], "--min-speedup", str(shipped["min_speedup"]), "--ranges", "--cells",
+                           "-o", str(out)], capture_output=True, text=True, cwd=repo)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["entries"] == shipped["entries"]
