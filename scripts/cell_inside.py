@@ -14,11 +14,8 @@ cells may fall outside the other's: `served_by` says).
 import argparse
 import json
 import random
-import re
 
-
-def tile_n(spec: str) -> int:
-    return int(re.search(r"tile\s+m=\d+\s+n=(\d+)", spec).group(1))
+from l2c.parser import parse_one
 
 
 def multiples_of_8(lo: int, hi: int) -> range:
@@ -39,7 +36,7 @@ def draw(table: dict, count: int, seed: int, min_tile_n: int):
     shapes = []
     for dtype in sorted({e["dtype"] for e in table["entries"]}):
         cells = [e for e in table["entries"] if "n_range" in e and e["dtype"] == dtype
-                 and tile_n(e["spec"]) >= min_tile_n and has_inside(e)]
+                 and parse_one(e["spec"]).tile_n >= min_tile_n and has_inside(e)]
         drawn = 0
         while cells and drawn < count:
             cell = rng.choice(cells)
