@@ -437,11 +437,11 @@ def test_cells_refuse_results_of_different_sm_counts(tmp_path):
     """Waves are counted over one SM count: results whose env rows report two are refused with a message, exit 2."""
     wide = KernelSpec(name="w", tile_m=16, tile_n=64).to_l2()
     results = tmp_path / "r.jsonl"
-    rows = [{"type": "env", "gpu": "NVIDIA H200", "sm_count": 132}, {"type": "env", "gpu": "NVIDIA H200", "sm_count": 114}]
+    rows = [{"type": "env", "gpu": "NVIDIA H200", "sm_count": count} for count in (132, 114)]
     rows += [_at("w", m, n, k, 1.2, wide) for m, n, k in itertools.product((1, 8), (2048, 4096), (1024, 2048))]
     results.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    done = subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(tmp_path / "t.json"), "--cells"],
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "l2c", "table", str(results), "-o", str(tmp_path / "t.json"),
+                           "--cells"], capture_output=True, text=True)
     assert done.returncode == 2 and "different SM counts" in done.stderr and "Traceback" not in done.stderr
 
 

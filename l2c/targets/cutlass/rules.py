@@ -33,8 +33,8 @@ RULES = declare({
     "mn-major-a-stages": "CUTLASS 4.2 cannot stage an MN-major A operand (A column-major, or B row-major under "
                          "launch swap=yes) 64 deep along K beside an 8-wide B tile in an odd number of stages "
                          "(cute's Shape Divisibility Condition at compile time: 7 and 13 stages fail with 64- and "
-                         "128-row tiles, 6, 8 and 24 build; a wider B tile, or tile K 32 or 128, builds at odd counts); "
-                         "`stages=auto` is rounded down to an even count there",
+                         "128-row tiles, 6, 8 and 24 build; a wider B tile, or tile K 32 or 128, builds at odd "
+                         "counts); `stages=auto` is rounded down to an even count there",
 })
 
 
