@@ -15,7 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .targets.cutlass.pack import Pack, PackEntry, PackError, check_libraries, read_pack, write_pack
+from .targets.cutlass.pack import (Pack, PackEntry, PackError, check_libraries, library_member, read_pack,
+                                   write_pack)
 from .targets.cutlass.toolchain import NVCC_FLAGS, cutlass_version
 from .tuned_table import PLAIN_EPILOGUES
 
@@ -101,9 +102,9 @@ def build_pack(kernels: Sequence[RequiredKernel], arch: str, out: Union[str, Pat
             failed += 1
             continue
         data = Path(library).read_bytes()
-        entry = PackEntry(name=kernel.name, spec=kernel.spec, key=kernel.key,
-                          file=f"{kernel.name}_{kernel.key[:24]}.so", sha256=hashlib.sha256(data).hexdigest(),
-                          size=len(data), nvcc_version=compiler, cuda_version=cuda_release(compiler))
+        digest = hashlib.sha256(data).hexdigest()
+        entry = PackEntry(name=kernel.name, spec=kernel.spec, key=kernel.key, file=library_member(digest),
+                          sha256=digest, size=len(data), nvcc_version=compiler, cuda_version=cuda_release(compiler))
         libraries.append((entry, data))
     return write_pack(out, arch, libraries), failed
 

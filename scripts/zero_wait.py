@@ -374,7 +374,7 @@ def run_build(pack, root: Path, args) -> dict:
     specs = batch_specs(pack, args.build_kernels)
     pool = root / "batch.l2"
     pool.write_text("\n".join(specs))
-    env = fresh_env(root, L2C_PACK=str(root / "no_pack.tar.xz"))   # a pack that does not exist: nvcc builds all
+    env = fresh_env(root, L2C_PACK=str(root / "no_pack.zip"))   # a pack that does not exist: nvcc builds all
     ran = run_tree([sys.executable, "-m", "l2c", "build", str(pool), "--target", "cutlass", "-j",
                     str(args.build_jobs)], env, root, args.build_timeout_s)
     lines = ran["stdout"].splitlines()
@@ -476,7 +476,7 @@ def main(argv=None) -> int:
         ap.error("the later part reuses the caches of the prebuilt part: list prebuilt before it")
     from l2c.targets.cutlass.pack import read_pack
     from l2c.tuned_table import load_table
-    pack_path = Path(args.pack).resolve() if args.pack else shipped("packs", f"{ARCH}.tar.xz")
+    pack_path = Path(args.pack).resolve() if args.pack else shipped("packs", f"{ARCH}.zip")
     pack = read_pack(pack_path)
     pack_settings = {"L2C_PACK": str(pack_path)} if args.pack else {}
     table_path = Path(args.table).resolve()

@@ -132,7 +132,7 @@ def test_a_failing_kernel_in_a_batch_gets_the_verdict_it_gets_alone(tmp_path, mo
     """A run that fails is split until the failing kernel is alone: it gets the compiler's message and a cached
     failure, the others their libraries. Tiny sources (no CUTLASS) keep each nvcc run to a few seconds."""
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.tar.xz"))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.zip"))
     sources = [(_TINY.format(name="good_a", value=42), "good_a"),
                (_TINY.format(name="bad_b", value="no_such_name"), "bad_b"),
                (_TINY.format(name="good_c", value=43), "good_c")]

@@ -12,7 +12,7 @@ import io
 import json
 import os
 import subprocess
-import tarfile
+import zipfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -110,7 +110,7 @@ def test_the_shipped_pack_holds_every_kernel_the_shipped_tables_name(capsys):
 
 def test_verify_fails_without_a_pack(tmp_path, capsys):
     table = _write_table(tmp_path / "t.json", [_row(_example("small_basic_64x16"), 64)])
-    assert main(["pack", "verify", "--table", str(table), "--pack", str(tmp_path / "absent.tar.xz")]) == 1
+    assert main(["pack", "verify", "--table", str(table), "--pack", str(tmp_path / "absent.zip")]) == 1
     assert "cannot read the pack" in capsys.readouterr().out
 
 
@@ -122,15 +122,15 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("pack")
     table = _write_table(root / "tiny.json", [_row(_example("small_basic_64x16"), 256)])
     os.environ["L2C_CACHE_DIR"] = str(root / "cache")
-    os.environ["L2C_PACK"] = str(root / "no-pack.tar.xz")   # nothing to install from: the build compiles
+    os.environ["L2C_PACK"] = str(root / "no-pack.zip")   # nothing to install from: the build compiles
     try:
         start = time.perf_counter()
-        assert main(["pack", "build", "--table", str(table), "-j", "2", "-o", str(root / "sm_90.tar.xz")]) == 0
+        assert main(["pack", "build", "--table", str(table), "-j", "2", "-o", str(root / "sm_90.zip")]) == 0
         print(f"\npack build: 2 CUTLASS kernels in {time.perf_counter() - start:.0f} s")
     finally:
         del os.environ["L2C_CACHE_DIR"], os.environ["L2C_PACK"]
     _, kernels, _ = pack.required_kernels([table])
-    return root, table, root / "sm_90.tar.xz", kernels
+    return root, table, root / "sm_90.zip", kernels
 
 
 @needs_nvcc
@@ -185,13 +185,13 @@ def test_without_nvcc_a_cache_miss_installs_from_the_pack(built, monkeypatch, tm
 
 @needs_nvcc
 def test_many_cache_misses_read_the_pack_once(built, monkeypatch, tmp_path):
-    """A stream is read from its start: one pass per library would decompress the pack once per kernel."""
+    """The archive is opened once for all of them, and a library two kernels share is decompressed once."""
     root, _, pack_path, kernels = built
     _install_from(pack_path, monkeypatch, tmp_path)
     pack_format.read_pack(pack_path)   # the manifest, read once per file version
     opened = []
-    real_open = pack_format._open_stream
-    monkeypatch.setattr(pack_format, "_open_stream", lambda path: opened.append(path) or real_open(path))
+    real_open = pack_format._open_archive
+    monkeypatch.setattr(pack_format, "_open_archive", lambda path: opened.append(path) or real_open(path))
     libraries = compile_many([(k.source, k.name) for k in kernels], workers=2)
     assert opened == [str(pack_path)]
     for kernel, library in zip(kernels, libraries):
@@ -221,13 +221,10 @@ def test_a_changed_source_is_not_served_from_the_pack(built, monkeypatch, tmp_pa
 
 def _rewrite(pack_path: Path, out: Path, index: int, change) -> None:
     """Copy the pack with member `index` (0: the manifest, 1: the first library) changed by `change(bytes)`."""
-    with tarfile.open(pack_path, "r:xz") as src, tarfile.open(out, "w:xz") as dst:
-        for i, member in enumerate(src.getmembers()):
-            data = src.extractfile(member).read()
-            if i == index:
-                data = change(data)
-            member.size = len(data)
-            dst.addfile(member, io.BytesIO(data))
+    with zipfile.ZipFile(pack_path) as src, zipfile.ZipFile(out, "w") as dst:
+        for i, info in enumerate(src.infolist()):
+            data = src.read(info)
+            dst.writestr(info, change(data) if i == index else data)
 
 
 @needs_nvcc
@@ -241,7 +238,7 @@ def test_a_stale_entry_fails_verify_and_is_not_served(built, monkeypatch, tmp_pa
         manifest["entries"][0]["key"] = "0" * 64
         return json.dumps(manifest).encode()
 
-    stale = tmp_path / "sm_90.tar.xz"
+    stale = tmp_path / "sm_90.zip"
     _rewrite(pack_path, stale, 0, old_key)
     assert main(["pack", "verify", "--table", str(table), "--pack", str(stale)]) == 1
     out = capsys.readouterr().out
@@ -255,7 +252,7 @@ def test_a_stale_entry_fails_verify_and_is_not_served(built, monkeypatch, tmp_pa
 @needs_nvcc
 def test_a_library_that_does_not_match_its_sha256_is_refused(built, monkeypatch, tmp_path, capsys):
     _, table, pack_path, kernels = built
-    bad = tmp_path / "sm_90.tar.xz"
+    bad = tmp_path / "sm_90.zip"
     _rewrite(pack_path, bad, 1, lambda data: data[:1000] + bytes([data[1000] ^ 1]) + data[1001:])
     assert main(["pack", "verify", "--table", str(table), "--pack", str(bad)]) == 1
     assert "corrupt:" in capsys.readouterr().out
@@ -274,7 +271,7 @@ def test_a_corrupt_archive_fails_verify_and_installs_nothing_wrong(built, monkey
     _, table, pack_path, kernels = built
     data = bytearray(pack_path.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    bad = tmp_path / "sm_90.tar.xz"
+    bad = tmp_path / "sm_90.zip"
     bad.write_bytes(bytes(data))
     assert main(["pack", "verify", "--table", str(table), "--pack", str(bad)]) == 1
     assert "FAILED" in capsys.readouterr().out

@@ -726,7 +726,7 @@ def test_the_compile_pool_builds_a_round_of_cutlass_candidates_in_one_nvcc_run(t
     rule change) fails as a candidate in the same job while the others build. About a minute of one core."""
     from l2c.search.compile_pool import CompilePool
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.tar.xz"))   # compiled here, not installed
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.zip"))   # compiled here, not installed
     p = Problem(512, 1024, 1024)
     specs = [spec_from_params(dict(_CUTLASS_POINT, **knobs), p, generic=True)
              for knobs in ({}, {"tile_n": 64}, {"tile_m": 32})]   # tile m=32: not a CUTLASS sm90 tile

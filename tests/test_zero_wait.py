@@ -24,7 +24,7 @@ def zw():
 @pytest.fixture(scope="module")
 def pack(zw):
     from l2c.targets.cutlass.pack import read_pack
-    return read_pack(zw.shipped("packs", "sm_90.tar.xz"))
+    return read_pack(zw.shipped("packs", "sm_90.zip"))
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,12 @@ def add_parser(sub) -> None:
     b = actions.add_parser("build", help="compile the tables' CUTLASS kernels (build cache) and write the pack")
     b.add_argument("--table", action="append", help=tables_help)
     b.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="parallel nvcc processes")
-    b.add_argument("-o", "--out", help="the pack to write (default: l2c/packs/<arch>.tar.xz in the package)")
+    b.add_argument("-o", "--out", help="the pack to write (default: l2c/packs/<arch>.zip in the package)")
     b.set_defaults(func=run_build)
 
     v = actions.add_parser("verify", help="check, without a compiler, that the pack holds the tables' kernels")
     v.add_argument("--table", action="append", help=tables_help)
-    v.add_argument("--pack", help="the pack to check (default: $L2C_PACK, else the shipped l2c/packs/<arch>.tar.xz)")
+    v.add_argument("--pack", help="the pack to check (default: $L2C_PACK, else the shipped l2c/packs/<arch>.zip)")
     v.set_defaults(func=run_verify)
 
 
