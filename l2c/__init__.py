@@ -1,9 +1,28 @@
 """l2c: a GEMM kernel compiler and tuner.
 
-`l2c.matmul`, `l2c.gated_matmul`, `l2c.nn.Linear` and `l2c.nn.GatedMLP` serve tuned kernels to PyTorch code; the `l2c` command compiles, checks,
-benchmarks and tunes kernel specs written in the l2c DSL (grammar/l2.lark).
+`l2c.matmul`, `l2c.gated_matmul`, `l2c.nn.Linear` and `l2c.nn.GatedMLP` serve tuned kernels to PyTorch code; the
+`l2c` command compiles, checks, benchmarks and tunes kernel specs written in the l2c DSL (grammar/l2.lark).
 """
 __version__ = "0.1.0"
+
+import sys as _sys
+
+
+def _warm_start() -> None:
+    """Import the dispatcher off the importing thread: its import prepares, in the background, what a first tuned
+    call needs (l2c.dispatch: `_compile_front_end`, and on a GPU `_warm_start`), while the caller builds its model."""
+    import importlib
+    try:
+        importlib.import_module("l2c.dispatch")
+    except Exception:  # noqa: BLE001 - the first call imports it again and reports what is wrong
+        pass
+
+
+if "torch" in _sys.modules:   # a PyTorch program (the command line never imports torch first)
+    from . import settings as _settings
+    if _settings.value("L2C_WARM_START") != "0":
+        import threading as _threading
+        _threading.Thread(target=_warm_start, name="l2c-warm-start", daemon=True).start()
 
 
 def __getattr__(name):

@@ -6,8 +6,11 @@ For a call the dispatcher:
    (`TunedTable.may_serve`), 2-D, no fused activation while autograd records; then CUDA tensors, f16/bf16 and
    layouts a kernel reads;
 2. asks the table (`l2c.tuned_table`: the dispatch rule) for the entry that serves exactly this call;
-3. specialises the entry's spec for the requested epilogue (bias per column, activation) and hands it to the
-   `Preparer`, which builds and verifies it in a background process; torch serves the call meanwhile;
+3. specialises the entry's spec for the requested epilogue (bias per column, activation); a kernel that loads
+   without a compiler (build cache or prebuilt pack) and that l2c's checker verifies in milliseconds
+   (`l2c.checker`: plain epilogues, problems up to 2^34 multiply-adds) is verified on the calling thread and serves
+   this very call; any other is handed to the `Preparer`, which builds and verifies it in a background process,
+   torch serving the calls meanwhile;
 4. once the kernel is ready, builds it in this process (a cache hit) and serves it, and records that it passed
    verification at this shape (`l2c.verified`): a later process on the same GPU, driver and l2c version serves
    it from its first call where loading it runs no compiler. Inside a CUDA-graph capture only kernels that
@@ -190,6 +193,7 @@ class Dispatcher:
         self.native = None
         self._unregistered: set = set()
         self._verified = None           # this GPU's VerifiedKernels, read at the first job (l2c.verified)
+        self._to_worker: set = set()    # keys of the jobs l2c's checker declined: the worker prepares them
         self._lock = threading.Lock()
         self.counts = {"tuned": 0, "fallback": 0}   # the Python path's calls (`stats` adds the C++ table's)
         if native_call.enabled() and (table is not None or self.online):
@@ -306,6 +310,11 @@ class Dispatcher:
                     log.warning("tuned kernel not served (torch runs this call): %s", reason)
                 self._kernels[key] = kernel if ok else None
             return self._kernels[key], True
+        if job.key not in self._to_worker:   # asked once: what the checker declined stays the worker's
+            checked = self._check_here(job)
+            if checked is not None:
+                return checked
+            self._to_worker.add(job.key)
         state = self.preparer.request(job)
         if state == READY:
             kernel = self._kernel(job)
@@ -313,6 +322,37 @@ class Dispatcher:
                 self._verified_kernels().record(job)
             return kernel, True
         return None, state == FAILED
+
+    def _check_here(self, job: Job) -> Optional[Tuple[Optional[Callable], bool]]:
+        """A kernel that loads without a compiler and that l2c's checker verifies at this shape in milliseconds
+        (`l2c.checker`) is verified on the calling thread, and serves from this call on; the worker, whose start
+        costs seconds, is not asked. None when the worker has to prepare it (not checkable here, or the checker
+        cannot run); (None, True) when it failed."""
+        if job.device != "cuda" or job.candidates or torch.cuda.is_current_stream_capturing():
+            return None
+        from . import checker
+        try:
+            valid = _validated(job)
+        except L2Error:
+            return None
+        if not checker.checkable(valid.spec, job.m, job.n, job.k) or not targets.get(job.target).built(valid):
+            return None
+        if not checker.prepare(compile_if_needed=False):
+            return None
+        kernel = self._kernel(job)
+        if kernel is None:
+            return None, True
+        try:
+            result = checker.verify(kernel, job.m, job.n, job.k)
+        except (checker.CheckerUnavailable, RuntimeError) as err:   # torch reports a failed allocation so
+            log.debug("checking %s on the calling thread failed (%s); the worker checks it", valid.name, err)
+            return None
+        if not result.ok:
+            log.warning("tuned kernel not served (torch runs this call): %s at %dx%dx%d: verification failed: %s",
+                        valid.name, job.m, job.n, job.k, result.reason)
+            return None, True
+        self._verified_kernels().record(job)
+        return kernel, True
 
     def _resolve_online(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
         """A shape the table does not cover: the persisted decision, or an online-tuning job for the worker."""
@@ -524,7 +564,8 @@ class Dispatcher:
         """
         native = self.native
         if native is not None and residual is None:   # the C++ call table: torch's fallback or a served plan
-            y = native.call_linear(x, weight, bias, 0 if activation is None else native_call.activation_code(activation))
+            code = 0 if activation is None else native_call.activation_code(activation)
+            y = native.call_linear(x, weight, bias, code)
             if y is not None:
                 return y
         if residual is not None:
@@ -635,8 +676,10 @@ def set_tuned_table(table: Optional[TunedTable], allow_cpu: bool = False, prepar
                     online: Optional[bool] = None) -> Dispatcher:
     """Use `table` (or none: always torch, unless online tuning) from now on in this process."""
     global _default
-    _default = Dispatcher(table, allow_cpu=allow_cpu, prepare=prepare, online=online)
-    return _default
+    dispatcher = Dispatcher(table, allow_cpu=allow_cpu, prepare=prepare, online=online)
+    with _default_lock:   # after a default being made by the warm start, never before it
+        _default = dispatcher
+    return dispatcher
 
 
 def precompile(fn, *args, timeout: Optional[float] = None, **kwargs):
@@ -677,9 +720,9 @@ def _compile_front_end() -> None:
 
 def _query_toolchains() -> None:
     """Each target's toolchain id (nvcc's version: a subprocess of some 20-50 ms), asked once off the calling
-    thread so that the first tuned call finds it cached, each target's builder imported, and CUTLASS's call-plan
-    shim (a C compile of about 0.1 s, once per machine) built; a toolchain that is missing or broken is the build's
-    concern, reported there."""
+    thread so that the first tuned call finds it cached, each target's builder imported, CUTLASS's call-plan
+    shim (a C compile of about 0.1 s, once per machine) built and, on a GPU, `_warm_start`; a toolchain that is
+    missing or broken is the build's concern, reported there."""
     import importlib
     for name in targets.TARGETS:
         try:
@@ -689,6 +732,25 @@ def _query_toolchains() -> None:
             pass
     from .targets.cutlass import shim
     shim.shim_library()
+    if torch.cuda.is_available():
+        _warm_start()
+
+
+def _warm_start() -> None:
+    """On a GPU, what a first tuned call would otherwise do on the caller's thread: the default dispatcher made (its
+    table read: 30-50 ms on the H200's host), the GPU's identity read for its verification records, l2c's checker
+    loaded (`l2c.checker`: from the pack, else compiled once per machine) and the pack's libraries installed into
+    the build cache (once per machine). Failures are the first call's concern, reported there."""
+    try:
+        dispatcher = default_dispatcher()
+        if dispatcher.table is not None:
+            dispatcher._verified_kernels()
+        from . import checker
+        checker.prepare()
+        from .targets.cutlass.build import install_pack
+        install_pack()
+    except Exception as err:  # noqa: BLE001
+        log.debug("l2c's warm start stopped: %s", err)
 
 
 _compile_front_end()

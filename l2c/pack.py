@@ -42,7 +42,8 @@ def shipped_tables() -> List[Path]:
 
 def required_kernels(table_paths: Sequence[Union[str, Path]]) -> Tuple[str, List[RequiredKernel], List[str]]:
     """(arch, the kernels, problems): every CUTLASS kernel the dispatcher builds for the tables' served entries at
-    the EPILOGUES, rendered (no compiler needed), once each; problems are entries whose spec does not validate.
+    the EPILOGUES, rendered (no compiler needed), once each, then l2c's checker (`l2c.checker`, which verifies them
+    on a caller's thread); problems are entries whose spec does not validate.
     TableError for a file that is not a table, PackError for tables of different architectures."""
     from .targets.cutlass.toolchain import pack_key
     from .errors import L2Error
@@ -75,6 +76,10 @@ def required_kernels(table_paths: Sequence[Union[str, Path]]) -> Tuple[str, List
                         kernels[text] = RequiredKernel(valid.name, text, source, pack_key(source), label)
             except L2Error as err:
                 problems.append(f"{where}: the spec cannot be built: {err}")
+    from . import checker
+    text = checker.source()
+    kernels[checker.SPEC] = RequiredKernel(checker.NAME, checker.SPEC, text, pack_key(text),
+                                           "verification on a caller's thread (l2c.checker)")
     return arch, list(kernels.values()), problems
 
 

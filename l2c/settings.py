@@ -16,6 +16,9 @@ SETTINGS = {
     "L2C_TUNE_MARGIN": "how much faster than torch an online choice must be to serve (default 1.05)",
     "L2C_PREPARE": "`background` (default: no call waits for a compiler) or `inline` (the first call of a signature "
                    "builds and verifies its kernel on the calling thread)",
+    "L2C_WARM_START": "`0`: importing l2c into a process that has imported torch does not start preparing the "
+                      "tuned path in the background (the table, l2c's checker, the prebuilt kernels installed into "
+                      "the build cache)",
     "L2C_PACK": "the prebuilt pack of CUTLASS libraries to install from (default: the one shipped in the package)",
     "L2C_NVCC": "the nvcc to compile CUTLASS kernels with (default: nvcc on PATH, then $CUDA_HOME/bin)",
     "L2C_TRITON_PLANS": "`0` turns off the replayed launch plans of Triton kernels (every call through Triton's JIT "

@@ -45,7 +45,8 @@ def _check(a):
     return [script("scripts/gpu_check.py", "--out", f"{a.out}/gpu_check_triton.json"),
             script("scripts/cutlass_gpu_check.py", "--count", "13", "--out", f"{a.out}/cutlass_gpu_check.json"),
             script("scripts/cross_target_check.py", "--out", f"{a.out}/cross_target.json"),
-            script("scripts/dispatch_check.py", "--out", f"{a.out}/dispatch_check.json")]
+            script("scripts/dispatch_check.py", "--out", f"{a.out}/dispatch_check.json"),
+            script("scripts/checker_check.py", "--out", f"{a.out}/checker_check.json")]
 
 
 def _overhead(a):
@@ -156,7 +157,8 @@ def _zerowait(a):
 
 STAGES: Dict[str, Stage] = {
     "check": Stage("generated kernels verified on the GPU: random and fixed Triton specs, CUTLASS specs, one spec "
-                   "on both targets, l2c.matmul through a tuned table (served kernels, autograd)", _check),
+                   "on both targets, l2c.matmul through a tuned table (served kernels, autograd), l2c's checker "
+                   "against l2c.verify (faults injected)", _check),
     "overhead": Stage("host cost per call of the kernels' call paths against torch.matmul, and of each step inside "
                       "a CUTLASS kernel's entry point", _overhead),
     "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "

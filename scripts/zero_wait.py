@@ -129,10 +129,13 @@ def unbuilt_variant(entry, pack):
 
 def batch_specs(pack, count: int) -> List[str]:
     """(c)'s kernels: `count` of the pack's specs spread evenly over its kernel names in name order (a mix of tiles,
-    schedules and split-K modes like the shipped tables'), one spec per name (a name twice in one file is refused)."""
+    schedules and split-K modes like the shipped tables'), one spec per name (a name twice in one file is refused);
+    never l2c's checker, which is no spec."""
+    from l2c import checker
     by_name: Dict[str, str] = {}
     for e in sorted(pack.entries.values(), key=lambda e: (e.name, e.key)):
-        by_name.setdefault(e.name, e.spec)
+        if e.name != checker.NAME:
+            by_name.setdefault(e.name, e.spec)
     names = sorted(by_name)
     count = max(1, min(count, len(names)))
     return [by_name[names[i * len(names) // count]] for i in range(count)]

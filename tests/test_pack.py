@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from l2c import cache, pack
+from l2c import cache, checker, pack
 from l2c.targets.cutlass import pack as pack_format
-from l2c.targets.cutlass.build import compile_many, compile_source
+from l2c.targets.cutlass.build import compile_many, compile_source, install_pack
 from l2c.targets.cutlass.toolchain import NVCC_FLAGS, find_nvcc, pack_key
 from l2c.cli import main
 from l2c.dispatch import Dispatcher
@@ -76,6 +76,8 @@ def test_the_pack_lists_exactly_the_specs_the_dispatcher_builds(tmp_path):
     table_path = _write_table(tmp_path / "t.json", rows)
     arch, kernels, problems = pack.required_kernels([table_path])
     assert arch == "sm_90" and problems == []
+    assert kernels[-1].name == checker.NAME and kernels[-1].source == checker.source()
+    kernels = kernels[:-1]
     wanted = {k.spec for k in kernels}
 
     table = load_table(table_path)
@@ -138,17 +140,17 @@ def test_the_pack_records_each_build(built):
     root, _, pack_path, kernels = built
     written = pack_format.read_pack(pack_path)
     assert written.arch == "sm_90" and written.cutlass_version == metadata.version("nvidia-cutlass")
-    assert set(written.entries) == {k.key for k in kernels} and len(kernels) == 2
+    assert set(written.entries) == {k.key for k in kernels} and len(kernels) == 3
     nvcc_version = subprocess.run([find_nvcc(), "--version"], capture_output=True, text=True).stdout.strip()
-    for kernel in kernels:
+    assert written.entries[kernels[-1].key].name == checker.NAME
+    for kernel in kernels[:-1]:
         entry = written.entries[kernel.key]
         assert entry.key == pack_key(kernel.source) == cache.content_hash(
             kernel.source, " ".join(NVCC_FLAGS), metadata.version("nvidia-cutlass"))
         assert entry.name == kernel.name == "small_basic_64x16" and entry.spec == kernel.spec
         assert entry.nvcc_version == nvcc_version and entry.cuda_version in nvcc_version
         # the library in the pack is the one the build cache holds, under the cache's unchanged key
-        digest = cache.content_hash(kernel.source, " ".join(NVCC_FLAGS), nvcc_version,
-                                    metadata.version("nvidia-cutlass"))[:24]
+        digest = cache.content_hash(pack_key(kernel.source), nvcc_version)[:24]
         cached = root / "cache" / "cutlass" / f"{kernel.name}_{digest}.so"
         assert hashlib.sha256(cached.read_bytes()).hexdigest() == entry.sha256
         assert pack_format.read_library(entry) == cached.read_bytes()
@@ -159,7 +161,7 @@ def test_verify_passes_without_a_compiler(built, monkeypatch, tmp_path, capsys):
     _, table, pack_path, _ = built
     _hide_nvcc(monkeypatch, tmp_path)
     assert main(["pack", "verify", "--table", str(table), "--pack", str(pack_path)]) == 0
-    assert "ok, holds all 2 kernels" in capsys.readouterr().out
+    assert "ok, holds all 2 kernels and the checker" in capsys.readouterr().out
     # a table naming a kernel the pack lacks fails, and says which
     more = _write_table(tmp_path / "more.json", [_row(_example("small_basic_64x16"), 256),
                                                  _row(_example("tall_swap_192x128"), 4096, k=512)])
@@ -199,6 +201,24 @@ def test_many_cache_misses_read_the_pack_once(built, monkeypatch, tmp_path):
 
 
 @needs_nvcc
+def test_install_pack_installs_every_library_once_with_links(built, monkeypatch, tmp_path):
+    """What a warm start does ahead of first calls: every library this machine would use, a library that several
+    kernels share written once (hard links), and nothing the second time."""
+    root, _, pack_path, kernels = built
+    _install_from(pack_path, monkeypatch, tmp_path)
+    assert install_pack() == len(kernels)
+    for kernel in kernels:
+        library = compile_source(kernel.source, kernel.name)   # a cache hit: nothing decompressed any more
+        assert library.read_bytes() == (root / "cache" / "cutlass" / library.name).read_bytes()
+    by_sha = {}
+    for entry in pack_format.read_pack(pack_path).entries.values():
+        by_sha.setdefault(entry.sha256, []).append(entry.name)
+    files = list((tmp_path / "empty-cache" / "cutlass").glob("*.so"))
+    assert len(files) == len(kernels) and len({f.stat().st_ino for f in files}) == len(by_sha)
+    assert install_pack() == 0
+
+
+@needs_nvcc
 def test_with_nvcc_of_the_same_version_a_cache_miss_installs_from_the_pack(built, monkeypatch, tmp_path):
     root, _, pack_path, kernels = built
     _install_from(pack_path, monkeypatch, tmp_path, nvcc=True)
@@ -231,11 +251,11 @@ def _rewrite(pack_path: Path, out: Path, index: int, change) -> None:
 def test_a_stale_entry_fails_verify_and_is_not_served(built, monkeypatch, tmp_path, capsys):
     """An entry for the same spec under another key: what a pack built before a template change holds."""
     _, table, pack_path, kernels = built
-    first = sorted(pack_format.read_pack(pack_path).entries.values(), key=lambda e: e.file)[0]
+    first = next(e for e in pack_format.read_pack(pack_path).entries.values() if e.name == "small_basic_64x16")
 
     def old_key(data: bytes) -> bytes:
         manifest = json.loads(data)
-        manifest["entries"][0]["key"] = "0" * 64
+        next(row for row in manifest["entries"] if row["name"] == "small_basic_64x16")["key"] = "0" * 64
         return json.dumps(manifest).encode()
 
     stale = tmp_path / "sm_90.zip"

@@ -39,7 +39,8 @@ def _kernels(args):
         arch, kernels, problems = pack.required_kernels(tables)
     except (TableError, PackError) as err:
         raise UsageError(str(err)) from None
-    print(f"{len(kernels)} CUTLASS kernels for {arch} in {', '.join(Path(t).name for t in tables)}")
+    print(f"{len(kernels) - 1} CUTLASS kernels and l2c's checker for {arch} in "
+          f"{', '.join(Path(t).name for t in tables)}")
     return arch, kernels, problems
 
 
@@ -64,7 +65,8 @@ def run_build(args) -> int:
     out = args.out or default_pack_path(arch)
     written, failed = pack.build_pack(kernels, arch, out, args.jobs, report)
     size = Path(written.path).stat().st_size
-    print(f"wrote {written.path}: {len(written.entries)} libraries, {size / 2**20:.2f} MiB; "
+    files = len({entry.file for entry in written.entries.values()})
+    print(f"wrote {written.path}: {len(written.entries)} kernels in {files} libraries, {size / 2**20:.2f} MiB; "
           f"{failed + len(problems)} failed")
     return 1 if failed or problems else 0
 
@@ -81,5 +83,5 @@ def run_verify(args) -> int:
     if problems:
         print(f"{path}: FAILED ({len(problems)} problem{'s' if len(problems) != 1 else ''})")
         return 1
-    print(f"{path}: ok, holds all {len(kernels)} kernels")
+    print(f"{path}: ok, holds all {len(kernels) - 1} kernels and the checker")
     return 0

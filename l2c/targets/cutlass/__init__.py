@@ -41,10 +41,10 @@ class CutlassTarget(Target):
         return str(compile_source(render(valid), valid.name))
 
     def built(self, valid) -> bool:
-        """The library is in the build cache (a pack install, which decompresses, does not count)."""
+        """The library is in the build cache or the prebuilt pack (an install decompresses one library)."""
         from ...lower import render
-        from .build import cached_library
-        return cached_library(render(valid), valid.name) is not None
+        from .build import loads_without_compiler
+        return loads_without_compiler(render(valid), valid.name)
 
     def prebuild_many(self, valids, workers: int, done=None):
         """Several kernels per nvcc run where there are more kernels than workers (`build.compile_many`)."""

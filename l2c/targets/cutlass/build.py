@@ -21,6 +21,7 @@ of each kernel is the same as when it is built alone.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -77,7 +78,11 @@ def _job(source: str, name: str, nvcc: Optional[str], no_nvcc: str) -> _Job:
         compiler = prebuilt.nvcc_version
     else:
         compiler = nvcc_version(nvcc)
-    digest = library_digest(source, compiler)
+    return _job_of(source, name, key, compiler, prebuilt)
+
+
+def _job_of(source: str, name: str, key: str, compiler: str, prebuilt: Optional[pack.PackEntry]) -> _Job:
+    digest = library_digest(key, compiler)
     folder = cache.cache_dir("cutlass")
     return _Job(source, name, key, compiler, folder / f"{name}_{digest}.so", folder / f"{name}_{digest}.failed.txt",
                 prebuilt)
@@ -109,20 +114,69 @@ def _settled(job: _Job, nvcc: Optional[str], no_nvcc: str) -> Optional[Outcome]:
     return None
 
 
-def _install_from_pack(jobs: Sequence[_Job], nvcc: Optional[str]) -> None:
+def _install_from_pack(jobs: Sequence[_Job], nvcc: Optional[str]) -> int:
     """Install the library of every job the pack holds (for its compiler) in one pass through the pack, ahead of
-    the jobs' own turns, which then find it in the cache. What this pass cannot install is left to them."""
+    the jobs' own turns, which then find it in the cache; kernels that share a library get hard links to one copy
+    (copies where links are refused). What this pass cannot install is left to them. How many it installed."""
     wanted: Dict[str, Dict[str, Tuple[pack.PackEntry, _Job]]] = {}
     for job in jobs:
         entry = _pack_entry(job, nvcc)
         if entry is not None:
-            wanted.setdefault(entry.pack, {})[entry.file] = (entry, job)
+            wanted.setdefault(entry.pack, {})[entry.key] = (entry, job)
+    installed = 0
     for path, members in wanted.items():
+        first: Dict[str, Path] = {}   # library sha256 -> the cache file holding it
         for entry, data in pack.read_libraries(path, [e for e, _ in members.values()]):
-            job = members[entry.file][1]
+            job = members[entry.key][1]
             with cache.locked(job.library):
-                if not job.library.exists():
-                    cache.write_atomic(job.library, data)
+                if job.library.exists():
+                    continue
+                if entry.sha256 in first and _link(first[entry.sha256], job.library):
+                    installed += 1
+                    continue
+                cache.write_atomic(job.library, data)
+                first[entry.sha256] = job.library
+                installed += 1
+    return installed
+
+
+def _link(existing: Path, path: Path) -> bool:
+    """Hard-link `existing` at `path` through a temporary name (readers see all or nothing); False if refused."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.link")
+    try:
+        os.link(existing, temporary)
+        os.replace(temporary, path)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        return False
+
+
+def install_pack() -> int:
+    """Install every library of the pack this machine would use (those built by the local nvcc's version; any,
+    without nvcc) into the build cache, so that no first call of a packed kernel decompresses anything: how many
+    were installed. About 0.5 s and 35 MB for the shipped pack, once per machine; nothing when all are there."""
+    try:
+        nvcc = find_nvcc()
+    except BuildError:
+        nvcc = None
+    path = pack.default_pack_path(ARCH)
+    if not path.exists():
+        return 0
+    try:
+        held = pack.read_pack(path)
+    except pack.PackError:
+        return 0
+    compiler = nvcc_version(nvcc) if nvcc is not None else None
+    jobs = []
+    for entry in held.entries.values():
+        if held.arch != ARCH or (compiler is not None and entry.nvcc_version != compiler):
+            continue
+        job = _job_of("", entry.name, entry.key, compiler or entry.nvcc_version, entry)
+        if not job.library.exists():
+            jobs.append(job)
+    return _install_from_pack(jobs, nvcc) if jobs else 0
 
 
 def _run_nvcc(nvcc: str, cu: Path, so: Path) -> Tuple[List[str], int, str]:
@@ -340,8 +394,9 @@ def compile_source(source: str, name: str) -> Path:
     return outcome
 
 
-def cached_library(source: str, name: str) -> Optional[Path]:
-    """The library of this source in the build cache, or None: loading it then runs no compiler."""
+def loads_without_compiler(source: str, name: str) -> bool:
+    """Whether the library of this source is in the build cache or the pack installs it (one library decompressed:
+    10-30 ms): loading it then runs no compiler."""
     try:
         nvcc, no_nvcc = find_nvcc(), ""
     except BuildError as err:
@@ -349,8 +404,8 @@ def cached_library(source: str, name: str) -> Optional[Path]:
     try:
         job = _job(source, name, nvcc, no_nvcc)
     except BuildError:
-        return None
-    return job.library if job.library.exists() else None
+        return False
+    return job.library.exists() or _pack_entry(job, nvcc) is not None
 
 
 # ---- build --------------------------------------------------------------------------------------------

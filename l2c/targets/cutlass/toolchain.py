@@ -126,6 +126,7 @@ def pack_key(source: str) -> str:
     return cache.content_hash(source, " ".join(NVCC_FLAGS), cutlass_version())
 
 
-def library_digest(source: str, compiler: str) -> str:
-    """The build cache's key of a library: the pack key's parts and the version of the nvcc that built it."""
-    return cache.content_hash(source, " ".join(NVCC_FLAGS), compiler, cutlass_version())[:24]
+def library_digest(key: str, compiler: str) -> str:
+    """The build cache's key of a library: its pack key (`pack_key`) and the version of the nvcc that built it, so
+    that a pack entry's cache name is known without rendering its spec."""
+    return cache.content_hash(key, compiler)[:24]

@@ -1,0 +1,257 @@
+"""Verification on the calling thread: `l2c.verify`'s checks made by l2c's own CUDA checker
+(templates/cutlass/checker.cu) instead of torch's operators, so that a prebuilt kernel serves from its first call.
+
+Verifying with torch in a fresh process loads each torch kernel it uses for the first time, 15-50 ms apiece on the
+H200 (0.35 s for the dozen a check needs), and the background worker costs seconds to start. The checker's library
+is one small module loaded in about a millisecond, shipped in the prebuilt pack like the CUTLASS kernels (or
+compiled once per machine, in the background, where nvcc is installed).
+
+The checks are the GPU branch of `l2c.verify`, for the plain epilogues the dispatcher builds (alpha, a bias per row
+or column, no activation, no C input, no gate): fresh Normal(0, 1) inputs in the spec's layouts (drawn by the
+checker from a new seed each time), the output poisoned with NaN first, a float32 reference of the product and of
+its spread, `verify.element_bound` at every output and the relative Frobenius error against `verify.tolerance`;
+then the same shape with partial tiles (`verify.edge_shape`) and two calls that allocate their output. Problems
+larger than `MAX_MACS` multiply-adds or whose operands exceed `MAX_OPERAND_BYTES` are left to the worker: the
+checker's naive float32 product would cost too long on a caller's thread, and its inputs too much of its memory.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import secrets
+import struct
+import threading
+from importlib import resources
+from typing import Optional, Tuple
+
+import torch
+
+from .errors import BuildError
+from .verify import (ELEMENT_SAFETY, TORCH_DTYPES, UNIT_ROUNDOFF, VerifyResult, edge_shape, tolerance)
+
+log = logging.getLogger("l2c.checker")
+
+NAME = "l2c_checker"
+SPEC = "(l2c's verification checker: templates/cutlass/checker.cu, no kernel spec)"   # its pack manifest entry
+MAX_MACS = 2 ** 34
+MAX_OPERAND_BYTES = 2 ** 28
+_DTYPE_CODES = {"f16": 0, "bf16": 1, "f32": 2}
+_BIAS_CODES = {"none": 0, "row": 1, "col": 2}
+
+
+class CheckerUnavailable(Exception):
+    """The checker cannot run here (its library cannot be loaded without a compiler, or a CUDA call failed): the
+    kernel is verified by the worker instead. Never a verdict on the kernel."""
+
+
+class _Totals(ctypes.Structure):
+    _fields_ = [("worst", ctypes.c_uint64), ("nan_count", ctypes.c_uint64), ("first_nan", ctypes.c_uint64),
+                ("nonfinite", ctypes.c_uint64), ("diff2", ctypes.c_double), ("ref2", ctypes.c_double),
+                ("bound2", ctypes.c_double)]
+
+
+def source() -> str:
+    return resources.files("l2c._templates").joinpath("cutlass", "checker.cu").read_text()
+
+
+def checkable(spec, m: int, n: int, k: int) -> bool:
+    """Whether the checker verifies `spec` at (m, n, k) (else the worker does)."""
+    if spec.types_a not in ("f16", "bf16") or spec.types_b != spec.types_a or spec.types_c not in _DTYPE_CODES:
+        return False
+    if spec.epilogue_beta != 0.0 or spec.epilogue_activation != "none" or spec.epilogue_gate != "none":
+        return False
+    if str(spec.problem_batch) not in ("1", "any") or min(m, n, k) < 1 or m * n >= 2 ** 32:
+        return False
+    return m * n * k <= MAX_MACS and 2 * (m * k + k * n) <= MAX_OPERAND_BYTES
+
+
+_lock = threading.Lock()
+_library: Optional[ctypes.CDLL] = None
+
+
+def prepare(compile_if_needed: bool = True) -> bool:
+    """Load the checker's library from the build cache or the pack (one small library decompressed), or, with
+    `compile_if_needed`, compile it with nvcc first (about 3 s, once per machine; outside the lock, so that a caller
+    asking without compiling waits for an install at most, never for nvcc). False when it cannot be had."""
+    from .targets.cutlass.build import compile_source, loads_without_compiler
+    text = source()
+    with _lock:
+        if _library is not None:
+            return True
+        if loads_without_compiler(text, NAME):
+            try:
+                return _load(compile_source(text, NAME))
+            except BuildError as err:   # a damaged pack entry: nvcc may still build it below
+                log.debug("l2c's checker cannot be installed: %s", err)
+    if not compile_if_needed:
+        return False
+    try:
+        path = compile_source(text, NAME)
+    except BuildError as err:
+        log.debug("l2c's checker cannot be built: %s", err)
+        return False
+    with _lock:
+        return _library is not None or _load(path)
+
+
+def _load(path) -> bool:
+    global _library
+    try:
+        library = ctypes.CDLL(str(path))
+        _bind(library)
+    except (OSError, AttributeError) as err:
+        log.debug("l2c's checker cannot be loaded: %s", err)
+        return False
+    _library = library
+    return True
+
+
+def _bind(library: ctypes.CDLL) -> None:
+    i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+    operands = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i32, i32, i32, i32, i32, i32,
+                f32, f32, f32, f32, f32, f32]
+    library.l2c_checker_fill_normal.argtypes = [ptr, i64, i32, ctypes.c_uint64, f32, ptr]
+    library.l2c_checker_poison.argtypes = [ptr, i64, ptr]
+    library.l2c_checker_compare.argtypes = operands + [ptr, ptr, ptr]
+    library.l2c_checker_point.argtypes = operands + [i32, i32, ptr, ptr, ptr]
+    for fn in (library.l2c_checker_fill_normal, library.l2c_checker_poison, library.l2c_checker_compare,
+               library.l2c_checker_point):
+        fn.restype = ctypes.c_int
+
+
+def _status(code: int, what: str) -> None:
+    if code != 0:
+        raise CheckerUnavailable(f"the checker's {what} failed with CUDA error {code}")
+
+
+class _Check:
+    """The inputs of one problem and the checker's calls on them."""
+
+    def __init__(self, spec, m: int, n: int, k: int, device: torch.device, stream: int):
+        self.spec, self.m, self.n, self.k, self.stream = spec, m, n, k, stream
+        self.in_type, self.out_type = TORCH_DTYPES[spec.types_a], TORCH_DTYPES[spec.types_c]
+        self.a = self._random((m, k), spec.layout_a, self.in_type, device)
+        self.b = self._random((k, n), spec.layout_b, self.in_type, device)
+        self.bias = None
+        if spec.epilogue_bias != "none":
+            self.bias = self._random((m if spec.epilogue_bias == "row" else n,), "row", self.out_type, device)
+        self.scratch = torch.empty(64, dtype=torch.uint8, device=device)
+        self.bound = (float(spec.epilogue_alpha), UNIT_ROUNDOFF[spec.types_c],
+                      math.sqrt(max(k, 1)) * (UNIT_ROUNDOFF[spec.types_acc] + UNIT_ROUNDOFF["f32"]),
+                      4 * UNIT_ROUNDOFF["f32"], ELEMENT_SAFETY, torch.finfo(self.out_type).tiny)
+
+    def _random(self, shape: Tuple[int, ...], layout: str, dtype, device) -> torch.Tensor:
+        stored = torch.empty(shape if layout == "row" else shape[::-1], dtype=dtype, device=device)
+        _status(_library.l2c_checker_fill_normal(stored.data_ptr(), stored.numel(), _DTYPE_CODES[_name(dtype)],
+                                                 secrets.randbits(63), 1.0, self.stream), "fill")
+        return stored if layout == "row" else stored.t()
+
+    def poisoned_output(self, device) -> torch.Tensor:
+        spec = self.spec
+        stored = torch.empty((self.n, self.m) if spec.layout_c == "col" else (self.m, self.n), dtype=self.out_type,
+                             device=device)
+        _status(_library.l2c_checker_poison(stored.data_ptr(), stored.numel() * stored.element_size(), self.stream),
+                "poison")
+        return stored.t() if spec.layout_c == "col" else stored
+
+    def _operands(self, out: torch.Tensor) -> list:
+        bias = self.bias.data_ptr() if self.bias is not None else None
+        return [self.a.data_ptr(), self.a.stride(0), self.a.stride(1), self.b.data_ptr(), self.b.stride(0),
+                self.b.stride(1), out.data_ptr(), out.stride(0), out.stride(1), bias,
+                _BIAS_CODES[self.spec.epilogue_bias], self.m, self.n, self.k, _DTYPE_CODES[self.spec.types_a],
+                _DTYPE_CODES[self.spec.types_c], *self.bound]
+
+    def compare(self, out: torch.Tensor) -> _Totals:
+        totals = _Totals()
+        _status(_library.l2c_checker_compare(*self._operands(out), self.scratch.data_ptr(),
+                                             ctypes.addressof(totals), self.stream), "comparison")
+        return totals
+
+    def point(self, out: torch.Tensor, i: int, j: int) -> Tuple[float, float, float]:
+        values = (ctypes.c_float * 3)()
+        _status(_library.l2c_checker_point(*self._operands(out), i, j, self.scratch.data_ptr(),
+                                           ctypes.addressof(values), self.stream), "point")
+        return values[0], values[1], values[2]
+
+
+def _name(dtype) -> str:
+    return next(name for name, t in TORCH_DTYPES.items() if t == dtype)
+
+
+def verify(kernel, m: int, n: int, k: int, device: Optional[torch.device] = None) -> VerifyResult:
+    """`l2c.verify.verify(kernel, m, n, k)` for a `checkable` spec, on the current CUDA stream of `device`;
+    CheckerUnavailable when the checker cannot run (the caller then verifies another way)."""
+    if _library is None and not prepare(compile_if_needed=False):
+        raise CheckerUnavailable("l2c's checker library is neither in the build cache nor in the pack")
+    device = torch.device(device if device is not None else "cuda")
+    stream = torch.cuda.current_stream(device).cuda_stream
+    spec = kernel.valid.spec
+    result = _verify_shape(kernel, m, n, k, device, stream, allocating_calls=True)
+    edge = edge_shape(spec, m, n, k)
+    if result.ok and edge is not None:
+        again = _verify_shape(kernel, *edge, device, stream, allocating_calls=False)
+        if not again.ok:
+            return VerifyResult(False, again.rel_error, again.tolerance,
+                                f"{again.reason} (at {edge[0]}x{edge[1]}x{edge[2]}, which has partial tiles)")
+    return result
+
+
+def _verify_shape(kernel, m: int, n: int, k: int, device, stream: int, allocating_calls: bool) -> VerifyResult:
+    spec = kernel.valid.spec
+    tol = tolerance(spec, k)
+    check = _Check(spec, m, n, k, device, stream)
+    out = check.poisoned_output(device)
+    try:
+        returned = kernel(check.a, check.b, bias=check.bias, out=out)
+    except Exception as err:  # noqa: BLE001 - a kernel that raises is a failed check
+        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}")
+    if returned is not out:
+        return VerifyResult(False, math.inf, tol, "kernel did not return the `out` tensor it was given")
+    result = _judge(check, out, tol, "")
+    if result.ok and allocating_calls:
+        # the path eager callers take, twice: a second call of a signature may replay a launch plan
+        for attempt in ("first", "second"):
+            what = f" (the {attempt} call allocating its output)"
+            try:
+                fresh = kernel(check.a, check.b, bias=check.bias)
+            except Exception as err:  # noqa: BLE001
+                return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+            if (tuple(fresh.shape), fresh.stride(), fresh.dtype) != (tuple(out.shape), out.stride(), out.dtype):
+                return VerifyResult(False, math.inf, tol, f"output of shape {tuple(fresh.shape)}, strides "
+                                    f"{fresh.stride()} and {fresh.dtype}; expected {tuple(out.shape)}, "
+                                    f"{out.stride()} and {out.dtype}{what}")
+            again = _judge(check, fresh, tol, what)
+            if not again.ok:
+                return again
+    return result
+
+
+def _judge(check: _Check, out: torch.Tensor, tol: float, what: str) -> VerifyResult:
+    """`verify`'s verdict from the checker's totals over `out`."""
+    totals = check.compare(out)
+    n_out = check.m * check.n
+    if totals.nan_count:
+        first = totals.first_nan
+        return VerifyResult(False, math.nan, tol, f"unwritten output (NaN) at element "
+                            f"{(first // check.n, first % check.n)} ({totals.nan_count} of {n_out}){what}")
+    err_norm, ref_norm = math.sqrt(totals.diff2), math.sqrt(totals.ref2)
+    rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if totals.nonfinite:
+        return VerifyResult(False, rel, tol, f"non-finite output or reference (overflow?){what}")
+    info = torch.finfo(check.out_type)
+    representable = math.sqrt(n_out) * info.tiny * info.eps
+    cancellation = 1e-2 * math.sqrt(totals.bound2)
+    norm_ok = err_norm <= tol * ref_norm + representable + cancellation
+    excess = struct.unpack("<f", struct.pack("<I", totals.worst >> 32))[0]
+    if norm_ok and excess <= 1:
+        return VerifyResult(True, rel, tol)
+    index = totals.worst & 0xFFFFFFFF
+    i, j = index // check.n, index % check.n
+    ref, bound, got = check.point(out, i, j)
+    element = (f"element {(i, j)} is {got:.6g}, expected {ref:.6g}: off by {abs(got - ref):.3g}, {excess:.3g} times "
+               f"its elementwise bound {bound:.3g}")
+    if not norm_ok:
+        return VerifyResult(False, rel, tol, f"relative error {rel:.3g} exceeds tolerance {tol:.3g}; worst "
+                                             f"{element}{what}")
+    return VerifyResult(False, rel, tol, f"{element}{what}")
