@@ -318,24 +318,30 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
 
     result = check(out, "")
     if result.ok and c is None and allocating_calls:
-        # The path eager callers take: the kernel allocates its output. Twice, because a second call of a
-        # signature may take a different path than the first (a replayed launch plan).
-        for attempt in ("first", "second"):
-            what = f" (the {attempt} call allocating its output)"
-            try:
-                fresh = kernel(a, b, bias=bias)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            except Exception as err:  # noqa: BLE001
-                return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
-            if (tuple(fresh.shape), fresh.stride(), fresh.dtype) != (tuple(out.shape), out.stride(), out.dtype):
-                return VerifyResult(False, math.inf, tol, f"output of shape {tuple(fresh.shape)}, strides "
-                                    f"{fresh.stride()} and {fresh.dtype}; expected {tuple(out.shape)}, "
-                                    f"{out.stride()} and {out.dtype}{what}")
-            again = check(fresh, what)
-            if not again.ok:
-                return again
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        return check_allocating_calls(kernel, a, b, bias, out, tol, check, sync) or result
     return result
+
+
+def check_allocating_calls(kernel, a, b, bias, out: torch.Tensor, tol: float, check, sync) -> Optional[VerifyResult]:
+    """The path eager callers take: the kernel allocates its output. Twice, because a second call of a signature
+    may take a different path than the first (a replayed launch plan). Each output must match `out`'s shape,
+    strides and dtype and pass `check(output, what)`; the first failure, or None."""
+    for attempt in ("first", "second"):
+        what = f" (the {attempt} call allocating its output)"
+        try:
+            fresh = kernel(a, b, bias=bias)
+            sync()
+        except Exception as err:  # noqa: BLE001
+            return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+        if (tuple(fresh.shape), fresh.stride(), fresh.dtype) != (tuple(out.shape), out.stride(), out.dtype):
+            return VerifyResult(False, math.inf, tol, f"output of shape {tuple(fresh.shape)}, strides "
+                                f"{fresh.stride()} and {fresh.dtype}; expected {tuple(out.shape)}, "
+                                f"{out.stride()} and {out.dtype}{what}")
+        again = check(fresh, what)
+        if not again.ok:
+            return again
+    return None
 
 
 def _first_nan(out: torch.Tensor) -> Tuple[int, ...]:
