@@ -5,8 +5,9 @@ One zip archive per architecture (`l2c/packs/sm_90.zip`, `L2C_PACK=path` uses an
 kernel its spec name and text, the key (a hash of rendered source, nvcc flags and CUTLASS version:
 `toolchain.pack_key`, which a machine without nvcc can compute), the nvcc and CUDA versions that built it, and the
 library's member name, size and sha256; then each distinct library once, as `<sha256>.so`, compressed on its own
-(LZMA). Kernels compiled in one nvcc run share a library, so the members are far fewer than the kernels. A member is
-compressed alone so that installing one kernel decompresses one library (about 10 ms), not the archive up to it.
+(deflate). Kernels compiled in one nvcc run share a library, so the members are far fewer than the kernels. A member
+is compressed alone so that installing one kernel decompresses one library, not the archive up to it; deflate rather
+than LZMA because a first call may wait for it: 8 ms a library against 24 (the pack is 9.3 MiB against 6.7).
 
 The build cache asks the pack on a miss (`build.compile_source`); an entry is used only for the same key and,
 where nvcc is installed, the same nvcc version, and only after its sha256 matches. A changed template or flag
@@ -21,6 +22,7 @@ import json
 import logging
 import os
 import re
+import struct
 import threading
 import lzma
 import zipfile
@@ -120,12 +122,30 @@ _READ_ERRORS = (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, lzm
                 NotImplementedError, UnicodeDecodeError, ValueError, KeyError)
 
 
+# A zip local file header: signature, versions, flags, method, time, date, CRC, sizes, name and extra lengths.
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
+
+
 def _member_bytes(archive: zipfile.ZipFile, name: str, limit: int) -> bytes:
-    """The member's bytes (zipfile checks its CRC); ValueError for one larger than `limit`, KeyError for none."""
+    """The member's bytes, its CRC checked; ValueError for one larger than `limit` or damaged, KeyError for none.
+    A deflated member is inflated in one call: zipfile's reader inflates in small chunks, 18-22 ms for a 1.5 MB
+    library against 8."""
     info = archive.getinfo(name)
     if info.file_size > limit:
         raise ValueError(f"{name} is {info.file_size} bytes, more than any member can be ({limit})")
-    return archive.read(info)
+    if info.compress_type != zipfile.ZIP_DEFLATED or info.flag_bits & 0x1:
+        return archive.read(info)
+    file = archive.fp
+    file.seek(info.header_offset)
+    header = file.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        raise ValueError(f"{name}: bad local file header")
+    *_, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+    file.seek(name_length + extra_length, os.SEEK_CUR)
+    data = zlib.decompress(file.read(info.compress_size), -zlib.MAX_WBITS, info.file_size)
+    if len(data) != info.file_size or zlib.crc32(data) != info.CRC:
+        raise ValueError(f"{name}: its CRC or size does not match the archive's directory")
+    return data
 
 
 @functools.lru_cache(maxsize=8)
@@ -258,7 +278,7 @@ def write_pack(path: Union[str, Path], arch: str, libraries: Sequence[Tuple[Pack
         for entry, data in ordered:
             if entry.file not in written:
                 written.add(entry.file)
-                archive.writestr(_zip_info(entry.file, zipfile.ZIP_LZMA), _checked(data, entry))
+                archive.writestr(_zip_info(entry.file, zipfile.ZIP_DEFLATED), _checked(data, entry), compresslevel=9)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     cache.write_atomic(path, buffer.getvalue())
