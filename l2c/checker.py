@@ -13,6 +13,11 @@ its spread, `verify.element_bound` at every output and the relative Frobenius er
 then the same shape with partial tiles (`verify.edge_shape`) and two calls that allocate their output. Problems
 larger than `MAX_MACS` multiply-adds or whose operands exceed `MAX_OPERAND_BYTES` are left to the worker: the
 checker's naive float32 product would cost too long on a caller's thread, and its inputs too much of its memory.
+
+What the worker's separate process bought is given up here: a kernel that faults (an illegal address) while checked
+on the caller's thread leaves the caller's CUDA context unusable, where in the worker it only killed the worker. The
+dispatcher checks here only kernels that load without a compiler: the pack's, whose tables were measured (and so
+verified) on the GPU they were made for, or builds already in the user's cache.
 """
 from __future__ import annotations
 
