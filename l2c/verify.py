@@ -21,7 +21,7 @@ import contextlib
 import math
 import secrets
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
@@ -236,10 +236,18 @@ def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, to
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else secrets.randbits(63))
-    result = _verify_shape(kernel, m, n, k, batch, device, gen, allocating_calls=True)
+    return with_edge_shape(spec, m, n, k, lambda m, n, k, allocating: _verify_shape(kernel, m, n, k, batch, device,
+                                                                                     gen, allocating))
+
+
+def with_edge_shape(spec, m: int, n: int, k: int, check_shape: Callable[[int, int, int, bool], VerifyResult]
+                    ) -> VerifyResult:
+    """`check_shape(m, n, k, allocating_calls=True)`, then, if it passed, the same at `edge_shape` of the problem
+    (without the allocating calls), whose failure says it is the shape with partial tiles."""
+    result = check_shape(m, n, k, True)
     edge = edge_shape(spec, m, n, k)
     if result.ok and edge is not None:
-        again = _verify_shape(kernel, *edge, batch, device, gen, allocating_calls=False)
+        again = check_shape(*edge, False)
         if not again.ok:
             return VerifyResult(False, again.rel_error, again.tolerance,
                                 f"{again.reason} (at {edge[0]}x{edge[1]}x{edge[2]}, which has partial tiles)")
@@ -286,41 +294,51 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
     bound = element_bound(spec, product, spread, ops[2], ops[3], ref, k, unit)
     del product, spread
     ref_norm = torch.linalg.vector_norm(ref).item()
-    # what storing into the output type may lose however exact the kernel is, where values are subnormal there
-    out_info = torch.finfo(TORCH_DTYPES[spec.types_c])
-    representable = math.sqrt(ref.numel()) * out_info.tiny * out_info.eps
-    # where the result cancels to far below the terms it sums (a few elements of tiny value), its own norm is no
-    # scale for rounding: a hundredth of what the elementwise bounds allow in all is (a thousandth failed a correct
-    # f16-accumulating kernel whose one output, -1.1e-3, was off by 2.8e-5: 0.65% of its bound). Where the result
-    # does not cancel this adds at most a few percent of the relative tolerance.
-    cancellation = 1e-2 * torch.linalg.vector_norm(bound).item()
+    bound_norm = torch.linalg.vector_norm(bound).item()
 
     def check(got: torch.Tensor, what: str) -> VerifyResult:
         diff = as_ref(got) - ref
-        err_norm = torch.linalg.vector_norm(diff).item()
-        rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
-        if not (math.isfinite(err_norm) and math.isfinite(ref_norm)):
-            return VerifyResult(False, rel, tol, f"non-finite output or reference (overflow?){what}")
-        norm_ok = err_norm <= tol * ref_norm + representable + cancellation
         excess = diff.abs() / bound
         flat = int(torch.argmax(excess))
         worst = excess.reshape(-1)[flat].item()
-        if norm_ok and worst <= 1:
-            return VerifyResult(True, rel, tol)
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), excess.shape))
-        element = (f"element {index} is {as_ref(got)[index].item():.6g}, expected {ref[index].item():.6g}: off by "
-                   f"{diff[index].abs().item():.3g}, {worst:.3g} times its elementwise bound {bound[index].item():.3g} "
-                   f"({int((excess > 1).sum())} of {excess.numel()} elements over theirs)")
-        if not norm_ok:
-            return VerifyResult(False, rel, tol, f"relative error {rel:.3g} exceeds tolerance {tol:.3g}; worst "
-                                                 f"{element}{what}")
-        return VerifyResult(False, rel, tol, f"{element}{what}")
+
+        def element() -> str:
+            index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), excess.shape))
+            return (f"element {index} is {as_ref(got)[index].item():.6g}, expected {ref[index].item():.6g}: off by "
+                    f"{diff[index].abs().item():.3g}, {worst:.3g} times its elementwise bound "
+                    f"{bound[index].item():.3g} ({int((excess > 1).sum())} of {excess.numel()} elements over theirs)")
+        return verdict(torch.linalg.vector_norm(diff).item(), ref_norm, bound_norm, ref.numel(), spec.types_c, tol,
+                       worst, element, what)
 
     result = check(out, "")
     if result.ok and c is None and allocating_calls:
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         return check_allocating_calls(kernel, a, b, bias, out, tol, check, sync) or result
     return result
+
+
+def verdict(err_norm: float, ref_norm: float, bound_norm: float, numel: int, types_c: str, tol: float, worst: float,
+            element: Callable[[], str], what: str) -> VerifyResult:
+    """Both checks judged from their totals: the error's norm against `tol` times the reference's, and the largest
+    |out - ref| / bound (`worst`) against 1; `element()` describes the worst output, asked only on failure."""
+    rel = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if not (math.isfinite(err_norm) and math.isfinite(ref_norm)):
+        return VerifyResult(False, rel, tol, f"non-finite output or reference (overflow?){what}")
+    # what storing into the output type may lose however exact the kernel is, where values are subnormal there
+    out_info = torch.finfo(TORCH_DTYPES[types_c])
+    representable = math.sqrt(numel) * out_info.tiny * out_info.eps
+    # where the result cancels to far below the terms it sums (a few elements of tiny value), its own norm is no
+    # scale for rounding: a hundredth of what the elementwise bounds allow in all is (a thousandth failed a correct
+    # f16-accumulating kernel whose one output, -1.1e-3, was off by 2.8e-5: 0.65% of its bound). Where the result
+    # does not cancel this adds at most a few percent of the relative tolerance.
+    cancellation = 1e-2 * bound_norm
+    norm_ok = err_norm <= tol * ref_norm + representable + cancellation
+    if norm_ok and worst <= 1:
+        return VerifyResult(True, rel, tol)
+    if not norm_ok:
+        return VerifyResult(False, rel, tol, f"relative error {rel:.3g} exceeds tolerance {tol:.3g}; worst "
+                                             f"{element()}{what}")
+    return VerifyResult(False, rel, tol, f"{element()}{what}")
 
 
 def check_allocating_calls(kernel, a, b, bias, out: torch.Tensor, tol: float, check, sync) -> Optional[VerifyResult]:

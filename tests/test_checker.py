@@ -1,7 +1,8 @@
 """l2c's checker (l2c.checker): which kernels it may verify on a caller's thread, that its CUDA source builds with
 real nvcc into the four entry points the Python side binds, that a machine without nvcc loads it from the shipped
-pack, and that the dispatcher leaves everything else to the worker. Its verdicts against l2c.verify, with faults
-injected, need a GPU: scripts/checker_check.py (`python scripts/gpu.py check`)."""
+pack, and that the totals its comparison returns are judged as l2c.verify judges (`verify.verdict`). Its verdicts
+on real kernels against l2c.verify, with faults injected, need a GPU: scripts/checker_check.py (`python scripts/gpu.py
+check`)."""
 from __future__ import annotations
 
 import subprocess
@@ -82,3 +83,39 @@ def test_verify_without_the_library_is_unavailable_not_a_verdict(tmp_path, monke
     monkeypatch.setattr(checker, "_library", None)
     with pytest.raises(checker.CheckerUnavailable):
         checker.verify(object(), 64, 64, 64)
+
+
+class _HandCheck:
+    """What the checker's comparison kernel (GPU only) returns for one output, written out by hand: `_judge` turns
+    it into `l2c.verify`'s verdict, which is what this checks."""
+
+    def __init__(self, spec, m, n, totals, point=(0.0, 1.0, 0.0)):
+        self.spec, self.m, self.n, self.totals, self.values = spec, m, n, totals, point
+
+    def compare(self, out):
+        return self.totals
+
+    def point(self, out, i, j):
+        return self.values
+
+
+def _totals(worst=0.5, index=0, nans=0, first_nan=0, nonfinite=0, diff2=1e-8, ref2=1.0, bound2=1e-4):
+    import struct
+    bits = struct.unpack("<I", struct.pack("<f", worst))[0]
+    return checker._Totals(worst=(bits << 32) | index, nan_count=nans, first_nan=first_nan, nonfinite=nonfinite,
+                           diff2=diff2, ref2=ref2, bound2=bound2)
+
+
+def test_the_checkers_totals_are_judged_as_verify_judges():
+    tol = 1e-2
+    judge = lambda totals, point=(0.0, 1.0, 0.0): checker._judge(_HandCheck(PLAIN, 4, 8, totals, point), None, tol, "")
+    assert judge(_totals()).ok
+    worst = judge(_totals(worst=3.0, index=2 * 8 + 5), point=(1.5, 0.25, 2.25))
+    assert not worst.ok and worst.reason.startswith("element (2, 5) is 2.25, expected 1.5: off by 0.75, 3 times its "
+                                                    "elementwise bound 0.25")
+    norm = judge(_totals(diff2=1.0, ref2=1.0))   # 100% error: over tol even with the cancellation allowance
+    assert not norm.ok and norm.reason.startswith("relative error 1 exceeds tolerance 0.01; worst element")
+    nan = judge(_totals(nans=3, first_nan=9))
+    assert not nan.ok and nan.reason == "unwritten output (NaN) at element (1, 1) (3 of 32)"
+    overflow = judge(_totals(nonfinite=1))
+    assert not overflow.ok and overflow.reason == "non-finite output or reference (overflow?)"

@@ -131,32 +131,36 @@ def _install_from_pack(jobs: Sequence[_Job], nvcc: Optional[str]) -> int:
             with cache.locked(job.library):
                 if job.library.exists():
                     continue
-                if entry.sha256 in first and _link(first[entry.sha256], job.library):
-                    installed += 1
-                    continue
-                cache.write_atomic(job.library, data)
-                first[entry.sha256] = job.library
+                if entry.sha256 in first:
+                    _place(first[entry.sha256], job.library,
+                           job.library.with_name(f".{job.library.name}.{os.getpid()}.link"))
+                else:
+                    cache.write_atomic(job.library, data)
+                    first[entry.sha256] = job.library
                 installed += 1
     return installed
 
 
-def _link(existing: Path, path: Path) -> bool:
-    """Hard-link `existing` at `path` through a temporary name (readers see all or nothing); False if refused."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.link")
+def _place(existing: Path, path: Path, temporary: Path) -> None:
+    """Put the file `existing` at `path` as a hard link (a copy where links are refused) made at `temporary`, then
+    renamed into place: readers see all or nothing."""
     try:
-        os.link(existing, temporary)
+        try:
+            os.link(existing, temporary)
+        except OSError:
+            shutil.copyfile(existing, temporary)
         os.replace(temporary, path)
-        return True
-    except OSError:
+    except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        return False
+        raise
 
 
 def install_pack() -> int:
     """Install every library of the pack this machine would use (those built by the local nvcc's version; any,
     without nvcc) into the build cache, so that no first call of a packed kernel decompresses anything: how many
-    were installed. About 0.5 s and 35 MB for the shipped pack, once per machine; nothing when all are there."""
+    were installed. A few tenths of a second and 35 MB for the shipped pack, once per machine; nothing when all
+    are there."""
     try:
         nvcc = find_nvcc()
     except BuildError:
@@ -168,10 +172,12 @@ def install_pack() -> int:
         held = pack.read_pack(path)
     except pack.PackError:
         return 0
+    if held.arch != ARCH:
+        return 0
     compiler = nvcc_version(nvcc) if nvcc is not None else None
     jobs = []
     for entry in held.entries.values():
-        if held.arch != ARCH or (compiler is not None and entry.nvcc_version != compiler):
+        if compiler is not None and entry.nvcc_version != compiler:
             continue
         job = _job_of("", entry.name, entry.key, compiler or entry.nvcc_version, entry)
         if not job.library.exists():
@@ -241,13 +247,8 @@ def _compile_together(jobs: Sequence[_Job], nvcc: str) -> bool:
             log.info("building %d CUTLASS kernels in one nvcc run failed (exit %d); building them in smaller "
                      "batches to find which", len(jobs), returncode)
             return False
-        for job in jobs:   # a hard link per member (a copy where links are refused), renamed into place
-            linked = work / f"{job.name}.so"
-            try:
-                os.link(so, linked)
-            except OSError:
-                shutil.copyfile(so, linked)
-            os.replace(linked, job.library)
+        for job in jobs:
+            _place(so, job.library, work / f"{job.name}.so")
     return True
 
 
@@ -395,8 +396,8 @@ def compile_source(source: str, name: str) -> Path:
 
 
 def loads_without_compiler(source: str, name: str) -> bool:
-    """Whether the library of this source is in the build cache or the pack installs it (one library decompressed:
-    10-30 ms): loading it then runs no compiler."""
+    """Whether the library of this source is in the build cache or the pack installs it (one library inflated:
+    about 10 ms): loading it then runs no compiler."""
     try:
         nvcc, no_nvcc = find_nvcc(), ""
     except BuildError as err:
