@@ -39,6 +39,14 @@ class Knob:
     # spelled by the canonical printer at their default, so every existing text stays the canonical text of
     # the kernel it always described.
     spelled_at_default: bool = True
+    # The targets whose search samples this knob, where fewer than `targets` (a knob one kernel family of a target
+    # reads, whose other families ignore it, would only add invalid points to that target's space).
+    search_targets: Tuple[str, ...] = ()
+
+    @property
+    def searched_for(self) -> Tuple[str, ...]:
+        """The targets whose search space holds this knob (none unless `searchable`)."""
+        return (self.search_targets or self.targets) if self.searchable else ()
 
     @property
     def field(self) -> str:
@@ -91,8 +99,9 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("pipeline", "stages", "auto_int", AUTO,
          "Shared-memory pipeline depth; `auto` lets the target fit it to shared memory.",
          choices=(1, 2, 3, 4, 5, 6, 7, 8)),
-    Knob("launch", "warps", "auto_int", AUTO, "Warps per program (Triton); `auto` derives it from the tile.",
-         choices=(2, 4, 8, 16), targets=("triton",)),
+    Knob("launch", "warps", "auto_int", AUTO,
+         "Warps per program (Triton) or per block of a CUTLASS-target gemv kernel; `auto` derives it from the tile.",
+         choices=(2, 4, 8, 16), targets=TARGETS, search_targets=("triton",)),
     Knob("launch", "persistent", "enum", "no",
          "Persistent grid (one program per SM looping over tiles) instead of one program per tile (Triton).",
          choices=("no", "yes"), targets=("triton",)),
@@ -114,18 +123,20 @@ KNOBS: Tuple[Knob, ...] = (
          "descriptor encoding on the host per launch). CUTLASS kernels always load through TMA.",
          choices=("pointer", "tma", "tma_device"), targets=("triton",), spelled_at_default=False),
     Knob("launch", "family", "enum", "gemm",
-         "Triton kernel family: `gemm` (tensor-core tiles through tl.dot) or `gemv` (CUDA-core multiply-adds for "
-         "a few rows against a large weight, as in LLM decoding: tile m of 1-16 rows, each program streams a "
-         "BLOCK_N x BLOCK_K slab of B per step and reduces over K in registers; pointer loads, no batch, not "
-         "persistent).",
-         choices=("gemm", "gemv"), targets=("triton",), spelled_at_default=False,
+         "Kernel family: `gemm` (tensor-core tiles: tl.dot in Triton, warpgroup MMA in CUTLASS) or `gemv` (CUDA-core "
+         "multiply-adds for a few rows against a large weight, as in LLM decoding: tile m of 1-16 rows; each program "
+         "streams a tile n x tile k slab of B per step and reduces over K in registers; no batch). On the CUTLASS "
+         "target gemv is plain CUDA C++ (no CUTLASS), whose K slices are the blocks of a thread-block cluster and "
+         "add their sums through distributed shared memory, in slice order.",
+         choices=("gemm", "gemv"), targets=TARGETS, spelled_at_default=False,
          # searched by scripts/serve_sweep.py and online choice, where the token count is small: drawn uniformly
          # in the tuner's space, gemv points almost never validate and starve its budget
          searchable=False),
     Knob("launch", "evict", "enum", "normal",
-         "L2 eviction hints of the Triton kernels' pointer loads: `first` reads B (the weight, streamed once) "
-         "evict-first and A (reused by every column tile) evict-last; `normal` gives no hint.",
-         choices=("normal", "first"), targets=("triton",), spelled_at_default=False),
+         "L2 eviction hints of the Triton kernels' pointer loads and of a CUTLASS-target gemv kernel's: `first` reads "
+         "B (the weight, streamed once) evict-first and A (reused by every column tile) evict-last (Triton) or "
+         "through L1 (gemv); `normal` gives no hint.",
+         choices=("normal", "first"), targets=TARGETS, spelled_at_default=False, search_targets=("triton",)),
     Knob("launch", "reduce", "enum", "step",
          "When a gemv kernel sums its products over K: `step` reduces each step's slab across the threads (fewest "
          "registers), `end` adds the products per K lane in registers and reduces once after the K loop (no "

@@ -124,6 +124,13 @@ def _sweep(a):
                    "--top-from", f"{a.out}/serve_gemv_explore_f16.jsonl")]
 
 
+def _gemv(a):
+    return [script("scripts/gemv_check.py", "--out", f"{a.out}/gemv_check.json"),
+            *(script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "cudagemv", "--max-m", "8",
+                     "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "120")
+              for dtype in ("f16", "bf16"))]
+
+
 def _decode(a):
     return [script("examples/decode_step.py", "--out", f"{a.out}/decode_step_f16.json")]
 
@@ -172,6 +179,9 @@ STAGES: Dict[str, Stage] = {
                    "weights and fraction of roofline (f16, bf16), the eager table in the call protocol", _serve),
     "sweep": Stage("search decoding kernels per weight (gemv and swapped CUTLASS families) into JSON lines that "
                    "`l2c table --ranges` turns into table entries", _sweep),
+    "gemv": Stage("the CUTLASS target's CUDA gemv family: verified on the GPU (both layouts of B, every epilogue, "
+                  "clusters), then swept on the decoding set at M <= 8 (f16, bf16) into JSON lines for `l2c table`",
+                  _gemv),
     "decode": Stage("a Llama-8B decoding step's linears under CUDA graphs, batch 1-256", _decode),
     "mlp": Stage("the end-to-end MLP block example, torch against l2c.nn", _mlp),
     "gated": Stage("search fused gated (SwiGLU) kernels for the Llama-8B gate_up weights at 1-8192 tokens, f16 and "

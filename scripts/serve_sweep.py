@@ -12,6 +12,9 @@ nn.Linear's layout (B is the weight transposed). Stages:
 - gemv (B): those configurations, and three 16-row tensor-core tiles at M = 4-16, on every weight;
 - cutlass (C): swapped narrow CUTLASS tiles (tile M the smallest of 8-128 that holds the tokens; basic, pingpong,
   cooperative; split-K serial, stream-K, parallel), built in the background while the Triton stages run;
+- cudagemv (not in the default stages): the CUTLASS target's gemv family (plain CUDA, templates/cutlass/gemv.cu.j2;
+  K slices as the blocks of a cluster) at M <= 8: `CUDA_GEMV_COLUMN` configurations x `CUDA_GEMV_SLICES`, tile m the
+  smallest power of two that holds the tokens, built with --build-jobs processes before measuring;
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
   `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — GEMV kernels up to
   16 tokens, narrow and wide tensor-core tiles (pointer and TMA loads) above — each timed against torch's gated
@@ -87,6 +90,21 @@ CUTLASS_NARROW = (("basic", 64, 64, 1, 1, "workspace"), ("basic", 64, 64, 2, 1, 
                   ("cooperative", 128, 64, 1, 2, "workspace"), ("cooperative", 128, 64, 1, 1, "stream_k"),
                   ("basic", 64, 64, 1, 2, "parallel"), ("basic", 64, 64, 1, 4, "parallel"))
 CUTLASS_WIDE = tuple(CUTLASS_NARROW[i] for i in (0, 1, 3, 4, 6))
+
+
+# (tile n, warps, tile k) of the CUTLASS target's gemv family with B column-major, and its K slices (cluster sizes)
+CUDA_GEMV_COLUMN = ((8, 2, 256), (8, 4, 256), (16, 4, 256), (8, 8, 256), (16, 8, 256), (32, 8, 256), (8, 2, 512),
+                    (8, 4, 512))
+CUDA_GEMV_SLICES = (1, 2, 4)
+
+
+def cuda_gemv_specs(m: int, dtype: str):
+    """The cudagemv stage's candidates for M tokens (nn.Linear's layout), valid ones only."""
+    rows = 1 << max(0, (m - 1).bit_length())
+    texts = [_spec(f"launch family=gemv warps={warps} evict=first\n  tile m={rows} n={bn} k={bk}\n"
+                   f"  split_k slices={slices}", dtype, "gemv", target="cutlass")
+             for bn, warps, bk in CUDA_GEMV_COLUMN for slices in CUDA_GEMV_SLICES]
+    return _valid(texts)
 
 
 def cutlass_tile_m(m: int) -> int:
@@ -308,6 +326,19 @@ def gemv_pool(shape, dtype, top):
     return _valid(list(dict.fromkeys(texts)))
 
 
+def _build_cutlass(texts, jobs: int, log) -> None:
+    """Compile CUTLASS-target spec texts into the build cache, `jobs` nvcc runs at a time (failures are the
+    sweep's failed candidates)."""
+    from l2c.parser import parse_one
+    from l2c.targets import get
+    from l2c.validate import validate
+    t0 = time.monotonic()
+    outcomes = get("cutlass").prebuild_many([validate(parse_one(t), "cutlass") for t in texts], jobs)
+    failed = sum(not isinstance(o, str) for o in outcomes)
+    print(f"serve_sweep: built {len(texts)} CUTLASS-target kernels in {time.monotonic() - t0:.0f} s ({failed} "
+          f"failed)", file=log, flush=True)
+
+
 def warm_served(table_path: str, shape_sets, dtypes, layout: str, workers: int, log) -> None:
     """Compile, in a pool of processes, the Triton kernels a table serves on these shapes (as the dispatcher
     specialises them), so that measuring through the dispatcher waits for no Triton compile."""
@@ -336,7 +367,8 @@ def main() -> int:
     ap.add_argument("--stages", default="explore,gemv,cutlass",
                     help="explore (stage A: the wide GEMV space on a few weights), gemv (stage B: the best of it on "
                          "every weight, M <= 16), cutlass (swapped CUTLASS tiles on every weight, M <= --max-m; "
-                         "built with --build-jobs processes while the Triton stages run); gated (the fused gated MLP "
+                         "built with --build-jobs processes while the Triton stages run); cudagemv (the CUTLASS "
+                         "target's gemv family, M <= 8; not a default stage); gated (the fused gated MLP "
                          "projection of --gated-weights at --gated-tokens; not a default stage)")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--top", type=int, default=8, help="GEMV configurations per M kept for stage B")
@@ -385,6 +417,12 @@ def main() -> int:
         pools = {s.key: gemv_pool(s, args.dtype, top) for s in chosen}
         sweep(chosen, pools, out / f"serve_gemv_{args.dtype}.jsonl", device, args.budget_s, args.workers,
               sys.stderr, f"gemv {args.dtype}")
+    if "cudagemv" in stages:
+        chosen = [s for s in shapes if s.m <= 8]
+        pools = {s.key: cuda_gemv_specs(s.m, args.dtype) for s in chosen}
+        _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
+        sweep(chosen, pools, out / f"serve_cudagemv_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
+              f"cudagemv {args.dtype}")
     if "gated" in stages:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]

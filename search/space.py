@@ -93,7 +93,7 @@ def _choices(knob: Knob) -> Tuple[object, ...]:
 
 TARGET_PARAM = "target"
 KNOB_PARAMS: Tuple[Param, ...] = tuple(
-    Param(k.field, _choices(k), tuple(k.targets)) for k in KNOBS if k.searchable)
+    Param(k.field, _choices(k), k.searched_for) for k in KNOBS if k.searchable)
 PARAMS: Tuple[Param, ...] = (Param(TARGET_PARAM, tuple(TARGETS), tuple(TARGETS)),) + KNOB_PARAMS
 PARAMS_BY_NAME = {p.name: p for p in PARAMS}
 

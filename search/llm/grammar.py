@@ -119,7 +119,7 @@ def legal_values(problem: Problem, target: str) -> Dict[str, Tuple[object, ...]]
     except L2ValidationError as err:
         raise InfeasibleProblem(f"no spec for {problem.key()} can validate on {target}: {err.message}") from None
     domains = {kr.knob.field: _searched_domain(kr) for _, _, krs in structure for kr in krs
-               if kr.knob.searchable and target in kr.knob.targets}
+               if target in kr.knob.searched_for}
     legal: Dict[str, List[object]] = {}
     for f, values in domains.items():
         keep = []

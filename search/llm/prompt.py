@@ -39,7 +39,7 @@ def render_for_prompt(spec: KernelSpec, problem: Problem, target: str) -> str:
         parts = []
         for kr in krs:
             k = kr.knob
-            if k.field in pins or (k.searchable and target in k.targets):
+            if k.field in pins or target in k.searched_for:
                 v = pins.get(k.field, getattr(spec, k.field))
                 parts.append(f" {kr.key}={v}" if kr.key else f" {v}")
         if parts:

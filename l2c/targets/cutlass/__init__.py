@@ -1,10 +1,12 @@
-"""The CUTLASS target: CUDA C++ instantiating CUTLASS 3.x sm90 warp-specialized GEMMs, compiled with nvcc into
-shared libraries (or taken from the prebuilt pack) and called through ctypes."""
+"""The CUTLASS target: CUDA C++ instantiating CUTLASS 3.x sm90 warp-specialized GEMMs, and plain CUDA GEMV kernels
+for decoding (`gemv.py`), compiled with nvcc into shared libraries (or taken from the prebuilt pack) and called
+through ctypes with one set of C entry points."""
 from __future__ import annotations
 
 from typing import Dict
 
 from .. import Target
+from . import gemv
 from . import rules as target_rules
 
 
@@ -12,11 +14,13 @@ class CutlassTarget(Target):
     name = "cutlass"
     rules = target_rules
     suffix = ".cu"
-    templates = {"gemm": "cutlass/gemm.cu.j2"}
+    templates = {"gemm": "cutlass/gemm.cu.j2", "gemv": "cutlass/gemv.cu.j2"}
 
     def context(self, valid) -> Dict[str, object]:
         """The GEMM CUTLASS instantiates (transposed under launch swap=yes, the partials' GEMM under parallel
-        split-K)."""
+        split-K), or a gemv kernel's block geometry."""
+        if valid.spec.launch_family == "gemv":
+            return {"g": gemv.geometry(valid.spec)}
         return {"gemm": target_rules.cutlass_gemm_spec(valid.spec)}
 
     def toolchain_id(self) -> str:

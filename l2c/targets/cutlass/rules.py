@@ -9,6 +9,7 @@ from ...arch import Arch
 from ...ir import KernelSpec
 from ...knobs import ANY, AUTO, DTYPE_BYTES
 from ...rules import ValidSpec, alignment_checks, declare, fail, gated, mainloop_stage_bytes
+from . import gemv
 
 RULES = declare({
     "parallel-split-k": "split_k mode=parallel runs a plain (unbatched) GEMM whose K splits into equal slices that "
@@ -26,7 +27,7 @@ RULES = declare({
     "split-k-schedule": "split-K (modes workspace and atomic) and stream-K in CUTLASS use the stream-K tile "
                         "scheduler, which needs the cooperative schedule",
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
-    "gemv-target": "`launch family=gemv` is a Triton kernel family (CUDA-core multiply-adds, no tl.dot)",
+    "gemv-knobs": "launch warps and launch evict shape a gemv kernel; CUTLASS's GEMMs (family=gemm) read neither",
     "gated-target": "`epilogue gate` is lowered by the Triton kernels: CUTLASS's fused epilogue sees one accumulator "
                     "tile, in which the gate and up columns of an output column (N columns apart in B) never meet",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
@@ -138,10 +139,15 @@ def cutlass_kernel_smem(spec: KernelSpec, schedule: str, stages: int) -> int:
 def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     """The CUTLASS target's rules for `spec` (common rules already passed); its ValidSpec with the schedule,
     the stage count CUTLASS instantiates and the kernel's shared memory."""
-    if spec.launch_family != "gemm":
-        raise fail(spec, "launch_family", "gemv-target", f"family={spec.launch_family} on CUTLASS")
     if gated(spec):
         raise fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on CUTLASS")
+    if spec.launch_family == "gemv":
+        return gemv.check(spec, arch)
+    if spec.target == "cutlass":   # a spec for both targets keeps its Triton knobs, which CUTLASS ignores
+        for field, default in (("launch_warps", AUTO), ("launch_evict", "normal")):
+            if getattr(spec, field) != default:
+                raise fail(spec, field, "gemv-knobs", f"{field.replace('_', ' ')}={getattr(spec, field)} with "
+                                                      f"family=gemm")
     if spec.types_a not in ("f16", "bf16") or spec.types_acc != "f32":
         raise fail(spec, "types_a", "cutlass-dtypes", f"inputs {spec.types_a}, accumulator {spec.types_acc}")
     # The tile rules are CUTLASS's, so they apply to the GEMM it instantiates: under launch swap=yes, the spec's

@@ -1,0 +1,139 @@
+"""The CUTLASS target's gemv family (`launch family=gemv`, templates/cutlass/gemv.cu.j2): its rules and the block
+geometry its template reads.
+
+A few rows of A (the tokens) against a large B (the weight) are memory-bound: the weight is read once, and what
+counts is bytes in flight and a short launch. The kernel is plain CUDA C++ built by the target's nvcc and called
+through the same C entry points as its GEMMs, so it is prebuilt into the pack and served by the C++ call table
+like them. Each block owns tile m rows of A, tile n output columns and one K slice; the slices of one column tile
+are the blocks of a thread-block cluster, which add their partial sums through distributed shared memory in
+slice order (one launch, no workspace, deterministic).
+
+Two main loops, by where B is contiguous:
+- B column-major (nn.Linear's weight, W = B^T row-major N x K): each warp owns tile n / warps rows of W and its 32
+  lanes stride along K with 16-byte loads, tile k / 256 of them per row and step; the A values of a step are
+  loaded once for all the warp's rows; the lanes' sums meet in warp shuffles.
+- B row-major (`a @ b`): each thread owns 8 adjacent output columns and, per step, a chunk of 8 K rows (eight
+  16-byte loads of B, one of A per row of A); tile n / 8 threads span the columns and tile k / 8 the K depth of a
+  step, so the block has (tile n / 8) x (tile k / 8) threads; the chunks' sums meet in shuffles and shared memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...arch import Arch
+from ...ir import KernelSpec, knob
+from ...knobs import AUTO
+from ...rules import ValidSpec, declare, fail
+
+VECTOR = 8                  # elements of one 16-byte load of f16/bf16
+COLUMN_STEP = 32 * VECTOR   # K elements a warp's lanes cover with one load each (B column-major)
+# Registers a thread may plan for its sums and loaded values: below the 255 of sm_90, leaving room for addresses
+# and loop state (tests/test_cutlass_gemv.py builds the largest admitted kernels and finds no spill).
+GEMV_REGISTERS = 160
+STATIC_SMEM = 48 * 1024     # static shared memory of one block
+MAX_THREADS = 1024
+
+RULES = declare({
+    "gemv-cuda-operands": "a CUTLASS-target gemv kernel reads f16 or bf16 A (row-major) and B into an f32 "
+                          "accumulator and writes a row-major D of a plain GEMM (problem batch=1)",
+    "gemv-cuda-knobs": "a CUTLASS-target gemv kernel has no CUTLASS schedule, cluster, swap or pipeline: launch "
+                       "schedule=auto, swap=no, cluster 1x1 and pipeline stages=auto (its K slices form the "
+                       "cluster)",
+    "gemv-cuda-tile-m": "a gemv kernel's tile m is 1, 2, 4, 8 or 16 rows (more rows belong on tensor cores)",
+    "gemv-cuda-tile-n": "a CUTLASS-target gemv kernel's tile n is a power of two from 8 to 256 columns",
+    "gemv-cuda-tile-k": "a CUTLASS-target gemv kernel steps along K by 256 or 512 elements per row of a "
+                        "column-major B (one or two 16-byte loads per lane), and by 8-512 (a power of two) "
+                        "with a row-major B",
+    "gemv-cuda-threads": f"a CUTLASS-target gemv block has 64-{MAX_THREADS} threads: with B column-major its "
+                         f"warps (auto: 4) split tile n into whole rows per warp; with B row-major it has (tile n "
+                         f"/ 8) x (tile k / 8) threads, which launch warps (if set) must equal",
+    "gemv-cuda-slices": "a CUTLASS-target gemv kernel's K slices are the blocks of one cluster: split_k slices is "
+                        "1, 2, 4 or 8 (at most the portable cluster size) in mode=workspace (added in slice order)",
+    "gemv-cuda-registers": f"a CUTLASS-target gemv thread's sums and loaded values must fit in "
+                           f"{GEMV_REGISTERS} registers (tile m x the columns it owns, plus its loads in flight)",
+    "gemv-cuda-smem": f"a CUTLASS-target gemv block's partial sums (tile m x tile n fp32, per warp with B "
+                      f"row-major) must fit {STATIC_SMEM // 1024} KB of static shared memory",
+})
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What templates/cutlass/gemv.cu.j2 reads: the block's shape, derived from the spec by `check`."""
+    b_contiguous_k: bool   # B column-major: rows of W = B^T are contiguous along K
+    threads: int
+    warps: int
+    rows_per_warp: int     # B column-major: rows of W each warp owns
+    loads_per_row: int     # B column-major: 16-byte loads per lane, row and step
+    column_threads: int    # B row-major: threads across tile n (8 columns each)
+    depth_threads: int     # B row-major: threads along K (a chunk of 8 rows each)
+    slices: int
+    registers: int         # l2c's estimate per thread
+    smem_bytes: int
+
+
+def geometry(spec: KernelSpec) -> Geometry:
+    """The block geometry of a gemv spec whose tiles passed the tile rules (see `check`)."""
+    m, n, k = spec.tile_m, spec.tile_n, spec.tile_k
+    if spec.layout_b == "col":
+        warps = 4 if spec.launch_warps == AUTO else int(spec.launch_warps)
+        rows = max(1, n // warps)
+        loads = k // COLUMN_STEP
+        # sums m x rows, raw loads (rows + m) x loads x 4 words, one step's A as floats, one row's W as floats
+        registers = m * rows + (rows + m) * loads * 4 + m * VECTOR + VECTOR
+        return Geometry(True, warps * 32, warps, rows, loads, 0, 0, spec.split_k_slices, registers,
+                        m * n * 4)
+    columns, depth = n // VECTOR, k // VECTOR
+    threads = columns * depth
+    # sums m x 8, eight raw B loads, m raw A loads, one B row as floats
+    registers = m * VECTOR + VECTOR * 4 + m * 4 + VECTOR
+    warps = max(1, threads // 32)
+    return Geometry(False, threads, warps, 0, 0, columns, depth, spec.split_k_slices, registers,
+                    (warps + 1) * m * n * 4)
+
+
+def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
+    """The gemv family's rules on the CUTLASS target (common rules already passed); its ValidSpec."""
+    if spec.types_a not in ("f16", "bf16") or spec.types_acc != "f32":
+        raise fail(spec, "types_a", "gemv-cuda-operands", f"inputs {spec.types_a}, accumulator {spec.types_acc}")
+    for field in ("layout_a", "layout_c"):
+        if getattr(spec, field) != "row":
+            raise fail(spec, field, "gemv-cuda-operands", f"{knob(field).key}={getattr(spec, field)}")
+    if spec.problem_batch != 1:
+        raise fail(spec, "problem_batch", "gemv-cuda-operands", f"problem.batch={spec.problem_batch}")
+    for field, default in (("launch_schedule", AUTO), ("launch_swap", "no"), ("cluster_m", 1), ("cluster_n", 1),
+                           ("pipeline_stages", AUTO)):
+        if getattr(spec, field) != default:
+            raise fail(spec, field, "gemv-cuda-knobs", f"{knob(field).key}={getattr(spec, field)} with family=gemv")
+    if spec.tile_m not in (1, 2, 4, 8, 16):
+        raise fail(spec, "tile_m", "gemv-cuda-tile-m", f"tile m={spec.tile_m}")
+    if spec.tile_n & (spec.tile_n - 1) or not 8 <= spec.tile_n <= 256:
+        raise fail(spec, "tile_n", "gemv-cuda-tile-n", f"tile n={spec.tile_n}")
+    if spec.layout_b == "col":
+        if spec.tile_k not in (256, 512):
+            raise fail(spec, "tile_k", "gemv-cuda-tile-k", f"tile k={spec.tile_k} with B column-major")
+    elif spec.tile_k & (spec.tile_k - 1) or not 8 <= spec.tile_k <= 512:
+        raise fail(spec, "tile_k", "gemv-cuda-tile-k", f"tile k={spec.tile_k} with B row-major")
+    slices = spec.split_k_slices
+    if slices not in (1, 2, 4, 8) or slices > arch.max_cluster or spec.split_k_mode != "workspace":
+        raise fail(spec, "split_k_slices" if spec.split_k_mode == "workspace" else "split_k_mode", "gemv-cuda-slices",
+                   f"split_k slices={slices} mode={spec.split_k_mode}")
+    shape = geometry(spec)
+    if spec.layout_b == "col":
+        if spec.tile_n % shape.warps:
+            raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "gemv-cuda-threads",
+                       f"tile n={spec.tile_n} over {shape.warps} warps")
+    elif spec.launch_warps != AUTO and int(spec.launch_warps) * 32 != shape.threads:
+        raise fail(spec, "launch_warps", "gemv-cuda-threads",
+                   f"warps={spec.launch_warps} but tile n={spec.tile_n} and tile k={spec.tile_k} make "
+                   f"{shape.threads} threads")
+    if shape.threads % 32 or not 64 <= shape.threads <= MAX_THREADS:
+        raise fail(spec, "tile_k" if spec.layout_b == "row" else "launch_warps", "gemv-cuda-threads",
+                   f"{shape.threads} threads per block")
+    if shape.registers > GEMV_REGISTERS:
+        raise fail(spec, "tile_m", "gemv-cuda-registers",
+                   f"tile m={spec.tile_m}, tile n={spec.tile_n}, tile k={spec.tile_k} plan {shape.registers} "
+                   f"registers per thread")
+    if shape.smem_bytes > STATIC_SMEM:
+        raise fail(spec, "tile_n", "gemv-cuda-smem", f"{shape.smem_bytes} bytes of partial sums")
+    return ValidSpec(spec, "cutlass", arch, stages=1, warps=shape.warps, schedule="gemv",
+                     smem_bytes=shape.smem_bytes)
