@@ -153,6 +153,27 @@ def test_ranges_cover_runs_of_consecutive_measured_wins_and_never_cross_a_loss(t
     assert served == {1, 2, 3, 4} | set(range(16, 49)) | {64, 96}
 
 
+def test_only_faster_adds_a_new_entry_only_where_it_beats_what_serves_its_shape(tmp_path):
+    """--into with --only-faster 1.03: a new kernel family displaces an entry only where it is faster by the ratio;
+    a shape the table does not serve takes the new entry; without --into the flag is refused (exit 2)."""
+    base_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("a", 128, 1.20), row("b", 256, 1.30)]
+    new_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("c", 128, 1.22), row("d", 256, 1.40), row("e", 512, 1.10)]
+    for name, rows in (("base", base_rows), ("new", new_rows)):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    base, out = tmp_path / "base.json", tmp_path / "merged.json"
+
+    def table(*args):
+        return subprocess.run([sys.executable, "-m", "l2c", "table", *map(str, args)], capture_output=True, text=True)
+
+    assert table(tmp_path / "base.jsonl", "-o", base).returncode == 0
+    done = table(tmp_path / "new.jsonl", "-o", out, "--into", base, "--only-faster", "1.03")
+    assert done.returncode == 0, done.stderr
+    got = sorted((e["m"], e["spec"].split()[1]) for e in json.loads(out.read_text())["entries"])
+    assert got == [(128, "a"), (256, "d"), (512, "e")]   # 1.22 < 1.20 x 1.03: "a" stays
+    refused = table(tmp_path / "new.jsonl", "-o", out, "--only-faster", "1.03")
+    assert refused.returncode == 2 and "--into" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_into_adds_new_entries_to_a_table_replacing_those_of_the_same_problem(tmp_path):
     """--into: a shipped table gains a new set of shapes; an entry of a problem the new results cover is replaced,
     the others are kept, and a table of another protocol or GPU is refused (exit 2, no traceback)."""

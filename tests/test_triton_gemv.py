@@ -126,10 +126,10 @@ def test_gemv_rules(knobs, rule):
     assert err.value.rule == rule
 
 
-def test_gemv_is_triton_only_and_evict_hints_pointer_loads_only():
-    with pytest.raises(L2ValidationError) as err:
+def test_gemv_on_cutlass_has_its_own_rules_and_evict_hints_pointer_loads_only():
+    with pytest.raises(L2ValidationError) as err:   # the CUTLASS target's gemv family (tests/test_cutlass_gemv.py)
         validate(gemv(tile_m=64, tile_n=64, tile_k=64), "cutlass")
-    assert err.value.rule == "gemv-target"
+    assert err.value.rule == "gemv-cuda-tile-m"
     with pytest.raises(L2ValidationError) as err:
         validate(KernelSpec(launch_loads="tma", launch_evict="first"), "triton")
     assert err.value.rule == "evict-loads"

@@ -29,7 +29,7 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
 
 @pytest.mark.parametrize("text, target, rule, knob", [
     ("kernel a { target cutlass }", "triton", "target", "target"),
-    ("kernel a { target cutlass launch warps=8 }", "cutlass", "target-knob", "launch.warps"),
+    ("kernel a { target cutlass launch warps=8 }", "cutlass", "gemv-knobs", "launch.warps"),
     ("kernel a { target triton cluster m=2 }", "triton", "target-knob", "cluster.m"),
     ("kernel a { types a=f16 b=bf16 }", "triton", "same-input-types", "types.b"),
     ("kernel a { types a=bf16 b=bf16 acc=f16 }", "triton", "acc-type", "types.acc"),

@@ -68,6 +68,10 @@ def add_parser(sub) -> None:
                    help="add the new entries to this tuned table's (same GPU and protocol), each replacing the entry "
                         "of the same problem (dtype, layout, N, K, batch, gate, and its M or token range); the "
                         "merged table goes to -o: how a shipped table gains a new set of shapes")
+    p.add_argument("--only-faster", type=float, default=None, metavar="RATIO",
+                   help="with --into: add a new entry only where the table serves its shape with no entry, or with "
+                        "one whose speedup times RATIO is at most the new one's (e.g. 1.03, the spread of two "
+                        "measurements): a new kernel family never displaces a faster entry")
     p.add_argument("--confirmed-by", nargs="+", default=[], metavar="RESULTS",
                    help="candidates are only the specs that won again (speedup >= 1.0 in every row, same protocol "
                         "and shape) in these later measurements, e.g. `l2c bench` of the candidate table: each shape "
@@ -399,6 +403,18 @@ def problem_key(entry) -> tuple:
             entry.get("gate", "none"), served_m)
 
 
+def faster_than_served(base: dict, new: dict, ratio: float) -> dict:
+    """`new` less the entries whose own shape `base` already serves with an entry at least 1/`ratio` as fast."""
+    from ..tuned_table import TunedTable, entry_from_row
+    served = TunedTable([entry_from_row(e) for e in base["entries"]], arch=base.get("arch", "sm_90"))
+    kept = []
+    for e in new["entries"]:
+        old = served.lookup(e["dtype"], e["layout"], e["m"], e["n"], e["k"], e.get("batch", 1), e.get("gate", "none"))
+        if old is None or old.speedup * ratio <= e["speedup"]:
+            kept.append(e)
+    return dict(new, entries=kept)
+
+
 def merged(base: dict, new: dict, error) -> dict:
     """`base` with `new`'s entries added, each replacing base's entry of the same problem. Both must come from one
     GPU and one protocol (a table's figures are ratios in its protocol); the margin kept is the smaller."""
@@ -491,12 +507,17 @@ def run(args) -> int:
              "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
              "sources": [str(p) for p in args.results], "confirmed_by": [str(p) for p in args.confirmed_by],
              "entries": entries}
+    if args.only_faster is not None and not args.into:
+        raise UsageError("--only-faster compares with the table of --into")
     if args.into:
         from ..tuned_table import TableError, read_table_data
         try:
             base = read_table_data(args.into)
         except TableError as err:
             raise UsageError(str(err)) from None
+        if args.only_faster is not None:
+            table = faster_than_served(base, table, args.only_faster)
+            entries = table["entries"]
         table = merged(base, table, UsageError)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
