@@ -153,24 +153,31 @@ def test_ranges_cover_runs_of_consecutive_measured_wins_and_never_cross_a_loss(t
     assert served == {1, 2, 3, 4} | set(range(16, 49)) | {64, 96}
 
 
+def _table(*args):
+    """`l2c table` with these arguments, in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "l2c", "table", *map(str, args)], capture_output=True, text=True)
+
+
+def _base_table(tmp_path, base_rows, new_rows):
+    """base.jsonl and new.jsonl written from the rows, base.json made from base.jsonl: (base.json, merged.json)."""
+    for name, rows in (("base", base_rows), ("new", new_rows)):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    base, out = tmp_path / "base.json", tmp_path / "merged.json"
+    assert _table(tmp_path / "base.jsonl", "-o", base).returncode == 0
+    return base, out
+
+
 def test_only_faster_adds_a_new_entry_only_where_it_beats_what_serves_its_shape(tmp_path):
     """--into with --only-faster 1.03: a new kernel family displaces an entry only where it is faster by the ratio;
     a shape the table does not serve takes the new entry; without --into the flag is refused (exit 2)."""
     base_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("a", 128, 1.20), row("b", 256, 1.30)]
     new_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("c", 128, 1.22), row("d", 256, 1.40), row("e", 512, 1.10)]
-    for name, rows in (("base", base_rows), ("new", new_rows)):
-        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    base, out = tmp_path / "base.json", tmp_path / "merged.json"
-
-    def table(*args):
-        return subprocess.run([sys.executable, "-m", "l2c", "table", *map(str, args)], capture_output=True, text=True)
-
-    assert table(tmp_path / "base.jsonl", "-o", base).returncode == 0
-    done = table(tmp_path / "new.jsonl", "-o", out, "--into", base, "--only-faster", "1.03")
+    base, out = _base_table(tmp_path, base_rows, new_rows)
+    done = _table(tmp_path / "new.jsonl", "-o", out, "--into", base, "--only-faster", "1.03")
     assert done.returncode == 0, done.stderr
     got = sorted((e["m"], e["spec"].split()[1]) for e in json.loads(out.read_text())["entries"])
     assert got == [(128, "a"), (256, "d"), (512, "e")]   # 1.22 < 1.20 x 1.03: "a" stays
-    refused = table(tmp_path / "new.jsonl", "-o", out, "--only-faster", "1.03")
+    refused = _table(tmp_path / "new.jsonl", "-o", out, "--only-faster", "1.03")
     assert refused.returncode == 2 and "--into" in refused.stderr and "Traceback" not in refused.stderr
 
 
@@ -180,15 +187,8 @@ def test_into_adds_new_entries_to_a_table_replacing_those_of_the_same_problem(tm
     base_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("a", 128, 1.20), row("b", 256, 1.30)]
     new_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("c", 256, 1.40), row("d", 512, 1.10),
                 dict(row("e", 256, 1.25), gate="silu")]
-    for name, rows in (("base", base_rows), ("new", new_rows)):
-        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    base, out = tmp_path / "base.json", tmp_path / "merged.json"
-
-    def table(*args):
-        return subprocess.run([sys.executable, "-m", "l2c", "table", *map(str, args)], capture_output=True, text=True)
-
-    assert table(tmp_path / "base.jsonl", "-o", base).returncode == 0
-    done = table(tmp_path / "new.jsonl", "-o", out, "--into", base)
+    base, out = _base_table(tmp_path, base_rows, new_rows)
+    done = _table(tmp_path / "new.jsonl", "-o", out, "--into", base)
     assert done.returncode == 0, done.stderr
     merged = json.loads(out.read_text())
     got = sorted((e["m"], e.get("gate", "none"), e["spec"].split()[1]) for e in merged["entries"])
@@ -197,7 +197,7 @@ def test_into_adds_new_entries_to_a_table_replacing_those_of_the_same_problem(tm
     assert TunedTable.load(out).lookup("f16", "row,row,row", 256, 64, 64).speedup == 1.40
     call = dict(json.loads(base.read_text()), protocol="call")
     base.write_text(json.dumps(call))
-    refused = table(tmp_path / "new.jsonl", "-o", out, "--into", base)
+    refused = _table(tmp_path / "new.jsonl", "-o", out, "--into", base)
     assert refused.returncode == 2 and "call protocol" in refused.stderr and "Traceback" not in refused.stderr
 
 
