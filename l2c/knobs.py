@@ -123,8 +123,9 @@ KNOBS: Tuple[Knob, ...] = (
          "descriptor encoding on the host per launch). CUTLASS kernels always load through TMA.",
          choices=("pointer", "tma", "tma_device"), targets=("triton",), spelled_at_default=False),
     Knob("launch", "family", "enum", "gemm",
-         "Kernel family: `gemm` (tensor-core tiles: tl.dot in Triton, warpgroup MMA in CUTLASS) or `gemv` (CUDA-core "
-         "multiply-adds for a few rows against a large weight, as in LLM decoding: tile m of 1-16 rows; each program "
+         "Kernel family: `gemm` (tensor-core tiles: tl.dot in Triton, warpgroup MMA in CUTLASS) or `gemv` (a few rows "
+         "against a large weight, as in LLM decoding, on CUDA cores or, on the CUTLASS target with `launch "
+         "cores=tensor`, mma.sync: tile m of 1-16 rows; each program "
          "streams a tile n x tile k slab of B per step and reduces over K in registers; no batch). On the CUTLASS "
          "target gemv is plain CUDA C++ (no CUTLASS), whose K slices are the blocks of a thread-block cluster and "
          "add their sums through distributed shared memory, in slice order.",
@@ -137,6 +138,12 @@ KNOBS: Tuple[Knob, ...] = (
          "B (the weight, streamed once) evict-first and A (reused by every column tile) evict-last (Triton) or "
          "through L1 (gemv); `normal` gives no hint.",
          choices=("normal", "first"), targets=TARGETS, spelled_at_default=False, search_targets=("triton",)),
+    Knob("launch", "cores", "enum", "cuda",
+         "Which units a CUTLASS-target gemv kernel multiplies on: `cuda` (fp32 multiply-adds on CUDA cores, one "
+         "instruction per product: limited by instruction issue from about 4 rows) or `tensor` (mma.sync with the "
+         "weight on the MMA's 16-row side and up to 8 or 16 tokens on its narrow side, fed straight from 16-byte "
+         "loads whose K order both operands share: tile m of 8 or 16 rows, memory-bound at any of them).",
+         choices=("cuda", "tensor"), targets=("cutlass",), spelled_at_default=False, searchable=False),
     Knob("launch", "reduce", "enum", "step",
          "When a gemv kernel sums its products over K: `step` reduces each step's slab across the threads (fewest "
          "registers), `end` adds the products per K lane in registers and reduces once after the K loop (no "

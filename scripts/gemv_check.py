@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """GPU check of the CUTLASS target's gemv family (templates/cutlass/gemv.cu.j2): every spec of a sample covering
-both layouts of B, f16 and bf16, tile m 1-8, K slices 1-8 (clusters), both eviction hints and every epilogue
+both layouts of B, f16 and bf16, tile m 1-16, CUDA cores and tensor cores, K slices 1-8 (clusters), both eviction
+hints and every epilogue
 (alpha, beta with a C input, a bias per row or column, each activation) is built, verified with `l2c.verify` on
 shapes with partial tiles in every dimension (M above tile m, N not a multiple of tile n, K not a multiple of a
 slice's steps), and called twice on the same inputs, which must agree bit for bit (the slices are added in a fixed
@@ -19,24 +20,33 @@ import time
 # M, N, K: rows beyond one row tile, N ragged against every tile n, K ragged against every step and slice
 SHAPES = ((1, 4104, 4096), (3, 1032, 2056), (7, 776, 14344), (13, 2056, 1096), (8, 8, 8), (2, 24, 4104))
 SAMPLE = (
-    # layout b, dtype, tile m, tile n, tile k, warps, slices, evict, epilogue
-    ("col", "f16", 1, 8, 256, 2, 1, "first", ""),
-    ("col", "f16", 2, 16, 256, 4, 2, "first", "epilogue bias=col activation=silu"),
-    ("col", "bf16", 4, 8, 512, 2, 4, "normal", "epilogue alpha=0.5 beta=1.5"),
-    ("col", "bf16", 8, 32, 256, 8, 8, "first", "epilogue bias=row activation=gelu"),
-    ("col", "f16", 8, 8, 256, 8, 1, "first", "epilogue activation=relu"),
-    ("row", "f16", 1, 64, 64, "auto", 1, "first", ""),
-    ("row", "f16", 4, 32, 128, "auto", 4, "normal", "epilogue bias=col activation=gelu"),
-    ("row", "bf16", 2, 128, 32, "auto", 2, "first", "epilogue beta=1.0 bias=row"),
-    ("row", "bf16", 8, 16, 256, "auto", 8, "first", "epilogue alpha=2.0 activation=silu"),
+    # layout b, dtype, tile m, tile n, tile k, warps, slices, evict, epilogue, cores
+    ("col", "f16", 1, 8, 256, 2, 1, "first", "", "cuda"),
+    ("col", "f16", 2, 16, 256, 4, 2, "first", "epilogue bias=col activation=silu", "cuda"),
+    ("col", "bf16", 4, 8, 512, 2, 4, "normal", "epilogue alpha=0.5 beta=1.5", "cuda"),
+    ("col", "bf16", 8, 32, 256, 8, 8, "first", "epilogue bias=row activation=gelu", "cuda"),
+    ("col", "f16", 8, 8, 256, 8, 1, "first", "epilogue activation=relu", "cuda"),
+    ("row", "f16", 1, 64, 64, "auto", 1, "first", "", "cuda"),
+    ("row", "f16", 4, 32, 128, "auto", 4, "normal", "epilogue bias=col activation=gelu", "cuda"),
+    ("row", "bf16", 2, 128, 32, "auto", 2, "first", "epilogue beta=1.0 bias=row", "cuda"),
+    ("row", "bf16", 8, 16, 256, "auto", 8, "first", "epilogue alpha=2.0 activation=silu", "cuda"),
+    ("col", "f16", 8, 16, 128, "auto", 1, "first", "", "tensor"),
+    ("col", "bf16", 16, 32, 64, 4, 2, "first", "epilogue bias=col activation=silu", "tensor"),
+    ("col", "f16", 16, 64, 32, 8, 4, "normal", "epilogue alpha=0.5 beta=1.5", "tensor"),
+    ("col", "bf16", 8, 16, 32, 2, 8, "first", "epilogue bias=row activation=relu", "tensor"),
+    ("row", "f16", 8, 64, 32, "auto", 1, "first", "", "tensor"),
+    ("row", "bf16", 16, 128, 32, 4, 2, "first", "epilogue bias=row activation=gelu", "tensor"),
+    ("row", "f16", 8, 64, 32, 8, 8, "first", "epilogue beta=1.0 bias=col", "tensor"),
+    ("row", "bf16", 8, 256, 16, 4, 4, "normal", "epilogue alpha=2.0 activation=relu", "tensor"),
 )
 
 
-def spec_text(layout_b, dtype, tm, tn, tk, warps, slices, evict, epilogue):
+def spec_text(layout_b, dtype, tm, tn, tk, warps, slices, evict, epilogue, cores="cuda"):
     from l2c.ir import config_name
     from l2c.parser import parse_one
     text = (f"kernel k {{\n  target cutlass\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
-            f"acc=f32\n  layout a=row b={layout_b} c=row\n  launch family=gemv warps={warps} evict={evict}\n"
+            f"acc=f32\n  layout a=row b={layout_b} c=row\n  launch family=gemv warps={warps} evict={evict} "
+            f"cores={cores}\n"
             f"  tile m={tm} n={tn} k={tk}\n  split_k slices={slices}\n  {epilogue}\n}}\n")
     spec = parse_one(text)
     return spec.replace(name=config_name(spec)).to_l2()

@@ -128,6 +128,9 @@ def _gemv(a):
     return [script("scripts/gemv_check.py", "--out", f"{a.out}/gemv_check.json"),
             *(script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "cudagemv", "--max-m", "8",
                      "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "120")
+              for dtype in ("f16", "bf16")),
+            *(script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "tensorgemv", "--max-m",
+                     "16", "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "90")
               for dtype in ("f16", "bf16"))]
 
 
@@ -179,8 +182,9 @@ STAGES: Dict[str, Stage] = {
                    "weights and fraction of roofline (f16, bf16), the eager table in the call protocol", _serve),
     "sweep": Stage("search decoding kernels per weight (gemv and swapped CUTLASS families) into JSON lines that "
                    "`l2c table --ranges` turns into table entries", _sweep),
-    "gemv": Stage("the CUTLASS target's CUDA gemv family: verified on the GPU (both layouts of B, every epilogue, "
-                  "clusters), then swept on the decoding set at M <= 8 (f16, bf16) into JSON lines for `l2c table`",
+    "gemv": Stage("the CUTLASS target's gemv family: verified on the GPU (both layouts of B, CUDA and tensor cores, "
+                  "every epilogue, clusters), then swept on the decoding set (CUDA cores at M <= 8, tensor cores at "
+                  "M <= 16; f16, bf16) into JSON lines for `l2c table`",
                   _gemv),
     "decode": Stage("a Llama-8B decoding step's linears under CUDA graphs, batch 1-256", _decode),
     "mlp": Stage("the end-to-end MLP block example, torch against l2c.nn", _mlp),

@@ -15,6 +15,8 @@ nn.Linear's layout (B is the weight transposed). Stages:
 - cudagemv (not in the default stages): the CUTLASS target's gemv family (plain CUDA, templates/cutlass/gemv.cu.j2;
   K slices as the blocks of a cluster) at M <= 8: `CUDA_GEMV_COLUMN` configurations x `CUDA_GEMV_SLICES`, tile m the
   smallest power of two that holds the tokens, built with --build-jobs processes before measuring;
+- tensorgemv (not in the default stages): the same family on tensor cores (`launch cores=tensor`, mma.sync with
+  the tokens on the MMA's narrow side) at M <= 16: `TENSOR_GEMV_COLUMN` x `CUDA_GEMV_SLICES`;
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
   `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — GEMV kernels up to
   16 tokens, narrow and wide tensor-core tiles (pointer and TMA loads) above — each timed against torch's gated
@@ -96,6 +98,10 @@ CUTLASS_WIDE = tuple(CUTLASS_NARROW[i] for i in (0, 1, 3, 4, 6))
 CUDA_GEMV_COLUMN = ((8, 2, 256), (8, 4, 256), (16, 4, 256), (8, 8, 256), (16, 8, 256), (32, 8, 256), (8, 2, 512),
                     (8, 4, 512))
 CUDA_GEMV_SLICES = (1, 2, 4)
+# (tile m, tile n, warps, tile k) of the tensor-core gemv (launch cores=tensor) with B column-major: tile m 16 at
+# every M up to 16 (one kernel per weight may win a token-count range), tile m 8 up to 8
+TENSOR_GEMV_COLUMN = ((16, 16, 4, 128), (16, 16, 8, 128), (16, 32, 4, 128), (16, 16, 2, 128),
+                      (8, 16, 4, 256), (8, 32, 8, 256))
 
 
 def cuda_gemv_specs(m: int, dtype: str):
@@ -104,6 +110,14 @@ def cuda_gemv_specs(m: int, dtype: str):
     texts = [_spec(f"launch family=gemv warps={warps} evict=first\n  tile m={rows} n={bn} k={bk}\n"
                    f"  split_k slices={slices}", dtype, "gemv", target="cutlass")
              for bn, warps, bk in CUDA_GEMV_COLUMN for slices in CUDA_GEMV_SLICES]
+    return _valid(texts)
+
+
+def tensor_gemv_specs(m: int, dtype: str):
+    """The tensorgemv stage's candidates for M tokens (nn.Linear's layout), valid ones only."""
+    texts = [_spec(f"launch family=gemv cores=tensor warps={warps} evict=first\n  tile m={bm} n={bn} k={bk}\n"
+                   f"  split_k slices={slices}", dtype, "gemv", target="cutlass")
+             for bm, bn, warps, bk in TENSOR_GEMV_COLUMN if m <= bm for slices in CUDA_GEMV_SLICES]
     return _valid(texts)
 
 
@@ -368,7 +382,8 @@ def main() -> int:
                     help="explore (stage A: the wide GEMV space on a few weights), gemv (stage B: the best of it on "
                          "every weight, M <= 16), cutlass (swapped CUTLASS tiles on every weight, M <= --max-m; "
                          "built with --build-jobs processes while the Triton stages run); cudagemv (the CUTLASS "
-                         "target's gemv family, M <= 8; not a default stage); gated (the fused gated MLP "
+                         "target's gemv family, M <= 8; not a default stage); tensorgemv (the same on tensor cores, M <= 16; "
+                         "not a default stage); gated (the fused gated MLP "
                          "projection of --gated-weights at --gated-tokens; not a default stage)")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--top", type=int, default=8, help="GEMV configurations per M kept for stage B")
@@ -417,12 +432,14 @@ def main() -> int:
         pools = {s.key: gemv_pool(s, args.dtype, top) for s in chosen}
         sweep(chosen, pools, out / f"serve_gemv_{args.dtype}.jsonl", device, args.budget_s, args.workers,
               sys.stderr, f"gemv {args.dtype}")
-    if "cudagemv" in stages:
-        chosen = [s for s in shapes if s.m <= 8]
-        pools = {s.key: cuda_gemv_specs(s.m, args.dtype) for s in chosen}
-        _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
-        sweep(chosen, pools, out / f"serve_cudagemv_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
-              f"cudagemv {args.dtype}")
+    # the CUTLASS target's gemv family: (stage, largest M, candidates for M tokens), built before measuring
+    for stage, max_m, candidates in (("cudagemv", 8, cuda_gemv_specs), ("tensorgemv", 16, tensor_gemv_specs)):
+        if stage in stages:
+            chosen = [s for s in shapes if s.m <= max_m]
+            pools = {s.key: candidates(s.m, args.dtype) for s in chosen}
+            _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
+            sweep(chosen, pools, out / f"serve_{stage}_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
+                  f"{stage} {args.dtype}")
     if "gated" in stages:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]

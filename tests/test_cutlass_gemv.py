@@ -37,6 +37,7 @@ def gemv_knobs(draw):
                 launch_warps=draw(st.sampled_from(("auto", 2, 4, 8, 16))),
                 split_k_slices=draw(st.sampled_from((1, 2, 3, 4, 8, 16))),
                 launch_evict=draw(st.sampled_from(("normal", "first"))),
+                launch_cores=draw(st.sampled_from(("cuda", "tensor"))),
                 epilogue_bias=draw(st.sampled_from(("none", "row", "col"))),
                 epilogue_activation=draw(st.sampled_from(("none", "relu", "gelu", "silu"))))
 
@@ -58,10 +59,18 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
     assert valid.schedule == "gemv" and valid.warps == g.warps
     assert 64 <= g.threads <= gemv.MAX_THREADS and g.threads % 32 == 0
     assert g.registers <= gemv.GEMV_REGISTERS and g.smem_bytes <= gemv.STATIC_SMEM
-    assert s.tile_m in (1, 2, 4, 8) and s.split_k_slices in (1, 2, 4, 8)
-    if s.layout_b == "col":
+    assert s.split_k_slices in (1, 2, 4, 8)
+    if s.launch_cores == "tensor":
+        # whole warp tiles across tile n, the rest of the warps along K, 8 or 16 token rows on the MMA's narrow side
+        assert s.tile_m in (8, 16) and g.tensor and g.token_groups * 8 == s.tile_m
+        assert g.warp_tiles * g.warp_n == s.tile_n and g.warp_tiles * g.k_warps == g.warps
+        assert g.steps * (32 if s.layout_b == "col" else 16) == s.tile_k
+        assert "mma.sync.aligned.m16n8k16.row.col.f32" in render(valid)
+    elif s.layout_b == "col":
+        assert s.tile_m in (1, 2, 4, 8)
         assert g.rows_per_warp * g.warps == s.tile_n and g.loads_per_row * 256 == s.tile_k
     else:
+        assert s.tile_m in (1, 2, 4, 8)
         assert g.column_threads * 8 == s.tile_n and g.depth_threads * 8 == s.tile_k
     source = render(valid)
     for entry in ("run", "workspace_size", "last_error", "stages", "shared_memory_bytes", "swizzle"):
@@ -86,6 +95,13 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
     (dict(layout_b="row", tile_n=64, tile_k=64, launch_warps=4), "gemv-cuda-threads", "launch.warps"),
     (dict(layout_b="row", tile_n=8, tile_k=32, launch_warps="auto"), "gemv-cuda-threads", "tile.k"),
     (dict(tile_m=16), "gemv-cuda-registers", "tile.m"),
+    (dict(launch_cores="tensor", tile_m=4, tile_n=16, tile_k=128), "gemv-cuda-tile-m", "tile.m"),
+    (dict(launch_cores="tensor", tile_m=8, layout_b="row", tile_n=32, tile_k=32), "gemv-cuda-tile-n", "tile.n"),
+    (dict(launch_cores="tensor", tile_m=8, tile_n=16, tile_k=512), "gemv-cuda-tile-k", "tile.k"),
+    (dict(launch_cores="tensor", tile_m=8, tile_n=64, tile_k=128, launch_warps=2), "gemv-cuda-threads",
+     "launch.warps"),
+    (dict(launch_cores="tensor", tile_m=16, layout_b="row", tile_n=64, tile_k=128, launch_warps="auto"),
+     "gemv-cuda-registers", "tile.m"),
 ])
 def test_gemv_rules_name_the_knob(knobs, rule, knob):
     with pytest.raises(L2ValidationError) as err:
@@ -97,6 +113,9 @@ def test_gemm_family_on_cutlass_refuses_the_gemv_knobs_but_a_spec_for_both_targe
     with pytest.raises(L2ValidationError) as err:
         validate(KernelSpec(name="g", target="cutlass", launch_warps=8), "cutlass")
     assert err.value.rule == "gemv-knobs"
+    with pytest.raises(L2ValidationError) as err:
+        validate(KernelSpec(name="g", target="cutlass", launch_cores="tensor"), "cutlass")
+    assert err.value.rule == "gemv-knobs" and err.value.knob == "launch.cores"
     validate(KernelSpec(name="g", launch_warps=8, launch_evict="first"), "cutlass")   # target any: Triton's knobs
 
 
@@ -107,14 +126,22 @@ def test_the_tuners_space_samples_warps_and_evict_for_triton_only():
     assert {"launch_warps", "launch_evict"} <= {p.name for p in params_for("triton")}
 
 
-# The largest blocks the register plan admits, in both layouts and both types: ptxas must fit them without a spill.
+# The largest blocks the register plan admits, in both layouts, both types and on both kinds of cores: ptxas must fit
+# them without a spill.
 EXTREMES = [spec(name="col_f16_8x8", tile_m=8, tile_n=8, tile_k=256, launch_warps=2, split_k_slices=8),
             spec(name="col_bf16_4x16x512", types_a="bf16", types_b="bf16", types_c="bf16", tile_m=4, tile_n=16,
                  tile_k=512, launch_warps=4, epilogue_beta=1.0, epilogue_activation="gelu"),
             spec(name="row_f16_8x16x512", layout_b="row", tile_m=8, tile_n=16, tile_k=512, launch_warps="auto",
                  split_k_slices=4, epilogue_bias="col", epilogue_activation="silu"),
             spec(name="row_bf16_1x256x64", layout_b="row", types_a="bf16", types_b="bf16", types_c="f32",
-                 tile_m=1, tile_n=256, tile_k=64, launch_warps="auto", epilogue_bias="row")]
+                 tile_m=1, tile_n=256, tile_k=64, launch_warps="auto", epilogue_bias="row"),
+            spec(name="tensor_col_bf16_16x16x128", launch_cores="tensor", types_a="bf16", types_b="bf16",
+                 types_c="bf16", tile_m=16, tile_n=16, tile_k=128, launch_warps=8, split_k_slices=2,
+                 epilogue_beta=1.0),
+            spec(name="tensor_col_f16_8x16x256", launch_cores="tensor", tile_m=8, tile_n=16, tile_k=256,
+                 launch_warps=8, split_k_slices=2),
+            spec(name="tensor_row_f16_16x64x64", launch_cores="tensor", layout_b="row", tile_m=16, tile_n=64,
+                 tile_k=64, launch_warps=4, epilogue_bias="col", epilogue_activation="silu")]
 # (With `launch evict=normal` the row-major kernels keep a 24-byte stack frame that ptxas spills to, whatever their
 # tile: an open finding in benchmarks/NOTES.md; no shipped kernel uses it.)
 

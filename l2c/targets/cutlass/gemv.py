@@ -15,6 +15,18 @@ Two main loops, by where B is contiguous:
 - B row-major (`a @ b`): each thread owns 8 adjacent output columns and, per step, a chunk of 8 K rows (eight
   16-byte loads of B, one of A per row of A); tile n / 8 threads span the columns and tile k / 8 the K depth of a
   step, so the block has (tile n / 8) x (tile k / 8) threads; the chunks' sums meet in shuffles and shared memory.
+
+With `launch cores=tensor` the products are mma.sync m16n8k16 (fp32 sums) with the weight on the MMA's 16-row side
+and 8 tokens on its narrow side (tile m 8, or 16 as two MMAs per weight fragment). The fragments come straight from
+16-byte loads: the sum over K does not care in which order K is visited, so each thread's loaded K elements are
+given the fragment positions of its lane, in the same order for the weight and the tokens.
+- B column-major: a warp owns 16 rows of W; per step each lane loads 8 contiguous K elements of two rows and of
+  each token row, two MMAs' worth; tile k / 32 such loads per row and step (tile k 32-256).
+- B row-major: a warp owns 64 columns (the fragment's 8 row groups x 8 columns: the tokens' fragment is indexed by
+  row group too, so every row group must read the same K rows); per step each lane loads 8 columns of 4 K rows and
+  pairs the rows' halves into MMA registers with byte permutes (4 MMAs, 16 K rows); tile k / 16 such steps (tile k
+  16-128).
+The block's warps split tile n into those warp tiles and K among the rest, added in warp order in shared memory.
 """
 from __future__ import annotations
 
@@ -39,14 +51,18 @@ RULES = declare({
     "gemv-cuda-knobs": "a CUTLASS-target gemv kernel has no CUTLASS schedule, cluster, swap or pipeline: launch "
                        "schedule=auto, swap=no, cluster 1x1 and pipeline stages=auto (its K slices form the "
                        "cluster)",
-    "gemv-cuda-tile-m": "a gemv kernel's tile m is 1, 2, 4, 8 or 16 rows (more rows belong on tensor cores)",
-    "gemv-cuda-tile-n": "a CUTLASS-target gemv kernel's tile n is a power of two from 8 to 256 columns",
+    "gemv-cuda-tile-m": "a gemv kernel's tile m is 1, 2, 4, 8 or 16 rows (more rows belong on tensor cores); with "
+                        "launch cores=tensor 8 or 16 (the MMA's narrow side, once or twice)",
+    "gemv-cuda-tile-n": "a CUTLASS-target gemv kernel's tile n is a power of two from 8 to 256 columns, with "
+                        "launch cores=tensor at least one warp tile (16 columns with B column-major, 64 row-major)",
     "gemv-cuda-tile-k": "a CUTLASS-target gemv kernel steps along K by 256 or 512 elements per row of a "
                         "column-major B (one or two 16-byte loads per lane), and by 8-512 (a power of two) "
-                        "with a row-major B",
+                        "with a row-major B; with launch cores=tensor by 32-256 (column-major) or 16-128 "
+                        "(row-major) per warp, a power of two",
     "gemv-cuda-threads": f"a CUTLASS-target gemv block has 64-{MAX_THREADS} threads: with B column-major its "
                          f"warps (auto: 4) split tile n into whole rows per warp; with B row-major it has (tile n "
-                         f"/ 8) x (tile k / 8) threads, which launch warps (if set) must equal",
+                         f"/ 8) x (tile k / 8) threads, which launch warps (if set) must equal; with launch "
+                         f"cores=tensor its warps (auto: 4) are a whole number of warp tiles of tile n",
     "gemv-cuda-slices": "a CUTLASS-target gemv kernel's K slices are the blocks of one cluster: split_k slices is "
                         "1, 2, 4 or 8 (at most the portable cluster size) in mode=workspace (added in slice order)",
     "gemv-cuda-registers": f"a CUTLASS-target gemv thread's sums and loaded values must fit in "
@@ -69,11 +85,19 @@ class Geometry:
     slices: int
     registers: int         # l2c's estimate per thread
     smem_bytes: int
+    tensor: bool = False   # launch cores=tensor: mma.sync main loops
+    warp_tiles: int = 0    # cores=tensor: warp tiles across tile n (16 rows of W, or 64 columns of a row-major B)
+    k_warps: int = 0       # cores=tensor: warps per warp tile, splitting the K steps among them
+    steps: int = 0         # cores=tensor: loads per row of W (32 K each) or row-major steps (16 K) per warp step
+    token_groups: int = 0  # cores=tensor: MMAs per weight fragment (8 tokens each)
+    warp_n: int = 0        # cores=tensor: columns of D per warp tile
 
 
 def geometry(spec: KernelSpec) -> Geometry:
     """The block geometry of a gemv spec whose tiles passed the tile rules (see `check`)."""
     m, n, k = spec.tile_m, spec.tile_n, spec.tile_k
+    if spec.launch_cores == "tensor":
+        return _tensor_geometry(spec)
     if spec.layout_b == "col":
         warps = 4 if spec.launch_warps == AUTO else int(spec.launch_warps)
         rows = max(1, n // warps)
@@ -89,6 +113,47 @@ def geometry(spec: KernelSpec) -> Geometry:
     warps = max(1, threads // 32)
     return Geometry(False, threads, warps, 0, 0, columns, depth, spec.split_k_slices, registers,
                     (warps + 1) * m * n * 4)
+
+
+TENSOR_WARP_N = {"col": 16, "row": 64}      # columns of D one warp's MMAs cover
+TENSOR_STEP_K = {"col": 32, "row": 16}      # K elements of one load per row (col) / one step of 4 K rows (row)
+
+
+def _tensor_geometry(spec: KernelSpec) -> Geometry:
+    """cores=tensor: warps over warp tiles of tile n, then over K; registers for one warp step's loads."""
+    layout = spec.layout_b
+    warps = 4 if spec.launch_warps == AUTO else int(spec.launch_warps)
+    warp_n = TENSOR_WARP_N[layout]
+    warp_tiles = max(1, spec.tile_n // warp_n)
+    steps = max(1, spec.tile_k // TENSOR_STEP_K[layout])
+    groups = max(1, spec.tile_m // 8)
+    if layout == "col":
+        # a step's loads (two W rows' and the tokens') and their addresses, an MMA's 4 sums per token group
+        registers = steps * (8 + 4 * groups) + steps * (2 + groups) + 4 * groups + 16
+    else:
+        # a step's loads (four B rows', the tokens' 8-byte ones), 16 paired registers, 4 MMAs' sums per group
+        registers = steps * (16 + 2 * groups) + 16 + 16 * groups + 16
+    smem = warps * spec.tile_m * warp_n * 4 + spec.tile_m * spec.tile_n * 4   # each warp's sums, then the tile's
+    return Geometry(layout == "col", warps * 32, warps, 0, 0, 0, 0, spec.split_k_slices, registers, smem,
+                    tensor=True, warp_tiles=warp_tiles, k_warps=max(1, warps // warp_tiles), steps=steps,
+                    token_groups=groups, warp_n=warp_n)
+
+
+def _check_tensor(spec: KernelSpec) -> None:
+    """The cores=tensor tile and warp rules (after the common gemv ones)."""
+    layout = spec.layout_b
+    if spec.tile_m not in (8, 16):
+        raise fail(spec, "tile_m", "gemv-cuda-tile-m", f"tile m={spec.tile_m} with cores=tensor")
+    if spec.tile_n < TENSOR_WARP_N[layout]:
+        raise fail(spec, "tile_n", "gemv-cuda-tile-n", f"tile n={spec.tile_n} with cores=tensor and B "
+                                                       f"{'column' if layout == 'col' else 'row'}-major")
+    lo, hi = (32, 256) if layout == "col" else (16, 128)
+    if spec.tile_k & (spec.tile_k - 1) or not lo <= spec.tile_k <= hi:
+        raise fail(spec, "tile_k", "gemv-cuda-tile-k", f"tile k={spec.tile_k} with cores=tensor")
+    shape = _tensor_geometry(spec)
+    if shape.warps % shape.warp_tiles:
+        raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "gemv-cuda-threads",
+                   f"{shape.warps} warps over {shape.warp_tiles} warp tiles of tile n={spec.tile_n}")
 
 
 def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
@@ -108,7 +173,9 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise fail(spec, "tile_m", "gemv-cuda-tile-m", f"tile m={spec.tile_m}")
     if spec.tile_n & (spec.tile_n - 1) or not 8 <= spec.tile_n <= 256:
         raise fail(spec, "tile_n", "gemv-cuda-tile-n", f"tile n={spec.tile_n}")
-    if spec.layout_b == "col":
+    if spec.launch_cores == "tensor":
+        _check_tensor(spec)
+    elif spec.layout_b == "col":
         if spec.tile_k not in (256, 512):
             raise fail(spec, "tile_k", "gemv-cuda-tile-k", f"tile k={spec.tile_k} with B column-major")
     elif spec.tile_k & (spec.tile_k - 1) or not 8 <= spec.tile_k <= 512:
@@ -118,7 +185,9 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
         raise fail(spec, "split_k_slices" if spec.split_k_mode == "workspace" else "split_k_mode", "gemv-cuda-slices",
                    f"split_k slices={slices} mode={spec.split_k_mode}")
     shape = geometry(spec)
-    if spec.layout_b == "col":
+    if shape.tensor:
+        pass   # its warps: _check_tensor
+    elif spec.layout_b == "col":
         if spec.tile_n % shape.warps:
             raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "gemv-cuda-threads",
                        f"tile n={spec.tile_n} over {shape.warps} warps")

@@ -27,7 +27,8 @@ RULES = declare({
     "split-k-schedule": "split-K (modes workspace and atomic) and stream-K in CUTLASS use the stream-K tile "
                         "scheduler, which needs the cooperative schedule",
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
-    "gemv-knobs": "launch warps and launch evict shape a gemv kernel; CUTLASS's GEMMs (family=gemm) read neither",
+    "gemv-knobs": "launch warps, launch evict and launch cores shape a gemv kernel; CUTLASS's GEMMs (family=gemm) "
+                  "read none of them",
     "gated-target": "`epilogue gate` is lowered by the Triton kernels: CUTLASS's fused epilogue sees one accumulator "
                     "tile, in which the gate and up columns of an output column (N columns apart in B) never meet",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
@@ -144,7 +145,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.launch_family == "gemv":
         return gemv.check(spec, arch)
     if spec.target == "cutlass":   # a spec for both targets keeps its Triton knobs, which CUTLASS ignores
-        for field, default in (("launch_warps", AUTO), ("launch_evict", "normal")):
+        for field, default in (("launch_warps", AUTO), ("launch_evict", "normal"), ("launch_cores", "cuda")):
             if getattr(spec, field) != default:
                 raise fail(spec, field, "gemv-knobs", f"{field.replace('_', ' ')}={getattr(spec, field)} with "
                                                       f"family=gemm")
