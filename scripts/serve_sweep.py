@@ -104,21 +104,24 @@ TENSOR_GEMV_COLUMN = ((16, 16, 4, 128), (16, 16, 8, 128), (16, 32, 4, 128), (16,
                       (8, 16, 4, 256), (8, 32, 8, 256))
 
 
-def cuda_gemv_specs(m: int, dtype: str):
-    """The cudagemv stage's candidates for M tokens (nn.Linear's layout), valid ones only."""
-    rows = 1 << max(0, (m - 1).bit_length())
-    texts = [_spec(f"launch family=gemv warps={warps} evict=first\n  tile m={rows} n={bn} k={bk}\n"
+def _cutlass_gemv_specs(tiles, cores: str, dtype: str):
+    """CUTLASS-target gemv candidates (nn.Linear's layout): each (tile m, tile n, warps, tile k) of `tiles` on
+    `cores` x `CUDA_GEMV_SLICES`, valid ones only."""
+    texts = [_spec(f"launch family=gemv cores={cores} warps={warps} evict=first\n  tile m={bm} n={bn} k={bk}\n"
                    f"  split_k slices={slices}", dtype, "gemv", target="cutlass")
-             for bn, warps, bk in CUDA_GEMV_COLUMN for slices in CUDA_GEMV_SLICES]
+             for bm, bn, warps, bk in tiles for slices in CUDA_GEMV_SLICES]
     return _valid(texts)
+
+
+def cuda_gemv_specs(m: int, dtype: str):
+    """The cudagemv stage's candidates for M tokens: tile m the smallest power of two that holds them."""
+    rows = 1 << max(0, (m - 1).bit_length())
+    return _cutlass_gemv_specs([(rows, bn, warps, bk) for bn, warps, bk in CUDA_GEMV_COLUMN], "cuda", dtype)
 
 
 def tensor_gemv_specs(m: int, dtype: str):
-    """The tensorgemv stage's candidates for M tokens (nn.Linear's layout), valid ones only."""
-    texts = [_spec(f"launch family=gemv cores=tensor warps={warps} evict=first\n  tile m={bm} n={bn} k={bk}\n"
-                   f"  split_k slices={slices}", dtype, "gemv", target="cutlass")
-             for bm, bn, warps, bk in TENSOR_GEMV_COLUMN if m <= bm for slices in CUDA_GEMV_SLICES]
-    return _valid(texts)
+    """The tensorgemv stage's candidates for M tokens: the configurations whose tile m holds them."""
+    return _cutlass_gemv_specs([tile for tile in TENSOR_GEMV_COLUMN if m <= tile[0]], "tensor", dtype)
 
 
 def cutlass_tile_m(m: int) -> int:
@@ -382,9 +385,9 @@ def main() -> int:
                     help="explore (stage A: the wide GEMV space on a few weights), gemv (stage B: the best of it on "
                          "every weight, M <= 16), cutlass (swapped CUTLASS tiles on every weight, M <= --max-m; "
                          "built with --build-jobs processes while the Triton stages run); cudagemv (the CUTLASS "
-                         "target's gemv family, M <= 8; not a default stage); tensorgemv (the same on tensor cores, M <= 16; "
-                         "not a default stage); gated (the fused gated MLP "
-                         "projection of --gated-weights at --gated-tokens; not a default stage)")
+                         "target's gemv family, M <= 8; not a default stage); tensorgemv (the same on tensor "
+                         "cores, M <= 16; not a default stage); gated (the fused gated MLP projection of "
+                         "--gated-weights at --gated-tokens; not a default stage)")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--top", type=int, default=8, help="GEMV configurations per M kept for stage B")
     ap.add_argument("--top-from", default=None, metavar="EXPLORE.jsonl",

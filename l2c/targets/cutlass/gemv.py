@@ -139,8 +139,8 @@ def _tensor_geometry(spec: KernelSpec) -> Geometry:
                     token_groups=groups, warp_n=warp_n)
 
 
-def _check_tensor(spec: KernelSpec) -> None:
-    """The cores=tensor tile and warp rules (after the common gemv ones)."""
+def _check_tensor_tiles(spec: KernelSpec) -> None:
+    """The cores=tensor tile rules (after the common gemv ones)."""
     layout = spec.layout_b
     if spec.tile_m not in (8, 16):
         raise fail(spec, "tile_m", "gemv-cuda-tile-m", f"tile m={spec.tile_m} with cores=tensor")
@@ -150,10 +150,6 @@ def _check_tensor(spec: KernelSpec) -> None:
     lo, hi = (32, 256) if layout == "col" else (16, 128)
     if spec.tile_k & (spec.tile_k - 1) or not lo <= spec.tile_k <= hi:
         raise fail(spec, "tile_k", "gemv-cuda-tile-k", f"tile k={spec.tile_k} with cores=tensor")
-    shape = _tensor_geometry(spec)
-    if shape.warps % shape.warp_tiles:
-        raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "gemv-cuda-threads",
-                   f"{shape.warps} warps over {shape.warp_tiles} warp tiles of tile n={spec.tile_n}")
 
 
 def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
@@ -174,7 +170,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.tile_n & (spec.tile_n - 1) or not 8 <= spec.tile_n <= 256:
         raise fail(spec, "tile_n", "gemv-cuda-tile-n", f"tile n={spec.tile_n}")
     if spec.launch_cores == "tensor":
-        _check_tensor(spec)
+        _check_tensor_tiles(spec)
     elif spec.layout_b == "col":
         if spec.tile_k not in (256, 512):
             raise fail(spec, "tile_k", "gemv-cuda-tile-k", f"tile k={spec.tile_k} with B column-major")
@@ -186,7 +182,9 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
                    f"split_k slices={slices} mode={spec.split_k_mode}")
     shape = geometry(spec)
     if shape.tensor:
-        pass   # its warps: _check_tensor
+        if shape.warps % shape.warp_tiles:
+            raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "gemv-cuda-threads",
+                       f"{shape.warps} warps over {shape.warp_tiles} warp tiles of tile n={spec.tile_n}")
     elif spec.layout_b == "col":
         if spec.tile_n % shape.warps:
             raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "gemv-cuda-threads",
