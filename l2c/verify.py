@@ -216,6 +216,51 @@ def make_inputs(spec, m: int, n: int, k: int, batch: int, device, gen):
     return a, b, c, bias, out
 
 
+def check_chain(kernel, m: int, n: int, links: int, seed: int = 7) -> dict:
+    """A chain of `links` calls at M x n x n where each call's input is the previous call's output (odd links read
+    it through torch.neg: a torch kernel between two of l2c's), run eagerly and replayed from a CUDA graph. With
+    programmatic dependent launch a kernel starts before the one it follows has finished: a call that touched an
+    operand before its predecessor was done would not match the reference on the input it was given, or the replay
+    would differ from the eager chain. Returns {"ok", "rel_errors" per link, "tolerance", "graph_equal", ...}."""
+    spec = kernel.valid.spec
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    dtype, out_t = TORCH_DTYPES[spec.types_a], TORCH_DTYPES[spec.types_c]
+    x0 = torch.randn(m, n, generator=gen, device=device).to(dtype)
+    weights = [(torch.randn(n, n, generator=gen, device=device) * n ** -0.5).to(dtype) for _ in range(links)]
+    weights = [w.t() if spec.layout_b == "col" else w for w in weights]   # K x N in the spec's layout
+    c = torch.randn(m, n, generator=gen, device=device).to(out_t) if spec.epilogue_beta != 0.0 else None
+    bias = None
+    if spec.epilogue_bias != "none":
+        bias = torch.randn(m if spec.epilogue_bias == "row" else n, generator=gen, device=device).to(out_t)
+
+    def chain():
+        inputs, outputs, x = [], [], x0
+        for i, w in enumerate(weights):
+            x = (torch.neg(x) if i % 2 else x).to(dtype)
+            inputs.append(x)
+            x = kernel(x, w, c=c, bias=bias)
+            outputs.append(x)
+        return inputs, outputs
+
+    inputs, outputs = chain()
+    torch.cuda.synchronize()
+    errors = []
+    for x, w, out in zip(inputs, weights, outputs):
+        ref = reference(spec, x, w, c, bias)
+        errors.append(float((out.double() - ref).norm() / ref.norm()))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, captured = chain()
+    graph.replay()
+    torch.cuda.synchronize()
+    same = all(bool(torch.equal(a, b)) for a, b in zip(outputs, captured))
+    tol = tolerance(spec, n)
+    return {"m": m, "n": n, "k": n, "links": links, "ok": all(e <= tol for e in errors) and same,
+            "rel_errors": errors, "tolerance": tol, "graph_equal": same}
+
+
 @contextlib.contextmanager
 def _exact_fp32_matmul():
     previous = torch.get_float32_matmul_precision()

@@ -5,7 +5,10 @@ hints and every epilogue
 (alpha, beta with a C input, a bias per row or column, each activation) is built, verified with `l2c.verify` on
 shapes with partial tiles in every dimension (M above tile m, N not a multiple of tile n, K not a multiple of a
 slice's steps), and called twice on the same inputs, which must agree bit for bit (the slices are added in a fixed
-order).
+order). Then each spec runs a chain of calls launched with programmatic dependent launch (as L2C_OVERLAP=all), where
+each call's input is the previous call's output, directly or through a torch kernel between them, eagerly and
+replayed from a CUDA graph: every link must match the reference on the input it was given (a call that read its
+input before the call before it finished would not), and the replay must equal the eager chain bit for bit.
 
     python scripts/gemv_check.py --out gemv_check.json
 """
@@ -52,6 +55,9 @@ def spec_text(layout_b, dtype, tm, tn, tk, warps, slices, evict, epilogue, cores
     return spec.replace(name=config_name(spec)).to_l2()
 
 
+CHAIN = (5, 1032, 6)   # M, N = K (each output is the next input), links
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -62,7 +68,7 @@ def main() -> int:
     from l2c.parser import parse_one
     from l2c.targets.cutlass.build import build_many
     from l2c.validate import validate
-    from l2c.verify import make_inputs, verify
+    from l2c.verify import check_chain, make_inputs, verify
     valids = [validate(spec, "cutlass") for spec in (parse_one(spec_text(*row)) for row in SAMPLE)]
     t0 = time.monotonic()
     kernels = build_many(valids, workers=args.workers)
@@ -88,11 +94,17 @@ def main() -> int:
             failures += not ok
             row["checks"].append({"m": m, "n": n, "k": k, "ok": result.ok, "rel_error": result.rel_error,
                                   "tolerance": result.tolerance, "reason": result.reason, "deterministic": same})
+        switch = getattr(kernel.library, f"l2c_{valid.name}_set_overlap")
+        default = switch(1)   # the chain with overlapping launches, whatever L2C_OVERLAP chose for this kernel
+        row["chain"] = check_chain(kernel, *CHAIN)
+        switch(default)
+        failures += not row["chain"]["ok"]
         rows.append(row)
         print(f"{valid.name}: " + ", ".join("ok" if c["ok"] and c["deterministic"] else f"FAIL {c['reason']}"
-                                            for c in row["checks"]), flush=True)
+                                            for c in row["checks"])
+              + (", chain ok" if row["chain"]["ok"] else f", chain FAIL {row['chain']}"), flush=True)
     summary = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "specs": len(valids),
-               "checks": sum(len(r.get("checks", [])) for r in rows), "failures": failures,
+               "checks": sum(len(r.get("checks", [])) + ("chain" in r) for r in rows), "failures": failures,
                "build_s": round(build_s, 1), "command": " ".join(sys.argv), "rows": rows}
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=1)

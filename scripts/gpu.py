@@ -46,7 +46,8 @@ def _check(a):
             script("scripts/cutlass_gpu_check.py", "--count", "13", "--out", f"{a.out}/cutlass_gpu_check.json"),
             script("scripts/cross_target_check.py", "--out", f"{a.out}/cross_target.json"),
             script("scripts/dispatch_check.py", "--out", f"{a.out}/dispatch_check.json"),
-            script("scripts/checker_check.py", "--out", f"{a.out}/checker_check.json")]
+            script("scripts/checker_check.py", "--out", f"{a.out}/checker_check.json"),
+            script("scripts/overlap_check.py", "--out", f"{a.out}/overlap_check.json")]
 
 
 def _overhead(a):
@@ -168,7 +169,8 @@ def _zerowait(a):
 STAGES: Dict[str, Stage] = {
     "check": Stage("generated kernels verified on the GPU: random and fixed Triton specs, CUTLASS specs, one spec "
                    "on both targets, l2c.matmul through a tuned table (served kernels, autograd), l2c's checker "
-                   "against l2c.verify (faults injected)", _check),
+                   "against l2c.verify (faults injected), every shipped CUTLASS-target kernel in chains of calls "
+                   "with and without overlapping launches", _check),
     "overhead": Stage("host cost per call of the kernels' call paths against torch.matmul, and of each step inside "
                       "a CUTLASS kernel's entry point", _overhead),
     "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "

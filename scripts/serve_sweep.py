@@ -10,7 +10,7 @@ nn.Linear's layout (B is the weight transposed). Stages:
   over the SMs, split-K sized per shape — on eight representative weights at M = 1, 2, 4, 8, 16; the best
   configurations per M (geomean speedup) go on to stage B (`--top-from` ranks an earlier exploration instead);
 - gemv (B): those configurations, and three 16-row tensor-core tiles at M = 4-16, on every weight;
-- cutlass (C): swapped narrow CUTLASS tiles (tile M the smallest of 8-128 that holds the tokens; basic, pingpong,
+- cutlass (C): swapped narrow CUTLASS tiles (tile M the smallest of 8-256 that holds the tokens; basic, pingpong,
   cooperative; split-K serial, stream-K, parallel), built in the background while the Triton stages run;
 - cudagemv (not in the default stages): the CUTLASS target's gemv family (plain CUDA, templates/cutlass/gemv.cu.j2;
   K slices as the blocks of a cluster) at M <= 8: `CUDA_GEMV_COLUMN` configurations x `CUDA_GEMV_SLICES`, tile m the
@@ -84,14 +84,22 @@ def gemm_specs(m: int, n: int, k: int, dtype: str, tiles=GEMM_TILES):
     return [_spec(body, dtype, "gemm") for body in out]
 
 
-CUTLASS_TILE_M = (8, 16, 32, 48, 64, 96, 128)
+# tile M of the swapped tiles: the tokens on the MMA's N side, so up to 256 of them in one tile (the weight is
+# streamed once, where cuBLAS runs two 128-row tiles at M = 192)
+CUTLASS_TILE_M = (8, 16, 32, 48, 64, 96, 128, 192, 256)
 # (schedule, tile n, tile k, cluster n, split slices, split mode) under launch swap=yes: cuBLAS's own decoding
 # kernels are this family (nvjet, 64 x 8 tiles along N x M, deep TMA pipelines, split-K with a reduction kernel)
 CUTLASS_NARROW = (("basic", 64, 64, 1, 1, "workspace"), ("basic", 64, 64, 2, 1, "workspace"),
                   ("basic", 64, 128, 1, 1, "workspace"), ("pingpong", 64, 64, 1, 1, "workspace"),
                   ("cooperative", 128, 64, 1, 2, "workspace"), ("cooperative", 128, 64, 1, 1, "stream_k"),
                   ("basic", 64, 64, 1, 2, "parallel"), ("basic", 64, 64, 1, 4, "parallel"))
-CUTLASS_WIDE = tuple(CUTLASS_NARROW[i] for i in (0, 1, 3, 4, 6))
+CUTLASS_WIDE = tuple(CUTLASS_NARROW[i] for i in (0, 1, 3, 4, 5, 6))
+# from 96 tokens the activation tile outgrows the weight tile: every block reads it again from L2, so a cluster
+# of two weight tiles multicasts it; and fewer weight tiles than SMs on the smaller weights need more K slices
+CUTLASS_TOKEN_WIDE = CUTLASS_WIDE + (("cooperative", 128, 64, 2, 1, "workspace"),
+                                    ("pingpong", 64, 64, 2, 1, "workspace"),
+                                    ("cooperative", 128, 64, 1, 3, "workspace"),
+                                    ("cooperative", 128, 64, 1, 4, "workspace"))
 
 
 # (tile n, warps, tile k) of the CUTLASS target's gemv family with B column-major, and its K slices (cluster sizes)
@@ -130,7 +138,7 @@ def cutlass_tile_m(m: int) -> int:
 
 
 def cutlass_specs(tile_m: int, dtype: str):
-    configs = CUTLASS_NARROW if tile_m <= 32 else CUTLASS_WIDE
+    configs = CUTLASS_NARROW if tile_m <= 32 else CUTLASS_WIDE if tile_m < 96 else CUTLASS_TOKEN_WIDE
     out = []
     for schedule, bn, bk, cluster, split, mode in configs:
         body = (f"launch schedule={schedule} swap=yes\n  tile m={tile_m} n={bn} k={bk}\n  cluster m=1 n={cluster}\n"
@@ -139,8 +147,9 @@ def cutlass_specs(tile_m: int, dtype: str):
     return out
 
 
-def cutlass_pool(dtype: str):
-    return [t for tm in CUTLASS_TILE_M for t in cutlass_specs(tm, dtype)]
+def cutlass_pool(shapes, dtype: str):
+    """Every swapped CUTLASS candidate stage C times on `shapes`: what its builder compiles."""
+    return [t for tm in sorted({cutlass_tile_m(s.m) for s in shapes}) for t in cutlass_specs(tm, dtype)]
 
 
 def _splits(tiles: int, k: int, bk: int):
@@ -389,6 +398,7 @@ def main() -> int:
                          "cores, M <= 16; not a default stage); gated (the fused gated MLP projection of "
                          "--gated-weights at --gated-tokens; not a default stage)")
     ap.add_argument("--max-m", type=int, default=128)
+    ap.add_argument("--min-m", type=int, default=1, help="the stages' shapes have --min-m <= M <= --max-m")
     ap.add_argument("--top", type=int, default=8, help="GEMV configurations per M kept for stage B")
     ap.add_argument("--top-from", default=None, metavar="EXPLORE.jsonl",
                     help="rank stage B's configurations from an earlier stage A's results instead of measuring")
@@ -416,13 +426,14 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stages = args.stages.split(",")
-    shapes = sorted((s for s in load_shapes(args.shapes) if s.m <= args.max_m), key=lambda s: (s.m, s.n * s.k))
+    shapes = sorted((s for s in load_shapes(args.shapes) if args.min_m <= s.m <= args.max_m),
+                    key=lambda s: (s.m, s.n * s.k))
     builder = None
     if "cutlass" in stages:
         import tempfile
         work = Path(tempfile.mkdtemp(prefix="serve_sweep_"))   # $OUT returns at most 8 files: logs stay here
         pool_file = work / f"cutlass_pool_{args.dtype}.l2"
-        pool_file.write_text("\n".join(cutlass_pool(args.dtype)))
+        pool_file.write_text("\n".join(cutlass_pool(shapes, args.dtype)))
         builder = subprocess.Popen([sys.executable, "-m", "l2c", "build", str(pool_file), "--target", "cutlass",
                                     "-j", str(args.build_jobs)], stdout=open(work / "cutlass_build.log", "w"),
                                    stderr=subprocess.STDOUT)

@@ -89,6 +89,39 @@ def test_kernel_compiles_cleanly(built, index):
     assert kernel.shared_memory_bytes <= valids[index].arch.smem_per_block
 
 
+def test_the_overlap_switch_follows_l2c_overlap_when_a_library_is_loaded(built, monkeypatch):
+    """L2C_OVERLAP when a library is loaded decides whether it launches with programmatic dependent launch (the
+    switch is one flag per kernel: a later load sets it again; by default the basic schedule's GEMMs do, but not
+    with parallel split-K), and CUTLASS compiled its grid-dependency wait into every GEMM kernel of the batched
+    libraries (stream-K and split-K included), and the basic schedule's trigger after its main loop."""
+    import subprocess
+    from pathlib import Path
+    import triton
+    valids, results = built
+    for valid, kernel in zip(valids, results):
+        switch = getattr(kernel.library, f"l2c_{valid.name}_set_overlap")
+        measured = int(valid.schedule == "basic" and valid.spec.split_k_mode != "parallel")
+        assert switch(0) == measured, valid.name   # as loaded, L2C_OVERLAP unset
+        for value, on in (("all", 1), ("0", 0), ("measured", measured)):
+            monkeypatch.setenv("L2C_OVERLAP", value)
+            CutlassKernel(valid, kernel.source, kernel.path)
+            assert switch(0) == on, value
+        monkeypatch.delenv("L2C_OVERLAP")
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    gemms = {}   # SASS of each CUTLASS GEMM kernel function in the libraries
+    for path in sorted({str(kernel.path.resolve()) for kernel in results}):
+        sass = subprocess.run([str(cuobjdump), "-sass", path], capture_output=True, text=True, check=True).stdout
+        for function in sass.split("Function : ")[1:]:
+            name = function.split(None, 1)[0]
+            if "13device_kernel" in name:
+                gemms[name] = function
+    assert len(gemms) == len(SPECS)
+    for name, function in gemms.items():
+        assert "ACQBULK" in function, name    # griddepcontrol.wait
+        basic = "Pingpong" not in name and "Cooperative" not in name
+        assert ("PREEXIT" in function) == basic, name   # griddepcontrol.launch_dependents
+
+
 def test_rebuild_is_a_cache_hit(built):
     valids, results = built
     start = time.perf_counter()

@@ -189,3 +189,68 @@ def test_the_host_entry_points_check_shapes_without_a_gpu(built):
                         + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
         assert run(None, None, None, None, None, 3, 4104, 4100, 1, *([0] * 8), None, 0, None) == 1
         assert getattr(lib, f"l2c_{s.name}_shared_memory_bytes")() == gemv.geometry(s).smem_bytes
+
+
+@needs_nvcc
+def test_the_overlap_switch_answers_its_previous_value(built):
+    """run() launches with programmatic dependent launch when the switch is on (the library's own default; l2c sets
+    it from L2C_OVERLAP when it loads the library); the switch needs no GPU."""
+    for s, so, _ in built:
+        switch = getattr(ctypes.CDLL(str(so)), f"l2c_{s.name}_set_overlap")
+        assert switch(0) == 1 and switch(0) == 0 and switch(7) == 0 and switch(1) == 1
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory):
+    """The extremes' PTX, as nvcc emits it with l2c's flags: (spec, text) each."""
+    work = tmp_path_factory.mktemp("gemv_ptx")
+    flags = [f for f in NVCC_FLAGS if f not in ("-shared", "-Xcompiler", "-fPIC")]
+    out = []
+    for s in EXTREMES:
+        cu, ptx_file = work / f"{s.name}.cu", work / f"{s.name}.ptx"
+        cu.write_text(render(validate(s, "cutlass")))
+        done = subprocess.run([find_nvcc(), *flags, "-ptx", str(cu), "-o", str(ptx_file)], capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out.append((s, ptx_file.read_text()))
+    return out
+
+
+@needs_nvcc
+def test_no_operand_is_touched_before_the_wait_for_the_kernel_before(ptx):
+    """With programmatic dependent launch a block starts while its predecessor may still write A, C or the bias, or
+    read the memory D is about to take: before `griddepcontrol.wait` the kernel may only prefetch the weight into
+    L2, and it lets its own successor start only after the wait."""
+    for s, text in ptx:
+        body = text[text.index(".entry"):]
+        assert body.count("griddepcontrol.wait;") == 1, s.name
+        before, after = body.split("griddepcontrol.wait;")
+        assert "prefetch.global.L2" in before, s.name
+        assert not re.search(r"\b(ld|st|red|atom)\.global|\bld\.shared::cluster|\bmapa\b", before), s.name
+        assert "griddepcontrol.launch_dependents;" in after and "griddepcontrol" not in before, s.name
+        assert re.search(r"\bld\.global", after) and re.search(r"\bst\.global", after), s.name
+
+
+def test_by_default_the_kernels_measured_faster_overlap_their_launches(monkeypatch):
+    """L2C_OVERLAP=measured (the default) turns programmatic dependent launch on where it measured faster (the
+    tensor-core gemv, the basic-schedule GEMMs but not with parallel split-K), `all` everywhere, `0` nowhere;
+    anything else is refused with the choices."""
+    from l2c.targets.cutlass.kernel import overlaps
+    kernels = [validate(spec(launch_cores="tensor", tile_m=8, tile_n=16, tile_k=128, launch_warps=2), "cutlass"),
+               validate(KernelSpec(name="b", tile_m=64, tile_n=64, tile_k=64, launch_schedule="basic"), "cutlass"),
+               validate(spec(), "cutlass"),
+               validate(KernelSpec(name="p", tile_m=64, tile_n=64, tile_k=64, launch_schedule="basic",
+                                   split_k_slices=2, split_k_mode="parallel"), "cutlass"),
+               validate(KernelSpec(name="c", tile_m=128, tile_n=128, tile_k=64, launch_schedule="cooperative"),
+                        "cutlass"),
+               validate(KernelSpec(name="q", tile_m=64, tile_n=128, tile_k=64, launch_schedule="pingpong"),
+                        "cutlass")]
+    measured = [True, True, False, False, False, False]
+    monkeypatch.delenv("L2C_OVERLAP", raising=False)
+    assert [overlaps(v) for v in kernels] == measured
+    for value, expected in (("measured", measured), ("all", [True] * 6), ("0", [False] * 6)):
+        monkeypatch.setenv("L2C_OVERLAP", value)
+        assert [overlaps(v) for v in kernels] == expected
+    monkeypatch.setenv("L2C_OVERLAP", "yes")
+    with pytest.raises(ValueError, match="measured, all or 0"):
+        overlaps(kernels[0])

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from ... import settings
 from ...errors import BuildError
 from ...kernel import Kernel, call_signature, cuda_accessors, output_template
 from ...knobs import ANY
 from ...lower import render
 from ...rules import ValidSpec
 from . import shim
+from .rules import parallel_split_k
 
 # Status codes of the generated entry points (templates/cutlass/gemm.cu.j2).
 _STATUS = {1: "bad shape", 2: "cannot implement", 3: "workspace too small", 4: "initialize failed",
@@ -29,6 +31,23 @@ _RUN_ARGTYPES = (
     [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [_I64] * 8
     + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 )
+
+
+def overlaps(valid: ValidSpec) -> bool:
+    """Whether this kernel launches with programmatic dependent launch (L2C_OVERLAP; docs/CONTRACTS.md). By default
+    only where it was measured faster (benchmarks/NOTES.md, sessions 22-23: the `serve` set with it on and off in
+    one run): the tensor-core gemv kernels (1.12-1.42x on the weights they serve) and the GEMMs of the basic
+    schedule, which let the next kernel start after their main loop (1.02x), but not with parallel split-K (its
+    reduction is a second kernel: 0.98x). The persistent GEMMs trigger only when they exit (1.00x), and the
+    CUDA-core gemv was mixed (1.05x in f16, 0.87x for one bf16 kernel on 7 shapes)."""
+    choice = settings.value("L2C_OVERLAP") or "measured"
+    if choice not in ("measured", "all", "0"):
+        raise ValueError(f"L2C_OVERLAP={choice!r}: expected measured, all or 0")
+    if choice == "measured":
+        if valid.schedule == "gemv":
+            return valid.spec.launch_cores == "tensor"
+        return valid.schedule == "basic" and not parallel_split_k(valid.spec)
+    return choice == "all"
 
 
 class CutlassKernel(Kernel):
@@ -49,6 +68,7 @@ class CutlassKernel(Kernel):
         self._workspace_size.restype = ctypes.c_int
         self._last_error = getattr(self.library, prefix + "last_error")
         self._last_error.restype = ctypes.c_char_p
+        getattr(self.library, prefix + "set_overlap")(int(overlaps(valid)))
         self._workspace_bytes: Dict[tuple, int] = {}   # (device, M, N, K, L) -> bytes that size needs
         self._workspaces: Dict[int, object] = {}       # device -> uint8 tensor shared by every size, grown as needed
         self._retired: List[object] = []               # outgrown workspaces: plans and captured graphs may use them

@@ -20,8 +20,14 @@ from ... import cache
 from ...errors import BuildError
 
 ARCH = "sm_90"   # what NVCC_FLAGS compile for; names the pack that is asked before compiling
+# CUTLASS_GDC_ENABLED: CUTLASS's sm90 kernels wait (griddepcontrol.wait) before their first global memory access,
+# so a launch with programmatic dependent launch is safe; the basic schedule lets the next kernel start after its
+# main loop, the persistent ones when they exit. CUTLASS's own switch, CUTLASS_ENABLE_GDC_FOR_SM90, sets this one and
+# also adds an early trigger to the persistent kernels, which does not compile with the stream-K tile scheduler
+# (split-K and stream-K) in CUTLASS 4.2. A flag rather than a #define in the source, so that it reaches the headers
+# in a batched build too.
 NVCC_FLAGS: Tuple[str, ...] = (
-    "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr",
+    "-O3", "-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr", "-DCUTLASS_GDC_ENABLED",
     "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC",
 )
 # ptxas C7510-C7519: performance warnings such as "wgmma.mma_async instructions are serialized". A kernel
