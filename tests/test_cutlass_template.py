@@ -135,7 +135,7 @@ def test_parallel_split_k_is_a_batched_gemm_into_fp32_partials_then_a_reduction(
     assert "D[n * ldd + m] = static_cast<ElementOut>(activation(x));" in text
     assert "return x / (1.0f + expf(-x));" in text
     run = text[text.index("_run("):]
-    assert run.index("Gemm::run(params, stream)") < run.index("reduce_slices<<<blocks, kReduceThreads, 0, stream>>>")
+    assert run.index("= launch(params, stream);") < run.index("reduce_slices<<<blocks, kReduceThreads, 0, stream>>>")
     assert "K % (kSplits * kAlignmentA) != 0" in text and "if (L != 1)" in text
 
 
