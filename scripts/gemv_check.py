@@ -94,10 +94,9 @@ def main() -> int:
             failures += not ok
             row["checks"].append({"m": m, "n": n, "k": k, "ok": result.ok, "rel_error": result.rel_error,
                                   "tolerance": result.tolerance, "reason": result.reason, "deterministic": same})
-        switch = getattr(kernel.library, f"l2c_{valid.name}_set_overlap")
-        default = switch(1)   # the chain with overlapping launches, whatever L2C_OVERLAP chose for this kernel
+        default = kernel.set_overlap(True)   # the chain with overlapping launches, whatever L2C_OVERLAP chose
         row["chain"] = check_chain(kernel, *CHAIN)
-        switch(default)
+        kernel.set_overlap(default)
         failures += not row["chain"]["ok"]
         rows.append(row)
         print(f"{valid.name}: " + ", ".join("ok" if c["ok"] and c["deterministic"] else f"FAIL {c['reason']}"

@@ -37,14 +37,13 @@ def main() -> int:
             row["build_error"] = str(kernel)[:1000]
             failures += 1
         else:
-            switch = getattr(kernel.library, f"l2c_{kernel.valid.name}_set_overlap")
-            default = switch(1)
+            default = kernel.set_overlap(True)
             row["overlap"] = check_chain(kernel, *CHAIN)
-            switch(0)
+            kernel.set_overlap(False)
             row["plain"] = check_chain(kernel, *CHAIN)
-            switch(default)
-            failures += not (row["overlap"]["ok"] and row["plain"]["ok"])
+            kernel.set_overlap(default)
             if not (row["overlap"]["ok"] and row["plain"]["ok"]):
+                failures += 1
                 print(f"FAIL {r.name} ({r.label}): {row}", flush=True)
         rows.append(row)
     summary = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": len(rows),

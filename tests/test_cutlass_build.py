@@ -99,13 +99,12 @@ def test_the_overlap_switch_follows_l2c_overlap_when_a_library_is_loaded(built, 
     import triton
     valids, results = built
     for valid, kernel in zip(valids, results):
-        switch = getattr(kernel.library, f"l2c_{valid.name}_set_overlap")
-        measured = int(valid.schedule == "basic" and valid.spec.split_k_mode != "parallel")
-        assert switch(0) == measured, valid.name   # as loaded, L2C_OVERLAP unset
-        for value, on in (("all", 1), ("0", 0), ("measured", measured)):
+        measured = valid.schedule == "basic" and valid.spec.split_k_mode != "parallel"
+        assert kernel.set_overlap(False) == measured, valid.name   # as loaded, L2C_OVERLAP unset
+        for value, on in (("all", True), ("0", False), ("measured", measured)):
             monkeypatch.setenv("L2C_OVERLAP", value)
             CutlassKernel(valid, kernel.source, kernel.path)
-            assert switch(0) == on, value
+            assert kernel.set_overlap(False) == on, value
         monkeypatch.delenv("L2C_OVERLAP")
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     gemms = {}   # SASS of each CUTLASS GEMM kernel function in the libraries

@@ -68,7 +68,7 @@ class CutlassKernel(Kernel):
         self._workspace_size.restype = ctypes.c_int
         self._last_error = getattr(self.library, prefix + "last_error")
         self._last_error.restype = ctypes.c_char_p
-        getattr(self.library, prefix + "set_overlap")(int(overlaps(valid)))
+        self.set_overlap(overlaps(valid))
         self._workspace_bytes: Dict[tuple, int] = {}   # (device, M, N, K, L) -> bytes that size needs
         self._workspaces: Dict[int, object] = {}       # device -> uint8 tensor shared by every size, grown as needed
         self._retired: List[object] = []               # outgrown workspaces: plans and captured graphs may use them
@@ -83,6 +83,11 @@ class CutlassKernel(Kernel):
         self._get_device, self._get_stream = cuda_accessors()
         import torch
         self._empty_like = torch.empty_like
+
+    def set_overlap(self, on: bool) -> bool:
+        """Whether later calls launch with programmatic dependent launch (one switch per library, shared by every
+        CutlassKernel of it); returns the previous setting, so that a check can restore it."""
+        return bool(self.library[f"l2c_{self.valid.name}_set_overlap"](int(on)))
 
     @property
     def stages(self) -> int:
