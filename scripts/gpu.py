@@ -97,14 +97,18 @@ def _evidence(a):
 def _cells(a):
     """The corner evidence of cells: each of the narrow CUTLASS kernels that win the tables' small shapes, served by
     `l2c.matmul` at every grid corner under 1 GFLOP (M also 16 and 32), and at M = 1, 2, 4, 8 below those corners;
-    the swapped decoding kernels (64 wide along N) at M = 1-16 where N >= 2048; f16 and bf16: `l2c table --cells`
+    the swapped decoding kernels (64 wide along N) at M = 1-16 where N >= 2048; the gemv family with B row-major
+    at M = 1-16 (on tensor cores where N >= 2048 and K >= 1024); f16 and bf16: `l2c table --cells`
     makes the default table's cells from it (README, "Two tables ship")."""
     return [l2c("bench", f"serving:{ROOT / 'benchmarks' / specs.format(dtype=dtype)}", "--shapes",
                 str(ROOT / "benchmarks" / corners), "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
                 f"{a.out}/{name}_{dtype}.jsonl")
             for specs, corners, name in (("cell_specs_{dtype}.l2", "cell_corners.txt", "cells"),
                                          ("cell_specs_{dtype}.l2", "cell_corners_small_m.txt", "cells_small_m"),
-                                         ("cell_specs_swapped_{dtype}.l2", "cell_corners_wide.txt", "cells_wide"))
+                                         ("cell_specs_swapped_{dtype}.l2", "cell_corners_wide.txt", "cells_wide"),
+                                         ("cell_specs_gemv_{dtype}.l2", "cell_corners_gemv.txt", "cells_gemv"),
+                                         ("cell_specs_tensorgemv_{dtype}.l2", "cell_corners_gemv_wide.txt",
+                                          "cells_tensorgemv"))
             for dtype in ("f16", "bf16")]
 
 
