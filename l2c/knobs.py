@@ -60,10 +60,11 @@ class Knob:
 
 
 # Tiles also take the multiples of 8 that CUTLASS's warpgroup MMA (N = 8..256 in steps of 8) makes worth having:
-# narrow tiles (8-48) spread a small output over many SMs, 96 and 192 fit wide outputs in fewer waves. Tile M
-# gets them under `launch swap=yes`. Not 24 (cuBLAS has 64x24 tiles): CUTLASS 4.2's TMA epilogue cannot vectorize
-# its 12-value fragments and fails to compile. Triton needs powers of two (rule triton-tile-pow2).
-_TILE_MN = (8, 16, 32, 48, 64, 96, 128, 192, 256)
+# narrow tiles (8-48) spread a small output over many SMs; the multiples of 16 from 80 to 240 size a grid to whole
+# waves of the SMs (cuBLAS runs 112 x 128 tiles on 14336 weight rows: 128 tiles on 132 SMs). Tile M gets them
+# under `launch swap=yes`. Not 24 (cuBLAS has 64x24 tiles): CUTLASS 4.2's TMA epilogue cannot vectorize its
+# 12-value fragments and fails to compile. Triton needs powers of two (rule triton-tile-pow2).
+_TILE_MN = (8, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
 # Tile M also takes 1, 2 and 4 rows: the gemv family's (rule gemv-tile-m), a few tokens against a weight. The other
 # kernels refuse them (triton-tile-pow2, and CUTLASS's warpgroup MMA rules).
 _TILE_M = (1, 2, 4) + _TILE_MN

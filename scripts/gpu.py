@@ -139,6 +139,12 @@ def _gemv(a):
               for dtype in ("f16", "bf16"))]
 
 
+def _unswapped(a):
+    return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "unswapped", "--min-m", "48",
+                   "--max-m", "512", "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "330")
+            for dtype in ("f16", "bf16")]
+
+
 def _decode(a):
     return [script("examples/decode_step.py", "--out", f"{a.out}/decode_step_f16.json")]
 
@@ -192,6 +198,9 @@ STAGES: Dict[str, Stage] = {
                   "every epilogue, clusters), then swept on the decoding set (CUDA cores at M <= 8, tensor cores at "
                   "M <= 16; f16, bf16) into JSON lines for `l2c table`",
                   _gemv),
+    "unswapped": Stage("search CUTLASS tiles with the tokens on the MMA's M side and the grid sized to whole waves of "
+                       "the SMs on the decoding set at 48-512 tokens (f16, bf16) into JSON lines for `l2c table`",
+                       _unswapped),
     "decode": Stage("a Llama-8B decoding step's linears under CUDA graphs, batch 1-256", _decode),
     "mlp": Stage("the end-to-end MLP block example, torch against l2c.nn", _mlp),
     "gated": Stage("search fused gated (SwiGLU) kernels for the Llama-8B gate_up weights at 1-8192 tokens, f16 and "

@@ -17,6 +17,8 @@ nn.Linear's layout (B is the weight transposed). Stages:
   smallest power of two that holds the tokens, built with --build-jobs processes before measuring;
 - tensorgemv (not in the default stages): the same family on tensor cores (`launch cores=tensor`, mma.sync with
   the tokens on the MMA's narrow side) at M <= 16: `TENSOR_GEMV_COLUMN` x `CUDA_GEMV_SLICES`;
+- unswapped (not in the default stages): CUTLASS tiles with the tokens on the MMA's M side (64, 128 or 256 rows) and
+  a tile N sized so that the grid fills whole waves of the SMs (`unswapped_configs`), for 48-512 tokens;
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
   `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — GEMV kernels up to
   16 tokens, narrow and wide tensor-core tiles (pointer and TMA loads) above — each timed against torch's gated
@@ -42,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from l2c.online import split_for
+from l2c.online import SMS, split_for
 
 
 GEMV_TILES = ((16, 256, 4), (32, 256, 4), (32, 128, 4), (64, 128, 4), (16, 512, 4), (64, 256, 8))
@@ -145,6 +147,54 @@ def cutlass_specs(tile_m: int, dtype: str):
                 f"  split_k slices={split} mode={mode}")
         out.append(_spec(body, dtype, "cutlass", target="cutlass"))
     return out
+
+
+# The unswapped tiles (the tokens on the MMA's M side, the weight rows on its N side, as cuBLAS runs 48-512 tokens:
+# nvjet 112x128 at 128 tokens on 14336 weight rows is 128 tiles on 132 SMs): (schedule, tile m, widest tile n), and
+# the tile N choices that size the grid to whole waves of the SMs
+UNSWAPPED = (("basic", 64, 256), ("cooperative", 128, 256), ("cooperative", 256, 128))
+UNSWAPPED_TILE_N = (64, 96, 112, 128, 144, 176, 192, 224, 256)
+UNSWAPPED_SLICES = (1, 2, 4)
+
+
+def wave_fill(m: int, n: int, tile_m: int, tile_n: int, slices: int = 1) -> float:
+    """The share of the SMs' tile slots over all waves that holds output elements (padding and the last wave's
+    idle SMs are the rest)."""
+    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * slices
+    return m * n * slices / (math.ceil(tiles / SMS) * SMS * tile_m * tile_n)
+
+
+def unswapped_configs(m: int, n: int, k: int):
+    """(schedule, tile m, tile n, slices, cluster m) for M tokens against an N x K weight: per schedule the tile N
+    (and, cooperative only, split-K where the grid is under half a wave) that fills the waves best, larger tiles
+    first on ties; a tile M at least twice the tokens is skipped; the best one also with a cluster of two along M
+    (the weight tile multicast to both token tiles) where there are two token tiles."""
+    best = []
+    for schedule, tile_m, widest in UNSWAPPED:
+        if tile_m > 64 and tile_m >= 2 * m:
+            continue
+        options = []
+        for tile_n in (t for t in UNSWAPPED_TILE_N if t <= widest):
+            for slices in UNSWAPPED_SLICES if schedule == "cooperative" else (1,):
+                if slices > 1 and (math.ceil(m / tile_m) * math.ceil(n / tile_n) > SMS // 2 or k // slices < 1024):
+                    continue
+                fill = wave_fill(m, n, tile_m, tile_n, slices)
+                options.append(((round(fill, 2), tile_m * tile_n, -slices), (schedule, tile_m, tile_n, slices, 1)))
+        best.append(max(options))
+    best.sort(reverse=True)
+    configs = [config for _, config in best]
+    schedule, tile_m, tile_n, slices, _ = configs[0]
+    if math.ceil(m / tile_m) >= 2:
+        configs.append((schedule, tile_m, tile_n, slices, 2))
+    return configs
+
+
+def unswapped_specs(m: int, n: int, k: int, dtype: str):
+    """The unswapped stage's candidates for one shape (unswapped_configs), as valid spec texts."""
+    texts = [_spec(f"launch schedule={schedule} swap=no\n  tile m={tile_m} n={tile_n} k=64\n  cluster m={cluster} "
+                   f"n=1\n  split_k slices={slices} mode=workspace", dtype, "cutlass", target="cutlass")
+             for schedule, tile_m, tile_n, slices, cluster in unswapped_configs(m, n, k)]
+    return _valid(texts)
 
 
 def cutlass_pool(shapes, dtype: str):
@@ -395,7 +445,8 @@ def main() -> int:
                          "every weight, M <= 16), cutlass (swapped CUTLASS tiles on every weight, M <= --max-m; "
                          "built with --build-jobs processes while the Triton stages run); cudagemv (the CUTLASS "
                          "target's gemv family, M <= 8; not a default stage); tensorgemv (the same on tensor "
-                         "cores, M <= 16; not a default stage); gated (the fused gated MLP projection of "
+                         "cores, M <= 16; not a default stage); unswapped (wave-sized CUTLASS tiles with the tokens "
+                         "on the MMA's M side, --min-m <= M <= --max-m; not a default stage); gated (the fused gated MLP projection of "
                          "--gated-weights at --gated-tokens; not a default stage)")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--min-m", type=int, default=1, help="the stages' shapes have --min-m <= M <= --max-m")
@@ -454,6 +505,11 @@ def main() -> int:
             _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
             sweep(chosen, pools, out / f"serve_{stage}_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
                   f"{stage} {args.dtype}")
+    if "unswapped" in stages:
+        pools = {s.key: unswapped_specs(s.m, s.n, s.k, args.dtype) for s in shapes}
+        _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
+        sweep(shapes, pools, out / f"serve_unswapped_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
+              f"unswapped {args.dtype}")
     if "gated" in stages:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]

@@ -1,0 +1,48 @@
+"""The unswapped stage of scripts/serve_sweep.py: wave-sized CUTLASS tiles for 48-512 tokens (CPU only)."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings, strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import serve_sweep as sweep  # noqa: E402
+
+from l2c.parser import parse_one  # noqa: E402
+from l2c.validate import validate  # noqa: E402
+
+TOKENS = st.integers(48, 512)
+ROWS = st.integers(64, 20000).map(lambda n: 8 * n)          # weight rows N (multiples of 8, 512-160000)
+DEPTH = st.integers(16, 480).map(lambda k: 64 * k)          # K (1024-30720)
+
+
+def test_wave_fill_counts_the_idle_slots_of_every_wave():
+    # cuBLAS's pick for 128 tokens on Llama-8B's gate/up (nvjet 112 x 128): 128 tiles on 132 SMs
+    assert math.isclose(sweep.wave_fill(128, 14336, 128, 112), 128 / 132)
+    # two 64-row tiles over 96 tokens, 67 tile columns: 134 tiles, so two waves (the second nearly idle) of padded tiles
+    assert math.isclose(sweep.wave_fill(96, 67 * 128, 64, 128), 96 * 67 * 128 / (2 * 132 * 64 * 128))
+
+
+@settings(max_examples=60, deadline=None)
+@given(TOKENS, ROWS, DEPTH)
+def test_unswapped_configs_are_valid_and_fill_the_waves_best_per_schedule(m, n, k):
+    configs = sweep.unswapped_configs(m, n, k)
+    texts = sweep.unswapped_specs(m, n, k, "f16")
+    assert len(texts) == len(configs), "the generator proposed a spec the CUTLASS rules refuse"
+    for text in texts:
+        spec = parse_one(text)
+        validate(spec, "cutlass", "sm_90")
+        assert spec.launch_swap == "no" and spec.layout_b == "col"
+    for schedule, tile_m, tile_n, slices, cluster in configs:
+        assert not (tile_m > 64 and tile_m >= 2 * m), "a tile M at least twice the tokens"
+        assert 0 < sweep.wave_fill(m, n, tile_m, tile_n, slices) <= 1
+        if slices > 1:
+            assert schedule == "cooperative" and math.ceil(m / tile_m) * math.ceil(n / tile_n) <= sweep.SMS // 2
+        widest = {t[0:2]: t[2] for t in sweep.UNSWAPPED}[(schedule, tile_m)]
+        best = max(sweep.wave_fill(m, n, tile_m, t, 1) for t in sweep.UNSWAPPED_TILE_N if t <= widest)
+        assert sweep.wave_fill(m, n, tile_m, tile_n, slices) >= round(best, 2) - 0.005
+    schedule, tile_m, tile_n, slices, _ = configs[0]
+    clustered = [c for c in configs if c[4] == 2]
+    assert clustered == ([(schedule, tile_m, tile_n, slices, 2)] if math.ceil(m / tile_m) >= 2 else [])
