@@ -149,12 +149,13 @@ def cutlass_specs(tile_m: int, dtype: str):
     return out
 
 
-# The unswapped tiles (the tokens on the MMA's M side, the weight rows on its N side, as cuBLAS runs 48-512 tokens:
-# nvjet 112x128 at 128 tokens on 14336 weight rows is 128 tiles on 132 SMs): (schedule, tile m, widest tile n), and
-# the tile N choices that size the grid to whole waves of the SMs
-UNSWAPPED = (("basic", 64, 256), ("cooperative", 128, 256), ("cooperative", 256, 128))
+# The unswapped tiles (the tokens on the MMA's M side, the weight rows on its N side; cuBLAS runs 112 x 128 tiles at
+# 128 tokens on 14336 weight rows: 128 tiles on 132 SMs): the basic schedule's 64- and 128-row tiles with the tile N
+# choices that size the grid to whole waves of the SMs. Session 25's first sweep also timed cooperative tiles with
+# and without split-K: 0.44-0.98 of cuBLAS where the basic tile won, so they are not candidates.
+UNSWAPPED = (("basic", 64, 256), ("basic", 128, 128))   # schedule, tile m, widest tile n (128 accumulators a thread)
 UNSWAPPED_TILE_N = (64, 96, 112, 128, 144, 176, 192, 224, 256)
-UNSWAPPED_SLICES = (1, 2, 4)
+UNSWAPPED_PER_TILE_M = 3
 
 
 def wave_fill(m: int, n: int, tile_m: int, tile_n: int, slices: int = 1) -> float:
@@ -165,35 +166,33 @@ def wave_fill(m: int, n: int, tile_m: int, tile_n: int, slices: int = 1) -> floa
 
 
 def unswapped_configs(m: int, n: int, k: int):
-    """(schedule, tile m, tile n, slices, cluster m) for M tokens against an N x K weight: per schedule the tile N
-    (and, cooperative only, split-K where the grid is under half a wave) that fills the waves best, larger tiles
-    first on ties; a tile M at least twice the tokens is skipped; the best one also with a cluster of two along M
-    (the weight tile multicast to both token tiles) where there are two token tiles."""
-    best = []
+    """(schedule, tile m, tile n, cluster m, cluster n) for M tokens against an N x K weight: per tile M (a 128-row
+    tile only from 96 tokens) the UNSWAPPED_PER_TILE_M tile N that fill the waves best, wider first on ties; the
+    best of all also in a cluster of two along N (the token tile multicast to two weight tiles: the kernels are
+    bound by L2-to-SM traffic, 80% of the L2's throughput in Nsight Compute) and, where the token tiles pair up
+    without padding, along M (the weight tile multicast to two token tiles)."""
+    ranked = []
     for schedule, tile_m, widest in UNSWAPPED:
         if tile_m > 64 and tile_m >= 2 * m:
             continue
-        options = []
-        for tile_n in (t for t in UNSWAPPED_TILE_N if t <= widest):
-            for slices in UNSWAPPED_SLICES if schedule == "cooperative" else (1,):
-                if slices > 1 and (math.ceil(m / tile_m) * math.ceil(n / tile_n) > SMS // 2 or k // slices < 1024):
-                    continue
-                fill = wave_fill(m, n, tile_m, tile_n, slices)
-                options.append(((round(fill, 2), tile_m * tile_n, -slices), (schedule, tile_m, tile_n, slices, 1)))
-        best.append(max(options))
-    best.sort(reverse=True)
-    configs = [config for _, config in best]
-    schedule, tile_m, tile_n, slices, _ = configs[0]
-    if math.ceil(m / tile_m) >= 2:
-        configs.append((schedule, tile_m, tile_n, slices, 2))
+        fills = sorted(((round(wave_fill(m, n, tile_m, t), 2), t) for t in UNSWAPPED_TILE_N if t <= widest),
+                       reverse=True)[:UNSWAPPED_PER_TILE_M]
+        ranked += [((fill, tile_m * tile_n), (schedule, tile_m, tile_n, 1, 1)) for fill, tile_n in fills]
+    ranked.sort(reverse=True)
+    configs = [config for _, config in ranked]
+    schedule, tile_m, tile_n, _, _ = configs[0]
+    if math.ceil(n / tile_n) >= 2:
+        configs.append((schedule, tile_m, tile_n, 1, 2))
+    if math.ceil(m / tile_m) % 2 == 0:
+        configs.append((schedule, tile_m, tile_n, 2, 1))
     return configs
 
 
 def unswapped_specs(m: int, n: int, k: int, dtype: str):
     """The unswapped stage's candidates for one shape (unswapped_configs), as valid spec texts."""
-    texts = [_spec(f"launch schedule={schedule} swap=no\n  tile m={tile_m} n={tile_n} k=64\n  cluster m={cluster} "
-                   f"n=1\n  split_k slices={slices} mode=workspace", dtype, "cutlass", target="cutlass")
-             for schedule, tile_m, tile_n, slices, cluster in unswapped_configs(m, n, k)]
+    texts = [_spec(f"launch schedule={schedule} swap=no\n  tile m={tile_m} n={tile_n} k=64\n  cluster m={cm} n={cn}\n"
+                   f"  split_k slices=1 mode=workspace", dtype, "cutlass", target="cutlass")
+             for schedule, tile_m, tile_n, cm, cn in unswapped_configs(m, n, k)]
     return _valid(texts)
 
 

@@ -27,22 +27,24 @@ def test_wave_fill_counts_the_idle_slots_of_every_wave():
 
 @settings(max_examples=60, deadline=None)
 @given(TOKENS, ROWS, DEPTH)
-def test_unswapped_configs_are_valid_and_fill_the_waves_best_per_schedule(m, n, k):
+def test_unswapped_configs_are_valid_and_fill_the_waves_best_per_tile_m(m, n, k):
     configs = sweep.unswapped_configs(m, n, k)
     texts = sweep.unswapped_specs(m, n, k, "f16")
-    assert len(texts) == len(configs), "the generator proposed a spec the CUTLASS rules refuse"
+    assert len(texts) == len(configs) == len(set(texts)), "the generator proposed a spec twice or one CUTLASS refuses"
     for text in texts:
         spec = parse_one(text)
         validate(spec, "cutlass", "sm_90")
-        assert spec.launch_swap == "no" and spec.layout_b == "col"
-    for schedule, tile_m, tile_n, slices, cluster in configs:
+        assert spec.launch_swap == "no" and spec.layout_b == "col" and spec.launch_schedule == "basic"
+    plain = [c for c in configs if c[3:] == (1, 1)]
+    for schedule, tile_m, tile_n, _, _ in plain:
         assert not (tile_m > 64 and tile_m >= 2 * m), "a tile M at least twice the tokens"
-        assert 0 < sweep.wave_fill(m, n, tile_m, tile_n, slices) <= 1
-        if slices > 1:
-            assert schedule == "cooperative" and math.ceil(m / tile_m) * math.ceil(n / tile_n) <= sweep.SMS // 2
-        widest = {t[0:2]: t[2] for t in sweep.UNSWAPPED}[(schedule, tile_m)]
-        best = max(sweep.wave_fill(m, n, tile_m, t, 1) for t in sweep.UNSWAPPED_TILE_N if t <= widest)
-        assert sweep.wave_fill(m, n, tile_m, tile_n, slices) >= round(best, 2) - 0.005
-    schedule, tile_m, tile_n, slices, _ = configs[0]
-    clustered = [c for c in configs if c[4] == 2]
-    assert clustered == ([(schedule, tile_m, tile_n, slices, 2)] if math.ceil(m / tile_m) >= 2 else [])
+        widest = {t[1]: t[2] for t in sweep.UNSWAPPED}[tile_m]
+        others = sorted((round(sweep.wave_fill(m, n, tile_m, t), 2) for t in sweep.UNSWAPPED_TILE_N if t <= widest),
+                        reverse=True)
+        assert round(sweep.wave_fill(m, n, tile_m, tile_n), 2) >= others[sweep.UNSWAPPED_PER_TILE_M - 1]
+    best = plain[0]
+    assert all(round(sweep.wave_fill(m, n, *c[1:3]), 2) <= round(sweep.wave_fill(m, n, *best[1:3]), 2) for c in plain)
+    clustered = [c for c in configs if c[3:] != (1, 1)]
+    expected = ([best[:3] + (1, 2)] if math.ceil(n / best[2]) >= 2 else []) + \
+        ([best[:3] + (2, 1)] if math.ceil(m / best[1]) % 2 == 0 else [])
+    assert clustered == expected
