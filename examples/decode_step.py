@@ -2,6 +2,7 @@
 """One decoding step of Llama-3.1-8B's linear layers, timed with torch and with l2c.
 
     python examples/decode_step.py [--batch 1,2,4,8,16,32,64,128,256] [--dtype f16] [--out FILE.json]
+    L2C_TUNED_TABLE=l2c/tuned/sm_90_graphs.json python examples/decode_step.py ...   # the CUDA-graphs table
 
 A transformer block's seven linear layers (q, k, v, o, gate, up, down; hidden 4096, MLP 14336, 8 KV heads) as
 `torch.nn.Linear`, and the same weights after `l2c.nn.replace_linears`. Each step multiplies a batch of tokens
@@ -100,6 +101,7 @@ def main() -> int:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": args.dtype,
                        "weights_bytes": weight_bytes, "ceilings": ceilings.as_row(),
+                       "table": str(l2c.dispatch.default_table_path("sm_90")),
                        "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
     return 0
 

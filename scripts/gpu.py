@@ -146,7 +146,12 @@ def _unswapped(a):
 
 
 def _decode(a):
-    return [script("examples/decode_step.py", "--out", f"{a.out}/decode_step_f16.json")]
+    """The decode step replays CUDA graphs, so it is measured with the graphs table (and, for comparison, the
+    default one)."""
+    graphs = ["env", f"L2C_TUNED_TABLE={a.graphs_table}"]
+    return [graphs + script("examples/decode_step.py", "--dtype", dtype, "--out", f"{a.out}/decode_step_{dtype}.json")
+            for dtype in ("f16", "bf16")] + [script("examples/decode_step.py", "--out",
+                                                    f"{a.out}/decode_step_f16_default_table.json")]
 
 
 def _mlp(a):
