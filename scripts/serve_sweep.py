@@ -151,18 +151,18 @@ def cutlass_specs(tile_m: int, dtype: str):
 
 # The unswapped tiles (the tokens on the MMA's M side, the weight rows on its N side; cuBLAS runs 112 x 128 tiles at
 # 128 tokens on 14336 weight rows: 128 tiles on 132 SMs): the basic schedule's 64- and 128-row tiles with the tile N
-# choices that size the grid to whole waves of the SMs. Session 25's first sweep also timed cooperative tiles with
-# and without split-K: 0.44-0.98 of cuBLAS where the basic tile won, so they are not candidates.
+# choices that size the grid to whole waves of the SMs. Cooperative tiles, with split-K or without, measured 0.44-0.98
+# of cuBLAS where the basic tile won (shared-memory bound: benchmarks/NOTES.md), so they are not candidates.
 UNSWAPPED = (("basic", 64, 256), ("basic", 128, 128))   # schedule, tile m, widest tile n (128 accumulators a thread)
 UNSWAPPED_TILE_N = (64, 96, 112, 128, 144, 176, 192, 224, 256)
 UNSWAPPED_PER_TILE_M = 3
 
 
-def wave_fill(m: int, n: int, tile_m: int, tile_n: int, slices: int = 1) -> float:
+def wave_fill(m: int, n: int, tile_m: int, tile_n: int) -> float:
     """The share of the SMs' tile slots over all waves that holds output elements (padding and the last wave's
     idle SMs are the rest)."""
-    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n) * slices
-    return m * n * slices / (math.ceil(tiles / SMS) * SMS * tile_m * tile_n)
+    tiles = math.ceil(m / tile_m) * math.ceil(n / tile_n)
+    return m * n / (math.ceil(tiles / SMS) * SMS * tile_m * tile_n)
 
 
 def unswapped_configs(m: int, n: int, k: int):
