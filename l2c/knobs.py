@@ -42,6 +42,9 @@ class Knob:
     # The targets whose search samples this knob, where fewer than `targets` (a knob one kernel family of a target
     # reads, whose other families ignore it, would only add invalid points to that target's space).
     search_targets: Tuple[str, ...] = ()
+    # The choices the search samples, where fewer than `choices` (values one target refuses, which would only add
+    # invalid points to the shared categorical parameter of the others).
+    search_choices: Tuple = ()
 
     @property
     def searched_for(self) -> Tuple[str, ...]:
@@ -65,9 +68,14 @@ class Knob:
 # under `launch swap=yes`. Not 24 (cuBLAS has 64x24 tiles): CUTLASS 4.2's TMA epilogue cannot vectorize its
 # 12-value fragments and fails to compile. Triton needs powers of two (rule triton-tile-pow2).
 _TILE_MN = (8, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
+# The tuner samples tile M and N from one categorical shared by both targets, where the wave-sized widths (80-240
+# but 96, 128 and 192) would be invalid for every Triton draw: it searches the others, and the wave-sized tiles come
+# from scripts/serve_sweep.py's generator and from written specs.
+_TILE_MN_SEARCHED = (8, 16, 32, 48, 64, 96, 128, 192, 256)
 # Tile M also takes 1, 2 and 4 rows: the gemv family's (rule gemv-tile-m), a few tokens against a weight. The other
 # kernels refuse them (triton-tile-pow2, and CUTLASS's warpgroup MMA rules).
 _TILE_M = (1, 2, 4) + _TILE_MN
+_TILE_M_SEARCHED = (1, 2, 4) + _TILE_MN_SEARCHED
 
 KNOBS: Tuple[Knob, ...] = (
     Knob("target", "", "enum", "any", "Restrict the spec to one target; `any` lets every target lower it.",
@@ -94,8 +102,8 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("layout", "c", "enum", "row", "Storage order of C and D (M x N).", choices=("row", "col"),
          searchable=False),
     # tiling
-    Knob("tile", "m", "int", 128, "Block tile rows.", choices=_TILE_M),
-    Knob("tile", "n", "int", 128, "Block tile columns.", choices=_TILE_MN),
+    Knob("tile", "m", "int", 128, "Block tile rows.", choices=_TILE_M, search_choices=_TILE_M_SEARCHED),
+    Knob("tile", "n", "int", 128, "Block tile columns.", choices=_TILE_MN, search_choices=_TILE_MN_SEARCHED),
     Knob("tile", "k", "int", 64, "Block tile depth per main-loop step.", choices=(16, 32, 64, 128, 256, 512)),
     Knob("pipeline", "stages", "auto_int", AUTO,
          "Shared-memory pipeline depth; `auto` lets the target fit it to shared memory.",

@@ -84,7 +84,7 @@ def _choices(knob: Knob) -> Tuple[object, ...]:
     if knob.kind == "auto_int":
         return (AUTO,) + tuple(knob.choices)
     if knob.kind == "int" and knob.choices:
-        return tuple(knob.choices)
+        return tuple(knob.search_choices or knob.choices)
     if knob.kind == "int":
         lo, hi = knob.lo or 1, knob.hi or knob.lo or 1
         return tuple(1 << i for i in range(int(math.log2(lo)), int(math.log2(hi)) + 1) if lo <= (1 << i) <= hi)

@@ -57,7 +57,7 @@ def test_statement_order_and_whitespace_do_not_matter(spec, rnd):
 
 
 @pytest.mark.parametrize("text, line, col, fragment", [
-    ("kernel a { tile m=100 }", 1, 19, 'unexpected \'100\'; expected one of "1", "128", "16"'),
+    ("kernel a { tile m=100 }", 1, 19, 'unexpected \'100\'; expected one of "1", "112", "128"'),
     ("kernel a { pipeline stages=12 }", 1, 28, "unexpected '12'; expected one of \"1\", \"2\""),
     ("kernel a {\n  tile m=128 m=64 }", 2, 16, "tile.m is set twice"),
     ("kernel a { split_k slices=99 }", 1, 27, "above the maximum 32"),
