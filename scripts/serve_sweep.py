@@ -17,7 +17,7 @@ nn.Linear's layout (B is the weight transposed). Stages:
   smallest power of two that holds the tokens, built with --build-jobs processes before measuring;
 - tensorgemv (not in the default stages): the same family on tensor cores (`launch cores=tensor`, mma.sync with
   the tokens on the MMA's narrow side) at M <= 16: `TENSOR_GEMV_COLUMN` x `CUDA_GEMV_SLICES`;
-- unswapped (not in the default stages): CUTLASS tiles with the tokens on the MMA's M side (64, 128 or 256 rows) and
+- unswapped (not in the default stages): CUTLASS tiles with the tokens on the MMA's M side (64 or 128 rows) and
   a tile N sized so that the grid fills whole waves of the SMs (`unswapped_configs`), for 48-512 tokens;
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
   `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — GEMV kernels up to
@@ -165,8 +165,8 @@ def wave_fill(m: int, n: int, tile_m: int, tile_n: int) -> float:
     return m * n / (math.ceil(tiles / SMS) * SMS * tile_m * tile_n)
 
 
-def unswapped_configs(m: int, n: int, k: int):
-    """(schedule, tile m, tile n, cluster m, cluster n) for M tokens against an N x K weight: per tile M (a 128-row
+def unswapped_configs(m: int, n: int):
+    """(schedule, tile m, tile n, cluster m, cluster n) for M tokens against a weight of N rows: per tile M (a 128-row
     tile only from 96 tokens) the UNSWAPPED_PER_TILE_M tile N that fill the waves best, wider first on ties; the
     best of all also in a cluster of two along N (the token tile multicast to two weight tiles: the kernels are
     bound by L2-to-SM traffic, 80% of the L2's throughput in Nsight Compute) and, where the token tiles pair up
@@ -188,11 +188,11 @@ def unswapped_configs(m: int, n: int, k: int):
     return configs
 
 
-def unswapped_specs(m: int, n: int, k: int, dtype: str):
+def unswapped_specs(m: int, n: int, dtype: str):
     """The unswapped stage's candidates for one shape (unswapped_configs), as valid spec texts."""
     texts = [_spec(f"launch schedule={schedule} swap=no\n  tile m={tile_m} n={tile_n} k=64\n  cluster m={cm} n={cn}\n"
                    f"  split_k slices=1 mode=workspace", dtype, "cutlass", target="cutlass")
-             for schedule, tile_m, tile_n, cm, cn in unswapped_configs(m, n, k)]
+             for schedule, tile_m, tile_n, cm, cn in unswapped_configs(m, n)]
     return _valid(texts)
 
 
@@ -496,19 +496,16 @@ def main() -> int:
         pools = {s.key: gemv_pool(s, args.dtype, top) for s in chosen}
         sweep(chosen, pools, out / f"serve_gemv_{args.dtype}.jsonl", device, args.budget_s, args.workers,
               sys.stderr, f"gemv {args.dtype}")
-    # the CUTLASS target's gemv family: (stage, largest M, candidates for M tokens), built before measuring
-    for stage, max_m, candidates in (("cudagemv", 8, cuda_gemv_specs), ("tensorgemv", 16, tensor_gemv_specs)):
+    # the CUTLASS-target stages: (stage, largest M or None, candidates for a shape), built before measuring
+    for stage, max_m, candidates in (("cudagemv", 8, lambda s, dtype: cuda_gemv_specs(s.m, dtype)),
+                                     ("tensorgemv", 16, lambda s, dtype: tensor_gemv_specs(s.m, dtype)),
+                                     ("unswapped", None, lambda s, dtype: unswapped_specs(s.m, s.n, dtype))):
         if stage in stages:
-            chosen = [s for s in shapes if s.m <= max_m]
-            pools = {s.key: candidates(s.m, args.dtype) for s in chosen}
+            chosen = [s for s in shapes if max_m is None or s.m <= max_m]
+            pools = {s.key: candidates(s, args.dtype) for s in chosen}
             _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
             sweep(chosen, pools, out / f"serve_{stage}_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
                   f"{stage} {args.dtype}")
-    if "unswapped" in stages:
-        pools = {s.key: unswapped_specs(s.m, s.n, s.k, args.dtype) for s in shapes}
-        _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
-        sweep(shapes, pools, out / f"serve_unswapped_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
-              f"unswapped {args.dtype}")
     if "gated" in stages:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]
