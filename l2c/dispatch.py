@@ -32,7 +32,7 @@ import logging
 import threading
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -111,26 +111,37 @@ def _validated(job: Job):
     return _validate_text(job.spec_text, job.target, job.arch)
 
 
-class _AnyM:
-    """Holds every M: what online tuning may serve."""
+_LAST_M = 1 << 62
+
+
+class _OnlineMs:
+    """What a dispatcher that tunes online may serve at one (N, K): every M but those online tuning decided torch
+    serves (plain calls: no bias, no activation)."""
+    __slots__ = ("torch_ms",)
+
+    def __init__(self):
+        self.torch_ms: set = set()
 
     def __contains__(self, m) -> bool:
-        return True
+        return m not in self.torch_ms
+
+    def spans(self) -> List[Tuple[int, int]]:
+        """The Ms held, as the C++ call table's closed spans: the gaps between the Ms decided torch."""
+        out, lo = [], 0
+        for m in sorted(self.torch_ms):
+            if lo <= m - 1:
+                out.append((lo, m - 1))
+            lo = m + 1
+        return out + [(lo, _LAST_M)]
 
 
-class _AnyShape:
-    """Maps every (N, K) to every M: the `served_nk` of a dispatcher that tunes online."""
+class _OnlineShapes(dict):
+    """Maps each (N, K) (or (K, N)) to its _OnlineMs: the `served_nk` / `served_kn` of a dispatcher that tunes
+    online."""
 
-    def __getitem__(self, nk):
-        return _ANY_M
-
-    def __contains__(self, nk) -> bool:
-        return True
-
-
-_ANY_M = _AnyM()
-_ANY_SHAPE = _AnyShape()
-_EVERY_M = [(0, 1 << 62)]   # _ANY_M as the C++ call table's spans
+    def __missing__(self, key):
+        ms = self[key] = _OnlineMs()
+        return ms
 
 
 def _first_test_resolvers(served_kn, served_nk):
@@ -138,7 +149,7 @@ def _first_test_resolvers(served_kn, served_nk):
     served for `a @ b` at b's (K, N), dtype and layout, and for nn.Linear's layout at the weight's (N, K). They hold
     the dispatcher's maps, not the dispatcher: the table the dispatcher holds must not hold it back."""
     def spans(ms):
-        return _EVERY_M if ms is _ANY_M else served_spans(ms)
+        return ms.spans() if isinstance(ms, _OnlineMs) else served_spans(ms)
 
     def resolve_matmul(a, b):
         return spans(served_kn.get(a.dtype, NO_LAYOUTS)[not b.is_contiguous()][b.shape])
@@ -165,12 +176,14 @@ class Dispatcher:
         # per torch dtype, the Ms the entries serve at each (N, K) (`d[nk]` is never missing: an empty set where
         # nothing serves): served_nk keyed by a weight's shape, nn.Linear's layouts (`linear`, l2c.nn.Linear);
         # served_kn a pair keyed by b's (K, N) for `a @ b` (l2c.ops.matmul), (b row-major, b column-major). A plain
-        # call whose M is not there is torch's after a few dict lookups; online tuning may serve any shape
+        # call whose M is not there is torch's after a few dict lookups; online tuning may serve any shape but
+        # those it decided torch serves
         self.served_nk: Dict[torch.dtype, object] = {}
         self.served_kn: Dict[torch.dtype, Tuple[object, object]] = {}
         for torch_dtype, name in _TORCH_DTYPES.items():
             if self.online:
-                self.served_nk[torch_dtype], self.served_kn[torch_dtype] = _ANY_SHAPE, (_ANY_SHAPE, _ANY_SHAPE)
+                self.served_nk[torch_dtype] = _OnlineShapes()
+                self.served_kn[torch_dtype] = (_OnlineShapes(), _OnlineShapes())
             elif table is not None:
                 self.served_nk[torch_dtype] = table.served_shapes(name, "row,col,row")
                 self.served_kn[torch_dtype] = tuple(table.served_shapes(name, layout, transposed=True)
@@ -362,8 +375,11 @@ class Dispatcher:
         decided, spec_text = self.decisions.get(key)
         if decided:
             if spec_text is None:
+                if not has_bias and activation == "none":
+                    self._decided_torch(dtype, layout, m, n, k)
                 return None, True
-            return self._kernel(Job(spec_text, "triton", "sm_90", m, n, k, device)), True
+            target = parse_one(spec_text, file="<online decision>").target
+            return self._kernel(Job(spec_text, target, "sm_90", m, n, k, device)), True
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return None, False      # never tuned inside a capture; a later eager call may tune
         job = self._jobs.get(("online",) + sig)
@@ -379,6 +395,19 @@ class Dispatcher:
         reply = self.preparer.reply(job) if state == READY else {}
         self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
         return self._resolve_online(sig)
+
+    def _decided_torch(self, dtype: str, layout: str, m: int, n: int, k: int) -> None:
+        """Online tuning decided that torch serves plain calls of this shape: the first test sends them to torch from
+        now on, without the Python path (the C++ table asks its resolvers again)."""
+        torch_dtype = next((t for t, name in _TORCH_DTYPES.items() if name == dtype), None)
+        if torch_dtype is None:
+            return
+        holders = {"row,row,row": [self.served_kn[torch_dtype][0][(k, n)]],
+                   "row,col,row": [self.served_kn[torch_dtype][1][(k, n)], self.served_nk[torch_dtype][(n, k)]]}
+        for ms in holders.get(layout, ()):
+            ms.torch_ms.add(m)
+        if self.native is not None:
+            self.native.forget_first_tests()
 
     def resolve(self, a, b, bias, activation, tensors=None, gate="none", residual=None) -> Optional[Callable]:
         """The tuned kernel that serves this call, or None (torch serves it)."""

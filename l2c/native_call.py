@@ -232,6 +232,9 @@ class CallTable {
     END_HANDLE_TH_ERRORS_PYBIND
   }
 
+  // Ask the resolvers again at each key's next call: what they answer has changed (an online decision).
+  void forget_first_tests() { first_.clear(); }
+
   size_t size() const { return entries_.size(); }
   size_t shapes() const { return first_.size(); }
   std::pair<int64_t, int64_t> counts() const { return {served_, fallbacks_}; }
@@ -367,6 +370,7 @@ PYBIND11_MODULE(L2C_MODULE_NAME, m) {
       .def("add", &CallTable::add)
       .def("call", &CallTable::call)
       .def("call_linear", &CallTable::call_linear)
+      .def("forget_first_tests", &CallTable::forget_first_tests)
       .def("size", &CallTable::size)
       .def("shapes", &CallTable::shapes)
       .def("counts", &CallTable::counts);

@@ -8,13 +8,17 @@ or "torch" — is persisted per GPU, driver and l2c version in the user cache di
 it and a new GPU, driver or l2c starts afresh. Nothing is tuned inside a CUDA-graph capture or torch.compile
 tracing: those calls run what is already decided.
 
-Candidates are kernels for the memory-bound regime, where cuBLAS leaves the most behind: the GEMV family up to
-8 rows and 16-row tensor-core tiles up to 16, with split-K sized for the shape; above 16 rows, the table's own
-shape-generic kernels for the same dtype and layouts. They are the configurations that ranked best in the
-`serve` sweep on the H200 (benchmarks/NOTES.md).
+Candidates, in the order they are timed: the kernels of the table's entries measured nearest the shape (same
+dtype and layouts; nearest in log M + log N + log K, a range or cell at no distance from what it holds), each
+only where its build runs no compiler (a CUTLASS library in the build cache or the prebuilt pack); then, for the
+memory-bound regime, the Triton GEMV family up to 8 rows and 16-row tensor-core tiles up to 16, with split-K sized
+for the shape (the configurations that ranked best in the `serve` sweep on the H200, benchmarks/NOTES.md). The
+table's Triton kernels come after its prebuilt ones: Triton compiles each at its first launch (about a second), so
+the budget usually ends among them.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict, List, Optional, Tuple
 
@@ -25,6 +29,8 @@ from .arch import ARCHS
 SMS = ARCHS["sm_90"].sm_count
 DEFAULT_MARGIN = 1.05
 BUDGET_S = 2.0
+NEAREST = 6   # the table's kernels nearest the shape that are timed
+ONLINE_NAME = "online"   # l2c's own candidates, before each is named by its knobs
 # (tile n, tile k, warps, reduce, waves of programs over the SMs): the best GEMV configurations per row count
 GEMV_BEST = {1: ((8, 256, 2, "end", 4), (8, 256, 4, "end", 4), (8, 128, 4, "end", 4), (8, 256, 2, "step", 4)),
              2: ((8, 256, 2, "end", 4), (8, 128, 2, "end", 4), (8, 256, 2, "step", 4)),
@@ -52,43 +58,91 @@ def split_for(tiles: int, k: int, tile_k: int, waves: int) -> int:
 
 def _text(dtype: str, layout: str, body: str) -> str:
     la, lb, lc = layout.split(",")
-    return (f"kernel online {{\n  target triton\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
+    return (f"kernel {ONLINE_NAME} {{\n  target triton\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
             f"acc=f32\n  layout a={la} b={lb} c={lc}\n  {body}\n  swizzle group=1\n}}\n")
 
 
-def candidate_specs(dtype: str, layout: str, m: int, n: int, k: int, table=None) -> List[str]:
-    """Spec texts worth timing for one call shape (module docstring), each named by its knobs."""
+def _gap(x: int, lo: int, hi: int) -> float:
+    return 0.0 if lo <= x <= hi else min(abs(math.log(x / lo)), abs(math.log(x / hi)))
+
+
+def distance(entry, m: int, n: int, k: int) -> float:
+    """How far the shapes a table entry was measured on lie from (m, n, k): |log| ratios summed over M, N and K,
+    nothing along an axis its range or cell covers."""
+    m_lo, m_hi = (entry.m_lo, entry.m_hi) if entry.serves_range else (entry.m, entry.m)
+    n_lo, n_hi, k_lo, k_hi = ((entry.n_lo, entry.n_hi, entry.k_lo, entry.k_hi) if entry.serves_cell
+                              else (entry.n, entry.n, entry.k, entry.k))
+    return _gap(m, m_lo, m_hi) + _gap(n, n_lo, n_hi) + _gap(k, k_lo, k_hi)
+
+
+def nearest_kernels(table, dtype: str, layout: str, m: int, n: int, k: int, count: int = NEAREST) -> List[str]:
+    """Spec texts of the `count` distinct kernels (shape-generic, plain epilogue) of the table's plain entries for
+    this dtype and layouts measured nearest (m, n, k); on a tie the larger measured speedup first."""
     from .errors import L2Error
-    from .ir import config_name
+    from .tuned_table import served_entries
+    entries = [e for e in served_entries(table) if e.gate == "none" and e.batch == 1 and e.dtype == dtype
+               and e.layout == layout]
+    entries.sort(key=lambda e: (distance(e, m, n, k), -e.speedup))
+    out: List[str] = []
+    for spec_text, target in dict.fromkeys((e.spec_text, e.target) for e in entries):   # many share a kernel
+        try:
+            text = _generic(spec_text, target)
+        except L2Error:
+            continue
+        if text not in out:
+            out.append(text)
+            if len(out) == count:
+                break
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _generic(spec_text: str, target: str) -> str:
+    """A table entry's kernel for its target, as a spec generic in M, N and K with the plain epilogue (parsed once
+    per process)."""
+    from .knobs import ANY
     from .parser import parse_one
-    from .validate import validate
-    bodies = []
+    spec = parse_one(spec_text, file="<tuned table>")
+    return spec.replace(target=target, problem_m=ANY, problem_n=ANY, problem_k=ANY, epilogue_bias="none",
+                        epilogue_activation="none").to_l2()
+
+
+def candidate_specs(dtype: str, layout: str, m: int, n: int, k: int, table=None) -> List[str]:
+    """Spec texts worth timing for one call shape (module docstring), each named by its knobs: the table's nearest
+    kernels, those that load without a compiler first, then the Triton GEMV and 16-row candidates."""
+    nearest = nearest_kernels(table, dtype, layout, m, n, k) if table is not None else []
+    texts = [t for t in nearest if "target   triton" not in t] + [t for t in nearest if "target   triton" in t]
     if m <= 8:
         rows = 1 << max(0, (m - 1).bit_length())
         for bn, bk, warps, reduce, waves in GEMV_BEST[rows]:
             split = split_for(math.ceil(n / bn), k, bk, waves)
-            bodies.append(f"launch family=gemv warps={warps} evict=first reduce={reduce}\n  tile m={rows} n={bn} "
-                          f"k={bk}\n  split_k slices={split} mode=workspace")
+            texts.append(_text(dtype, layout, f"launch family=gemv warps={warps} evict=first reduce={reduce}\n"
+                                              f"  tile m={rows} n={bn} k={bk}\n  split_k slices={split} mode=workspace"))
     if 4 <= m <= 16:
         for bn, bk, stages in GEMM_16:
             split = split_for(math.ceil(m / 16) * math.ceil(n / bn), k, bk, 4)
-            bodies.append(f"launch warps=4 evict=first\n  tile m=16 n={bn} k={bk}\n  pipeline stages={stages}\n"
-                          f"  split_k slices={split} mode=workspace")
-    texts = [_text(dtype, layout, body) for body in bodies]
-    if m > 16 and table is not None:
-        generic = [e for key, e in table.exact.items() if key[0] == dtype and key[1] == layout
-                   and e.target == "triton" and "m=any n=any k=any" in e.spec_text]
-        texts += [e.spec_text for e in sorted(generic, key=lambda e: -e.speedup)[:4]]
-    out = []
-    for text in dict.fromkeys(texts):
-        try:
-            spec = parse_one(text)
+            texts.append(_text(dtype, layout, f"launch warps=4 evict=first\n  tile m=16 n={bn} k={bk}\n  pipeline "
+                                              f"stages={stages}\n  split_k slices={split} mode=workspace"))
+    checked = (_checked(text) for text in dict.fromkeys(texts))
+    return [text for text in checked if text is not None]
+
+
+@functools.lru_cache(maxsize=4096)
+def _checked(text: str) -> Optional[str]:
+    """A candidate's canonical text if it validates for sm_90, else None; l2c's own candidates are named by their
+    knobs, a table's kernels keep their names."""
+    from .errors import L2Error
+    from .ir import config_name
+    from .parser import parse_one
+    from .validate import validate
+    try:
+        spec = parse_one(text)
+        if spec.name == ONLINE_NAME:
             spec = spec.replace(name=config_name(spec))
-            validate(spec, spec.target, "sm_90")
-            out.append(spec.to_l2())
-        except L2Error:
-            continue
-    return out
+        validate(spec, spec.target, "sm_90")
+        return spec.to_l2()
+    except L2Error:
+        return None
 
 
 class Decisions:
@@ -120,9 +174,11 @@ class Decisions:
 def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activation: str, device_kind: str,
              budget_s: float = BUDGET_S) -> Tuple[Optional[str], Optional[float], str]:
     """What the worker does for an online job: (winning spec text or None, its speedup, a note). Each candidate
-    is built, verified at the shape, then timed against torch; a candidate that fails is skipped."""
+    is built, verified at the shape, then timed against torch; a candidate that fails is skipped, and so is one
+    whose build would run a compiler other than Triton's JIT (a CUTLASS kernel neither cached nor prebuilt)."""
     import time
 
+    from . import targets
     from .build import build
     from .errors import BuildError, L2Error
     from .measure import Problem, TorchMatmul, measure_kernel
@@ -138,7 +194,10 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
             break
         spec = parse_one(text).replace(epilogue_bias="col" if bias else "none", epilogue_activation=activation)
         try:
-            kernel = build(validate(spec, spec.target, "sm_90"))
+            valid = validate(spec, spec.target, "sm_90")
+            if spec.target != "triton" and not targets.get(spec.target).built(valid):
+                continue
+            kernel = build(valid)
         except (L2Error, BuildError):
             continue
         if not verify(kernel, m, n, k, device=device.torch_device.type).ok:

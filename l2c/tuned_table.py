@@ -383,10 +383,10 @@ def served_ms(entry: TunedEntry) -> List[int]:
 
 
 def served_entries(table: TunedTable) -> List[TunedEntry]:
-    """Every entry of `table` that can serve a call (those the lookup can return), exact ones first, then the gated
-    entries."""
+    """Every entry of `table` that can serve a call (those the lookup can return): exact ones first, then token
+    ranges and cells, then the gated entries."""
     entries = list(table.exact.values())
-    for group in table.ranges.values():
+    for group in list(table.ranges.values()) + list(table.cells.values()):
         entries += group
     for sub in table.gated.values():
         entries += served_entries(sub)

@@ -76,6 +76,17 @@ def _dispatch(a):
                 "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_grid.jsonl")]
 
 
+def _online(a):
+    """`offgrid` through l2c.matmul with online choice on (`L2C_TUNE=online`; the bench's first call of each shape
+    waits for its tuning, whose decision is persisted), then with the table alone, in one run: what the opt-in
+    tuning adds on shapes no table holds."""
+    online = ["env", "L2C_TUNE=online"]
+    return [online + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "offgrid", "--protocol", "kernel,call",
+                         "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_offgrid_online.jsonl"),
+            l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps",
+                "5", "--iters", "10", "-o", f"{a.out}/dispatch_offgrid.jsonl")]
+
+
 def _evidence(a):
     """Every entry of both tables through the dispatcher at its own shapes, in `kernel` and `call`: what
     `l2c table --protocol kernel,call` makes the default table from (README, "Two tables ship"); each row records
@@ -191,6 +202,9 @@ STAGES: Dict[str, Stage] = {
     "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "
                       "(heldout: the cells' held-out check, f16 and bf16; offgrid) and on the grid, kernel and call "
                       "protocols", _dispatch),
+    "online": Stage("l2c.matmul on `offgrid` with online choice (L2C_TUNE=online: the table's nearest prebuilt "
+                    "kernels and the GEMV candidates timed per new shape) and with the table alone, kernel and call",
+                    _online),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "

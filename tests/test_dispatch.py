@@ -432,6 +432,50 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
     set_tuned_table(None)
 
 
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 20000), n=st.integers(8, 20000), k=st.integers(8, 20000))
+def test_online_candidates_are_the_tables_nearest_kernels_first(m, n, k):
+    """Online tuning times the kernels of the table's entries nearest the call's shape first (log distance, none
+    inside a range or cell), each kernel once and shape-generic, in the call's dtype and layouts only, then the
+    Triton GEMV candidates of few rows."""
+    from l2c.online import NEAREST, candidate_specs, distance, nearest_kernels
+    shapes = [(1, 64, 64), (16, 4096, 4096), (128, 1024, 8192), (2048, 2048, 2048), (8192, 512, 64), (64, 8192, 256),
+              (4, 16384, 1024), (512, 12288, 12288)]
+    entries = [entry(mm, nn, kk, spec=KernelSpec(name=f"e{i}", tile_m=16, tile_n=16, tile_k=16, layout_b="col",
+                                                 swizzle_group=1, launch_warps=4, pipeline_stages=2 + i % 4))
+               for i, (mm, nn, kk) in enumerate(shapes)]
+    entries.append(entry(300, 300, 300, spec=KernelSpec(name="ranged", tile_m=32, tile_n=32, tile_k=32,
+                                                        layout_b="col", swizzle_group=1, launch_warps=4),
+                         m_range=(100, 900)))
+    entries.append(entry(64, 64, 64, spec=KernelSpec(name="other_layout", tile_m=64, tile_n=64, tile_k=32),
+                         layout="row,row,row"))
+    table = TunedTable(entries)
+    near = nearest_kernels(table, "f16", "row,col,row", m, n, k)
+    assert len(near) == min(NEAREST, len(shapes) + 1) and len(set(near)) == len(near)
+    assert all("other_layout" not in t and "m=any n=any k=any" in t for t in near)
+    by_name = {e.spec_text.split()[1]: e for e in entries}
+    gaps = [distance(by_name[t.split()[1]], m, n, k) for t in near]
+    assert gaps == sorted(gaps)
+    assert min(distance(e, m, n, k) for e in entries[:-1]) == gaps[0]
+    assert distance(entries[-2], 500, 300, 300) == 0.0 and distance(entries[-2], 1800, 300, 300) > 0.0
+    texts = candidate_specs("f16", "row,col,row", m, n, k, table)
+    assert [t.split()[1] for t in texts[:len(near)]] == [t.split()[1] for t in near]
+    gemv = [t for t in texts[len(near):]]
+    assert bool(gemv) == (m <= 16) and all("target   triton" in t for t in gemv)
+
+
+def test_online_tuning_never_compiles_a_cutlass_candidate(tmp_path, monkeypatch):
+    """A CUTLASS candidate neither in the build cache nor in the prebuilt pack is skipped by the online worker: no
+    compiler runs while a call waits to be tuned (the cache stays empty)."""
+    from l2c.online import tune_one
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no_pack.zip"))
+    spec = KernelSpec(name="never_built", target="cutlass", tile_m=64, tile_n=64, tile_k=64, layout_b="col")
+    best, speedup, note = tune_one([spec.to_l2()], 64, 64, 64, False, "none", "cpu")
+    assert (best, speedup) == (None, None) and note.startswith("0 timed")
+    assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.cu"))
+
+
 def test_importing_the_dispatcher_asks_for_the_toolchains_off_the_calling_thread():
     """At import, l2c.dispatch builds the parser and templates and starts a thread that asks each target for its
     toolchain id (nvcc's version) and builds CUTLASS's call-plan shim, so the first tuned call finds them cached; a

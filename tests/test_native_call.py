@@ -334,3 +334,35 @@ def test_a_compiled_graph_guards_neither_on_the_table_nor_on_the_counts(new_tabl
             dispatcher._attach_native()
         torch.testing.assert_close(compiled(a, b), a @ b)
     assert counter.frame_count == 1
+
+
+def test_a_shape_online_tuning_gave_to_torch_goes_to_torch_in_cxx(new_table, tmp_path, monkeypatch):
+    """With online tuning on, every M may be served, so a new shape's first call takes the Python path (which tunes
+    it); once the decision for a plain call is torch, later calls of that shape go to torch from the C++ table's
+    first test, as a shape no table serves does, while other Ms of the same (K, N) still reach the Python path."""
+    from l2c.dispatch import Dispatcher
+    from l2c.online import Decisions
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    Decisions("cpu", "none").record(Decisions.signature("f16", "row,row,row", 8, 8, 64, False, "none"), None, 0.9)
+    dispatcher = Dispatcher(None, allow_cpu=True, online=True)
+    assert dispatcher.native is not None
+    a, b, _ = operands()
+    torch.testing.assert_close(ops.matmul_with(dispatcher, a, b), torch.matmul(a, b), rtol=0, atol=0)
+    assert dispatcher.native.counts() == (0, 0) and dispatcher.counts["fallback"] == 1   # decided in Python
+    assert 8 not in dispatcher.served_kn[torch.float16][0][(64, 8)] and 9 in dispatcher.served_kn[torch.float16][0][(64, 8)]
+    torch.testing.assert_close(ops.matmul_with(dispatcher, a, b), torch.matmul(a, b), rtol=0, atol=0)
+    assert dispatcher.native.counts() == (0, 1) and dispatcher.counts["fallback"] == 1   # then torch in C++
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sets(st.integers(0, 1 << 20), max_size=12), st.integers(0, 1 << 20))
+def test_online_spans_hold_every_m_but_those_decided_torch(torch_ms, m):
+    """The C++ first test's spans of a dispatcher that tunes online: closed, sorted, disjoint, and holding exactly
+    the Ms online tuning did not give to torch."""
+    from l2c.dispatch import _OnlineMs
+    ms = _OnlineMs()
+    ms.torch_ms.update(torch_ms)
+    spans = ms.spans()
+    assert all(lo <= hi for lo, hi in spans) and all(a[1] + 1 < b[0] for a, b in zip(spans, spans[1:]))
+    held = any(lo <= x <= hi for lo, hi in spans for x in (m,))
+    assert held == (m not in torch_ms) == (m in ms)
