@@ -174,7 +174,8 @@ class Decisions:
 def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activation: str, device_kind: str,
              budget_s: float = BUDGET_S) -> Tuple[Optional[str], Optional[float], str]:
     """What the worker does for an online job: (winning spec text or None, its speedup, a note). Each candidate
-    is built, verified at the shape, then timed against torch; a candidate that fails is skipped, and so is one
+    is built, verified at the shape, then timed against torch, twice where the first timing beat the margin and
+    the best so far (the lower speedup counts); a candidate that fails is skipped, and so is one
     whose build would run a compiler other than Triton's JIT (a CUTLASS kernel neither cached nor prebuilt)."""
     import time
 
@@ -203,11 +204,16 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
         if not verify(kernel, m, n, k, device=device.torch_device.type).ok:
             continue
         problem = Problem.from_spec(spec, m, n, k)
-        timing = measure_kernel(kernel, TorchMatmul(problem), problem, device, reps=5, warmup=2,
-                                target_rep_s=2e-4, cold=True)
+
+        def speedup() -> float:
+            return measure_kernel(kernel, TorchMatmul(problem), problem, device, reps=5, warmup=2,
+                                  target_rep_s=2e-4, cold=True).speedup
+        first = speedup()
         tried += 1
-        if timing.speedup > best_speedup:
-            best, best_speedup = spec.to_l2(), timing.speedup
+        if first > best_speedup and first >= margin():
+            first = min(first, speedup())   # a winner is timed twice: one lucky timing must not serve it
+        if first > best_speedup:
+            best, best_speedup = spec.to_l2(), first
     if best is not None and best_speedup >= margin():
         return best, best_speedup, f"{tried} timed"
     return None, (best_speedup or None), f"{tried} timed; none beat torch by {margin()}x"
