@@ -5,7 +5,9 @@
     python scripts/serve_sweep.py --out DIR --dtype bf16 --stages gemv,cutlass --top-from EXPLORE.jsonl.xz
     python scripts/serve_sweep.py --out /tmp --warm-table TABLE.json --shapes serve    # before measuring a table
 
-nn.Linear's layout (B is the weight transposed). Stages:
+nn.Linear's layout (B is the weight transposed); `--layout row,row,row` times the CUTLASS-target stages (cutlass,
+unswapped) in `a @ b` with B row-major instead, against torch.matmul (e.g. on `--shapes grid`, its files named
+`..._rowrowrow.jsonl`). Stages:
 - explore (A): the wide GEMV space — (tile n, tile k, warps) x reduce {step, end} x waves {1, 2, 4, 8} of programs
   over the SMs, split-K sized per shape — on eight representative weights at M = 1, 2, 4, 8, 16; the best
   configurations per M (geomean speedup) go on to stage B (`--top-from` ranks an earlier exploration instead);
@@ -47,6 +49,7 @@ from pathlib import Path
 from l2c.online import SMS, split_for
 
 
+LINEAR = "row,col,row"   # nn.Linear's layouts of A, B (the weight transposed) and D: every stage's default
 GEMV_TILES = ((16, 256, 4), (32, 256, 4), (32, 128, 4), (64, 128, 4), (16, 512, 4), (64, 256, 8))
 # The exploration's GEMV space: (tile n, tile k, warps) x reduce x waves of programs over the SMs
 GEMV_EXPLORE = tuple((bn, bk, w) for bn in (8, 16, 32, 64, 128) for bk in (128, 256, 512) for w in (2, 4, 8))
@@ -139,13 +142,13 @@ def cutlass_tile_m(m: int) -> int:
     return next((t for t in CUTLASS_TILE_M if t >= m), CUTLASS_TILE_M[-1])
 
 
-def cutlass_specs(tile_m: int, dtype: str):
+def cutlass_specs(tile_m: int, dtype: str, layout: str = LINEAR):
     configs = CUTLASS_NARROW if tile_m <= 32 else CUTLASS_WIDE if tile_m < 96 else CUTLASS_TOKEN_WIDE
     out = []
     for schedule, bn, bk, cluster, split, mode in configs:
         body = (f"launch schedule={schedule} swap=yes\n  tile m={tile_m} n={bn} k={bk}\n  cluster m=1 n={cluster}\n"
                 f"  split_k slices={split} mode={mode}")
-        out.append(_spec(body, dtype, "cutlass", target="cutlass"))
+        out.append(_spec(body, dtype, "cutlass", target="cutlass", layout=layout))
     return out
 
 
@@ -188,17 +191,17 @@ def unswapped_configs(m: int, n: int):
     return configs
 
 
-def unswapped_specs(m: int, n: int, dtype: str):
+def unswapped_specs(m: int, n: int, dtype: str, layout: str = LINEAR):
     """The unswapped stage's candidates for one shape (unswapped_configs), as valid spec texts."""
     texts = [_spec(f"launch schedule={schedule} swap=no\n  tile m={tile_m} n={tile_n} k=64\n  cluster m={cm} n={cn}\n"
-                   f"  split_k slices=1 mode=workspace", dtype, "cutlass", target="cutlass")
+                   f"  split_k slices=1 mode=workspace", dtype, "cutlass", target="cutlass", layout=layout)
              for schedule, tile_m, tile_n, cm, cn in unswapped_configs(m, n)]
     return _valid(texts)
 
 
-def cutlass_pool(shapes, dtype: str):
+def cutlass_pool(shapes, dtype: str, layout: str = LINEAR):
     """Every swapped CUTLASS candidate stage C times on `shapes`: what its builder compiles."""
-    return [t for tm in sorted({cutlass_tile_m(s.m) for s in shapes}) for t in cutlass_specs(tm, dtype)]
+    return [t for tm in sorted({cutlass_tile_m(s.m) for s in shapes}) for t in cutlass_specs(tm, dtype, layout)]
 
 
 def _splits(tiles: int, k: int, bk: int):
@@ -206,11 +209,12 @@ def _splits(tiles: int, k: int, bk: int):
     return sorted({split_for(tiles, k, bk, waves) for waves in (2, 4)})
 
 
-def _spec(body: str, dtype: str, family: str, target: str = "triton") -> str:
+def _spec(body: str, dtype: str, family: str, target: str = "triton", layout: str = LINEAR) -> str:
     from l2c.ir import config_name
     from l2c.parser import parse_one
+    la, lb, lc = layout.split(",")
     text = (f"kernel k {{\n  target {target}\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
-            f"acc=f32\n  layout a=row b=col c=row\n  {body}\n" + ("  swizzle group=1\n" if target == "triton" else "")
+            f"acc=f32\n  layout a={la} b={lb} c={lc}\n  {body}\n" + ("  swizzle group=1\n" if target == "triton" else "")
             + "}\n")
     spec = parse_one(text)
     return spec.replace(name=config_name(spec)).to_l2()
@@ -449,6 +453,11 @@ def main() -> int:
                          "--gated-weights at --gated-tokens; not a default stage)")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--min-m", type=int, default=1, help="the stages' shapes have --min-m <= M <= --max-m")
+    ap.add_argument("--min-n", type=int, default=1, help="the stages' shapes have N >= --min-n")
+    ap.add_argument("--min-k", type=int, default=1, help="the stages' shapes have K >= --min-k")
+    ap.add_argument("--layout", default=LINEAR,
+                    help="the CUTLASS-target stages' layouts of A, B and D (cutlass, unswapped): row,row,row times "
+                         "`a @ b` with B row-major against torch.matmul; the other stages are nn.Linear's")
     ap.add_argument("--top", type=int, default=8, help="GEMV configurations per M kept for stage B")
     ap.add_argument("--top-from", default=None, metavar="EXPLORE.jsonl",
                     help="rank stage B's configurations from an earlier stage A's results instead of measuring")
@@ -476,14 +485,15 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stages = args.stages.split(",")
-    shapes = sorted((s for s in load_shapes(args.shapes) if args.min_m <= s.m <= args.max_m),
-                    key=lambda s: (s.m, s.n * s.k))
+    layout_suffix = "" if args.layout == LINEAR else "_" + args.layout.replace(",", "")   # e.g. _rowrowrow
+    shapes = sorted((s for s in load_shapes(args.shapes) if args.min_m <= s.m <= args.max_m and s.n >= args.min_n
+                     and s.k >= args.min_k), key=lambda s: (s.m, s.n * s.k))
     builder = None
     if "cutlass" in stages:
         import tempfile
         work = Path(tempfile.mkdtemp(prefix="serve_sweep_"))   # $OUT returns at most 8 files: logs stay here
         pool_file = work / f"cutlass_pool_{args.dtype}.l2"
-        pool_file.write_text("\n".join(cutlass_pool(shapes, args.dtype)))
+        pool_file.write_text("\n".join(cutlass_pool(shapes, args.dtype, args.layout)))
         builder = subprocess.Popen([sys.executable, "-m", "l2c", "build", str(pool_file), "--target", "cutlass",
                                     "-j", str(args.build_jobs)], stdout=open(work / "cutlass_build.log", "w"),
                                    stderr=subprocess.STDOUT)
@@ -499,13 +509,14 @@ def main() -> int:
     # the CUTLASS-target stages: (stage, largest M or None, candidates for a shape), built before measuring
     for stage, max_m, candidates in (("cudagemv", 8, lambda s, dtype: cuda_gemv_specs(s.m, dtype)),
                                      ("tensorgemv", 16, lambda s, dtype: tensor_gemv_specs(s.m, dtype)),
-                                     ("unswapped", None, lambda s, dtype: unswapped_specs(s.m, s.n, dtype))):
+                                     ("unswapped", None,
+                                      lambda s, dtype: unswapped_specs(s.m, s.n, dtype, args.layout))):
         if stage in stages:
             chosen = [s for s in shapes if max_m is None or s.m <= max_m]
             pools = {s.key: candidates(s, args.dtype) for s in chosen}
             _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
-            sweep(chosen, pools, out / f"serve_{stage}_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
-                  f"{stage} {args.dtype}")
+            sweep(chosen, pools, out / f"serve_{stage}_{args.dtype}{layout_suffix}.jsonl", device, args.budget_s, 1,
+                  sys.stderr, f"{stage} {args.dtype}")
     if "gated" in stages:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]
@@ -518,9 +529,9 @@ def main() -> int:
         code = builder.wait()
         print(f"serve_sweep: CUTLASS pool built (status {code}) after {time.monotonic() - t0:.0f} s more; "
               + (work / "cutlass_build.log").read_text().strip().splitlines()[-1], file=sys.stderr, flush=True)
-        pools = {s.key: _valid(cutlass_specs(cutlass_tile_m(s.m), args.dtype)) for s in shapes}
-        sweep(shapes, pools, out / f"serve_cutlass_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
-              f"cutlass {args.dtype}")
+        pools = {s.key: _valid(cutlass_specs(cutlass_tile_m(s.m), args.dtype, args.layout)) for s in shapes}
+        sweep(shapes, pools, out / f"serve_cutlass_{args.dtype}{layout_suffix}.jsonl", device, args.budget_s, 1,
+              sys.stderr, f"cutlass {args.dtype}")
     return 0
 
 

@@ -47,3 +47,16 @@ def test_unswapped_configs_are_valid_and_fill_the_waves_best_per_tile_m(m, n):
     expected = ([best[:3] + (1, 2)] if math.ceil(n / best[2]) >= 2 else []) + \
         ([best[:3] + (2, 1)] if math.ceil(m / best[1]) % 2 == 0 else [])
     assert clustered == expected
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(64, 1024), ROWS)
+def test_unswapped_specs_take_the_layout_asked_for(m, n):
+    """`--layout row,row,row` (the grid's `a @ b`): the same configurations, each a valid spec with B row-major."""
+    linear = sweep.unswapped_specs(m, n, "f16")
+    rows = sweep.unswapped_specs(m, n, "f16", "row,row,row")
+    assert len(rows) == len(linear) == len(sweep.unswapped_configs(m, n))
+    for text in rows:
+        spec = parse_one(text)
+        validate(spec, "cutlass", "sm_90")
+        assert (spec.layout_a, spec.layout_b, spec.layout_c) == ("row", "row", "row")
