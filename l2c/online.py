@@ -108,8 +108,8 @@ def _generic(spec_text: str, target: str) -> str:
 
 
 def candidate_specs(dtype: str, layout: str, m: int, n: int, k: int, table=None) -> List[str]:
-    """Spec texts worth timing for one call shape (module docstring), each named by its knobs: the table's nearest
-    kernels, those that load without a compiler first, then the Triton GEMV and 16-row candidates."""
+    """Spec texts worth timing for one call shape, in the order to time them (module docstring): the table's nearest
+    kernels, the Triton ones last among them, then l2c's Triton GEMV and 16-row candidates (named by their knobs)."""
     nearest = nearest_kernels(table, dtype, layout, m, n, k) if table is not None else []
     texts = [t for t in nearest if "target   triton" not in t] + [t for t in nearest if "target   triton" in t]
     if m <= 8:
