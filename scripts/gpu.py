@@ -77,14 +77,15 @@ def _dispatch(a):
 
 
 def _online(a):
-    """`offgrid` through l2c.matmul with online choice on (`L2C_TUNE=online`; the bench's first call of each shape
-    waits for its tuning, whose decision is persisted), then with the table alone, in one run: what the opt-in
-    tuning adds on shapes no table holds."""
+    """`offgrid` through l2c.matmul and l2c.nn.Linear with online choice on (`L2C_TUNE=online`; the bench's first call
+    of each shape waits for its tuning, whose decision is persisted), f16 and bf16, then what a caller's first calls
+    cost while their shapes are tuned. The table alone on the same shapes is the `dispatch` stage."""
     online = ["env", "L2C_TUNE=online"]
-    return [online + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "offgrid", "--protocol", "kernel,call",
-                         "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_offgrid_online.jsonl"),
-            l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps",
-                "5", "--iters", "10", "-o", f"{a.out}/dispatch_offgrid.jsonl")]
+    return [online + l2c("bench", f"{via}:{a.eager_table}", "--shapes", "offgrid", "--dtype", dtype, "--protocol",
+                         "kernel,call", "--reps", "5", "--iters", "10", "-o",
+                         f"{a.out}/{name}_offgrid_online_{dtype}.jsonl")
+            for via, name in (("dispatch", "dispatch"), ("linear", "linear")) for dtype in ("f16", "bf16")] + \
+        [script("scripts/online_first_call.py", "--count", "40", "--out", f"{a.out}/online_first_call_f16.json")]
 
 
 def _evidence(a):
@@ -209,9 +210,9 @@ STAGES: Dict[str, Stage] = {
     "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "
                       "(heldout: the cells' held-out check, f16 and bf16; offgrid) and on the grid, kernel and call "
                       "protocols", _dispatch),
-    "online": Stage("l2c.matmul on `offgrid` with online choice (L2C_TUNE=online: the table's nearest prebuilt "
-                    "kernels and the GEMV candidates timed per new shape) and with the table alone, kernel and call",
-                    _online),
+    "online": Stage("l2c.matmul and l2c.nn.Linear on `offgrid` with online choice (L2C_TUNE=online: the table's "
+                    "nearest prebuilt kernels and the GEMV candidates timed per new shape), kernel and call, f16 and "
+                    "bf16, and the first calls while tuning", _online),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "
