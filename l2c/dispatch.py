@@ -44,8 +44,8 @@ from .errors import BuildError, L2Error
 from .kernel import call_signature
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
-from .tuned_table import (NO_LAYOUTS, NO_SHAPES, TableError, TunedEntry, TunedTable, load_table, served_spans,
-                          served_spec)
+from .tuned_table import (MAX_REMEMBERED_NK, NO_LAYOUTS, NO_SHAPES, TableError, TunedEntry, TunedTable, load_table,
+                          served_spans, served_spec)
 
 log = logging.getLogger("l2c.dispatch")
 
@@ -137,10 +137,12 @@ class _OnlineMs:
 
 class _OnlineShapes(dict):
     """Maps each (N, K) (or (K, N)) to its _OnlineMs: the `served_nk` / `served_kn` of a dispatcher that tunes
-    online."""
+    online. Past MAX_REMEMBERED_NK keys a new one is not kept (every M may be served there, as before a decision)."""
 
     def __missing__(self, key):
-        ms = self[key] = _OnlineMs()
+        ms = _OnlineMs()
+        if len(self) < MAX_REMEMBERED_NK:
+            self[key] = ms
         return ms
 
 

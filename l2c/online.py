@@ -58,8 +58,8 @@ def split_for(tiles: int, k: int, tile_k: int, waves: int) -> int:
 
 def _text(dtype: str, layout: str, body: str) -> str:
     la, lb, lc = layout.split(",")
-    return (f"kernel {ONLINE_NAME} {{\n  target triton\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
-            f"acc=f32\n  layout a={la} b={lb} c={lc}\n  {body}\n  swizzle group=1\n}}\n")
+    return (f"kernel {ONLINE_NAME} {{\n  target triton\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} "
+            f"c={dtype} acc=f32\n  layout a={la} b={lb} c={lc}\n  {body}\n  swizzle group=1\n}}\n")
 
 
 def _gap(x: int, lo: int, hi: int) -> float:
@@ -116,13 +116,15 @@ def candidate_specs(dtype: str, layout: str, m: int, n: int, k: int, table=None)
         rows = 1 << max(0, (m - 1).bit_length())
         for bn, bk, warps, reduce, waves in GEMV_BEST[rows]:
             split = split_for(math.ceil(n / bn), k, bk, waves)
-            texts.append(_text(dtype, layout, f"launch family=gemv warps={warps} evict=first reduce={reduce}\n"
-                                              f"  tile m={rows} n={bn} k={bk}\n  split_k slices={split} mode=workspace"))
+            body = (f"launch family=gemv warps={warps} evict=first reduce={reduce}\n  tile m={rows} n={bn} k={bk}\n"
+                    f"  split_k slices={split} mode=workspace")
+            texts.append(_text(dtype, layout, body))
     if 4 <= m <= 16:
         for bn, bk, stages in GEMM_16:
             split = split_for(math.ceil(m / 16) * math.ceil(n / bn), k, bk, 4)
-            texts.append(_text(dtype, layout, f"launch warps=4 evict=first\n  tile m=16 n={bn} k={bk}\n  pipeline "
-                                              f"stages={stages}\n  split_k slices={split} mode=workspace"))
+            body = (f"launch warps=4 evict=first\n  tile m=16 n={bn} k={bk}\n  pipeline stages={stages}\n"
+                    f"  split_k slices={split} mode=workspace")
+            texts.append(_text(dtype, layout, body))
     checked = (_checked(text) for text in dict.fromkeys(texts))
     return [text for text in checked if text is not None]
 

@@ -75,7 +75,8 @@ def main() -> int:
         row.update(after_ms=1e3 * after_s, after_torch_ms=1e3 * torch_s,
                    served_by="torch" if kernel is None else kernel.valid.name)
     extras = [r["first_extra_ms"] for r in rows] + [r["second_extra_ms"] for r in rows]
-    out = {"command": " ".join(sys.argv), "environment": environment(get_device("cuda"), ["call"], " ".join(sys.argv), {}),
+    env = environment(get_device("cuda"), ["call"], " ".join(sys.argv), {})
+    out = {"command": " ".join(sys.argv), "environment": env,
            "shapes": len(rows), "dtype": args.dtype, "decided_within_s": round(wait_s, 2), "all_decided": finished,
            "served_after": sum(r["served_by"] != "torch" for r in rows),
            "max_extra_ms": round(max(extras), 3), "median_first_extra_ms": round(statistics.median(

@@ -214,8 +214,8 @@ def _spec(body: str, dtype: str, family: str, target: str = "triton", layout: st
     from l2c.parser import parse_one
     la, lb, lc = layout.split(",")
     text = (f"kernel k {{\n  target {target}\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
-            f"acc=f32\n  layout a={la} b={lb} c={lc}\n  {body}\n" + ("  swizzle group=1\n" if target == "triton" else "")
-            + "}\n")
+            f"acc=f32\n  layout a={la} b={lb} c={lc}\n  {body}\n"
+            + ("  swizzle group=1\n" if target == "triton" else "") + "}\n")
     spec = parse_one(text)
     return spec.replace(name=config_name(spec)).to_l2()
 
