@@ -401,8 +401,9 @@ class Dispatcher:
     def _decided_torch(self, dtype: str, layout: str, m: int, n: int, k: int) -> None:
         """Online tuning decided that torch serves plain calls of this shape: the first test sends them to torch from
         now on, without the Python path (the C++ table asks its resolvers again)."""
-        torch_dtype = next((t for t, name in _TORCH_DTYPES.items() if name == dtype), None)
-        if torch_dtype is None:
+        from .verify import TORCH_DTYPES   # imported on a decision, not at the dispatcher's import
+        torch_dtype = TORCH_DTYPES.get(dtype)
+        if torch_dtype not in _TORCH_DTYPES:   # no map for it (f32): its calls never reach the first test
             return
         holders = {"row,row,row": [self.served_kn[torch_dtype][0][(k, n)]],
                    "row,col,row": [self.served_kn[torch_dtype][1][(k, n)], self.served_nk[torch_dtype][(n, k)]]}

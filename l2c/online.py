@@ -210,12 +210,12 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
         def speedup() -> float:
             return measure_kernel(kernel, TorchMatmul(problem), problem, device, reps=5, warmup=2,
                                   target_rep_s=2e-4, cold=True).speedup
-        first = speedup()
+        measured = speedup()
         tried += 1
-        if first > best_speedup and first >= margin():
-            first = min(first, speedup())   # a winner is timed twice: one lucky timing must not serve it
-        if first > best_speedup:
-            best, best_speedup = spec.to_l2(), first
+        if measured > best_speedup and measured >= margin():
+            measured = min(measured, speedup())   # a winner is timed twice: one lucky timing must not serve it
+        if measured > best_speedup:
+            best, best_speedup = spec.to_l2(), measured
     if best is not None and best_speedup >= margin():
         return best, best_speedup, f"{tried} timed"
     return None, (best_speedup or None), f"{tried} timed; none beat torch by {margin()}x"
