@@ -21,8 +21,8 @@ def _warm_start() -> None:
 if "torch" in _sys.modules:   # a PyTorch program (the command line never imports torch first)
     from . import settings as _settings
     if _settings.value("L2C_WARM_START") != "0":
-        import threading as _threading
-        _threading.Thread(target=_warm_start, name="l2c-warm-start", daemon=True).start()
+        from . import background as _background
+        _background.start(_warm_start, "l2c-warm-start")
 
 
 def __getattr__(name):

@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from . import native_call, settings, targets
+from . import background, native_call, settings, targets
 from .epilogue import (activate, check_activation, check_gate, torch_gated, torch_gated_linear, torch_matmul,
                        torch_residual)
 from .errors import BuildError, L2Error
@@ -747,7 +747,7 @@ def _compile_front_end() -> None:
         except L2Error:   # the warm-up spec not valid for a target: the first call pays that target's imports
             pass
     from . import build, verified  # noqa: F401 - imported here, not on a first call
-    threading.Thread(target=_query_toolchains, name="l2c-toolchains", daemon=True).start()
+    background.start(_query_toolchains, "l2c-toolchains")
 
 
 def _query_toolchains() -> None:

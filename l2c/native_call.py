@@ -44,7 +44,7 @@ import weakref
 from pathlib import Path
 from typing import List, Optional
 
-from . import cache, epilogue, settings
+from . import background, cache, epilogue, settings
 from .targets.cutlass import shim
 
 # the activation argument of a plain call, as a served plan's key holds it (None: no activation): an index into
@@ -469,7 +469,7 @@ def _claim() -> bool:
 def start_build() -> None:
     """Build the extension on a background thread (once per process); no caller waits for it."""
     if _claim():
-        threading.Thread(target=_load, name="l2c-native-call", daemon=True).start()
+        background.start(_load, "l2c-native-call")
 
 
 def build_now(timeout: Optional[float] = None) -> bool:
