@@ -28,8 +28,10 @@ from .arch import ARCHS
 
 SMS = ARCHS["sm_90"].sm_count
 DEFAULT_MARGIN = 1.05
+DEFAULT_EAGER_MARGIN = 1.0
 BUDGET_S = 2.0
 NEAREST = 6   # the table's kernels nearest the shape that are timed
+EAGER_ITERS = 20   # synchronized calls a side that a winning Triton candidate's eager call is timed with
 ONLINE_NAME = "online"   # l2c's own candidates, before each is named by its knobs
 # (tile n, tile k, warps, reduce, waves of programs over the SMs): the best GEMV configurations per row count
 GEMV_BEST = {1: ((8, 256, 2, "end", 4), (8, 256, 4, "end", 4), (8, 128, 4, "end", 4), (8, 256, 2, "step", 4)),
@@ -40,12 +42,22 @@ GEMV_BEST = {1: ((8, 256, 2, "end", 4), (8, 256, 4, "end", 4), (8, 128, 4, "end"
 GEMM_16 = ((64, 64, 6), (64, 128, 4), (128, 64, 4))
 
 
-def margin() -> float:
-    value = settings.value("L2C_TUNE_MARGIN") or ""
+def _ratio(name: str, default: float) -> float:
+    value = settings.value(name) or ""
     try:
-        return float(value) if value else DEFAULT_MARGIN
+        return float(value) if value else default
     except ValueError:
-        return DEFAULT_MARGIN
+        return default
+
+
+def margin() -> float:
+    """How much faster than torch a choice's device time must be (`L2C_TUNE_MARGIN`)."""
+    return _ratio("L2C_TUNE_MARGIN", DEFAULT_MARGIN)
+
+
+def eager_margin() -> float:
+    """How much faster than torch a Triton choice's eager call must be (`L2C_TUNE_EAGER_MARGIN`)."""
+    return _ratio("L2C_TUNE_EAGER_MARGIN", DEFAULT_EAGER_MARGIN)
 
 
 def split_for(tiles: int, k: int, tile_k: int, waves: int) -> int:
@@ -178,20 +190,24 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
     """What the worker does for an online job: (winning spec text or None, its speedup, a note). Each candidate
     is built, verified at the shape, then timed against torch, twice where the first timing beat the margin and
     the best so far (the lower speedup counts); a candidate that fails is skipped, and so is one
-    whose build would run a compiler other than Triton's JIT (a CUTLASS kernel neither cached nor prebuilt)."""
+    whose build would run a compiler other than Triton's JIT (a CUTLASS kernel neither cached nor prebuilt).
+    A Triton candidate that would win must also not lose an eager call (`call` protocol, `EAGER_ITERS` synchronized
+    calls a side, against `eager_margin`): its launch is Python's, dearer than torch.matmul's, where a CUTLASS
+    kernel's eager call goes through the C++ call table, leaner than torch's; the default table asks the same of its
+    entries."""
     import time
 
     from . import targets
     from .build import build
     from .errors import BuildError, L2Error
-    from .measure import Problem, TorchMatmul, measure_kernel
+    from .measure import Problem, TorchMatmul, measure_call, measure_kernel
     from .devices import get_device
     from .parser import parse_one
     from .validate import validate
     from .verify import verify
     device = get_device(device_kind)
     deadline = time.monotonic() + budget_s
-    best, best_speedup, tried = None, 0.0, 0
+    best, best_speedup, tried, lost_eager = None, 0.0, 0, 0
     for text in candidates:
         if time.monotonic() > deadline:
             break
@@ -214,8 +230,14 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
         tried += 1
         if measured > best_speedup and measured >= margin():
             measured = min(measured, speedup())   # a winner is timed twice: one lucky timing must not serve it
+            if measured > best_speedup and measured >= margin() and spec.target == "triton" and \
+                    measure_call(kernel, TorchMatmul(problem), problem, device, iters=EAGER_ITERS,
+                                 warmup=2).speedup < eager_margin():
+                lost_eager += 1
+                continue
         if measured > best_speedup:
             best, best_speedup = spec.to_l2(), measured
+    note = f"{tried} timed" + (f", {lost_eager} lost an eager call" if lost_eager else "")
     if best is not None and best_speedup >= margin():
-        return best, best_speedup, f"{tried} timed"
-    return None, (best_speedup or None), f"{tried} timed; none beat torch by {margin()}x"
+        return best, best_speedup, note
+    return None, (best_speedup or None), f"{note}; none beat torch by {margin()}x"

@@ -408,10 +408,11 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
     """L2C_TUNE=online on a shape no table holds: the first call runs torch while the worker (a real process, the
     Triton interpreter) builds, verifies and times candidates; the decision is persisted per GPU, driver and l2c
     version, served from then on, reused by a new dispatcher (a later process) without tuning, and not reused
-    under another l2c version. The margin is 0 here: on the CPU no interpreted kernel beats torch."""
+    under another l2c version. The margins are 0 here: on the CPU no interpreted kernel beats torch."""
     from l2c.online import Decisions, candidate_specs
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
+    monkeypatch.setenv("L2C_TUNE_EAGER_MARGIN", "0")
     assert candidate_specs("f16", "row,col,row", 2, 48, 64) and not candidate_specs("f16", "row,col,row", 64, 48, 64)
     dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
     a = torch.randn(2, 64, dtype=torch.float16)
@@ -462,6 +463,21 @@ def test_online_candidates_are_the_tables_nearest_kernels_first(m, n, k):
     assert [t.split()[1] for t in texts[:len(near)]] == [t.split()[1] for t in near]
     gemv = [t for t in texts[len(near):]]
     assert bool(gemv) == (m <= 16) and all("target   triton" in t for t in gemv)
+
+
+def test_a_triton_candidate_that_loses_an_eager_call_is_not_chosen(tmp_path, monkeypatch):
+    """A Triton candidate that beats the device-time margin (0 here) still serves only if its eager call, launched
+    from Python, is not slower than torch's (`L2C_TUNE_EAGER_MARGIN`, default 1.0). On the CPU the interpreted
+    kernel loses every eager call, so with the default torch keeps the shape; with the eager margin at 0 it wins."""
+    from l2c.online import candidate_specs, tune_one
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
+    candidates = candidate_specs("f16", "row,col,row", 2, 48, 64)[:1]
+    best, speedup, note = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
+    assert best is None and speedup is None and note.startswith("1 timed, 1 lost an eager call"), note
+    monkeypatch.setenv("L2C_TUNE_EAGER_MARGIN", "0")
+    best, speedup, note = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
+    assert best is not None and "family=gemv" in best and speedup > 0 and note == "1 timed"
 
 
 def test_online_tuning_never_compiles_a_cutlass_candidate(tmp_path, monkeypatch):
