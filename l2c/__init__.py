@@ -9,11 +9,17 @@ import sys as _sys
 
 
 def _warm_start() -> None:
-    """Import the dispatcher off the importing thread: its import prepares, in the background, what a first tuned
-    call needs (l2c.dispatch: `_compile_front_end`, and on a GPU `_warm_start`), while the caller builds its model."""
+    """Import what `l2c.matmul` and `l2c.nn` load on first access off the importing thread, while the caller builds its
+    model: the dispatcher, whose import prepares what a first tuned call needs (l2c.dispatch: `_compile_front_end`,
+    and on a GPU `_warm_start`), then l2c.ops, whose torch custom ops cost tens of milliseconds to register (torch
+    reads each one's source location), then l2c.nn."""
     import importlib
     try:
-        importlib.import_module("l2c.dispatch")
+        from . import background
+        for name in ("l2c.dispatch", "l2c.ops", "l2c.nn"):
+            if background.exiting():
+                return
+            importlib.import_module(name)
     except Exception:  # noqa: BLE001 - the first call imports it again and reports what is wrong
         pass
 

@@ -5,38 +5,88 @@ targets' builders, asks nvcc for its version, compiles small C and C++ libraries
 still doing that when the interpreter finalizes is ended by `pthread_exit` wherever it next takes the GIL, and
 when that is inside C++ (an extension module's initialisation, torch's or Triton's pybind11 code) the unwinding
 aborts the whole process ("FATAL: exception not rethrown", status -6) after the program itself has finished.
-A short command such as `l2c warmup` that fails fast meets this. So these threads are joined at exit: each runs
-a bounded job, and a program ends only once its start-up work has.
+A short command such as `l2c warmup` that fails fast meets this.
+
+So at exit these threads are joined, except while one waits on a compiler (`waiting_on_a_process`): a thread
+blocked in a subprocess holds no C++ frame and is ended safely, so a program that exits during the C++ call table's
+first compile (seconds to a minute, once per machine) does not wait for it; such a thread stops at the end of its
+wait instead of going on into C++. No thread starts once the exit has begun, and the exit waits `EXIT_WAIT_S` at
+most, so no stuck thread holds a program at its end.
 """
 from __future__ import annotations
 
 import atexit
 import threading
-from typing import Callable, List
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, List, Optional, Set
+
+EXIT_WAIT_S = 60.0
 
 _lock = threading.Lock()
 _threads: List[threading.Thread] = []
+_waiting: Set[threading.Thread] = set()   # threads inside `waiting_on_a_process`: not waited for at exit
+_exiting = threading.Event()
 
 
-def start(target: Callable[[], None], name: str) -> threading.Thread:
-    """Run `target` on a new daemon thread that the interpreter joins before it finalizes."""
-    thread = threading.Thread(target=target, name=name, daemon=True)
+def exiting() -> bool:
+    """Whether the interpreter is ending: start no long step now."""
+    return _exiting.is_set()
+
+
+def start(target: Callable[[], None], name: str) -> Optional[threading.Thread]:
+    """Run `target` on a new daemon thread that the interpreter joins before it finalizes; None (nothing started)
+    once the exit has begun."""
     with _lock:
+        if _exiting.is_set():
+            return None
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:   # Python 3.12 starts no thread once its own shutdown has begun
+            return None
         _threads.append(thread)
-    thread.start()
     return thread
 
 
-def join_all() -> None:
-    """Wait for every thread `start` began, including those started meanwhile by the ones being waited for."""
+@contextmanager
+def waiting_on_a_process() -> Iterator[None]:
+    """Marks a wait on a subprocess (a compiler): the exit does not wait for this thread meanwhile, and if the exit
+    began during the wait, the thread parks at its end, in Python, where the interpreter ends it safely."""
+    me = threading.current_thread()
+    with _lock:
+        _waiting.add(me)
+    try:
+        yield
+    finally:
+        with _lock:
+            parked = _exiting.is_set()
+            if not parked:
+                _waiting.discard(me)
+        if parked:
+            threading.Event().wait()
+
+
+def join_all(timeout: Optional[float] = None) -> bool:
+    """Wait for every thread `start` began (those started meanwhile by the ones waited for too), except those
+    waiting on a process, for `timeout` seconds at most; True when none is left to wait for."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         with _lock:
-            alive = [thread for thread in _threads if thread.is_alive()]
-            _threads[:] = alive
-        if not alive:
-            return
-        for thread in alive:
-            thread.join()
+            _threads[:] = [thread for thread in _threads if thread.is_alive()]
+            running = [thread for thread in _threads if thread not in _waiting]
+        if not running:
+            return True
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        running[0].join(0.05 if left is None else min(0.05, left))   # a thread may begin waiting on a process
 
 
-atexit.register(join_all)
+def _join_at_exit() -> None:
+    with _lock:
+        _exiting.set()
+    join_all(EXIT_WAIT_S)
+
+
+atexit.register(_join_at_exit)

@@ -755,17 +755,22 @@ def _query_toolchains() -> None:
     thread so that the first tuned call finds it cached, each target's builder imported, CUTLASS's call-plan shim
     (a C compile of about 0.1 s, once per machine) built and, on a GPU, `_warm_start`. The imports come first: they
     hold the interpreter for long stretches, and done later they land on a first call (380 ms against 40-50 on the
-    H200 when they followed the warm start). A toolchain that is missing or broken is the build's concern."""
+    H200 when they followed the warm start). A toolchain that is missing or broken is the build's concern. Each step
+    is skipped once the program is ending (l2c.background)."""
     import importlib
     for name in targets.TARGETS:
+        if background.exiting():
+            return
         try:
             targets.get(name).toolchain_id()
             importlib.import_module(f"{targets.__name__}.{name}.build")   # the builder a first tuned call loads
         except Exception:  # noqa: BLE001 - the build reports it where it matters
             pass
+    if background.exiting():
+        return
     from .targets.cutlass import shim
     shim.shim_library()
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not background.exiting():
         _warm_start()
 
 
@@ -778,6 +783,8 @@ def _warm_start() -> None:
         dispatcher = default_dispatcher()
         if dispatcher.table is not None:
             dispatcher._verified_kernels()
+        if background.exiting():   # the program ends: the checker's compile and the pack's install can wait
+            return
         from . import checker
         checker.prepare()
         from .targets.cutlass.build import install_pack

@@ -411,12 +411,13 @@ def _compile(compiler: str, folder: Path, name: str) -> Path:
         cpp.write_text(SOURCE)
         errors = ""
         for std in ("-std=c++20", "-std=c++17"):   # what this torch's headers ask for, else the older standard
-            done = subprocess.run(
-                [compiler, "-O2", "-shared", "-fPIC", std, "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                 f"-DL2C_MODULE_NAME={name}", *includes, str(cpp), "-o", str(so),
-                 *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
-                 "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"],
-                capture_output=True, text=True)
+            with background.waiting_on_a_process():   # a program may end meanwhile: it does not wait for g++
+                done = subprocess.run(
+                    [compiler, "-O2", "-shared", "-fPIC", std, "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                     f"-DL2C_MODULE_NAME={name}", *includes, str(cpp), "-o", str(so),
+                     *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
+                     "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"],
+                    capture_output=True, text=True)
             if done.returncode == 0:
                 os.replace(so, library)
                 return library
@@ -467,7 +468,8 @@ def _claim() -> bool:
 
 
 def start_build() -> None:
-    """Build the extension on a background thread (once per process); no caller waits for it."""
+    """Build the extension on a background thread (once per process); no caller waits for it, and a program that
+    ends meanwhile waits for its load but not for its compile (l2c.background)."""
     if _claim():
         background.start(_load, "l2c-native-call")
 

@@ -3,13 +3,20 @@ program that ends while it runs neither cuts it off nor aborts in it (a daemon t
 the process down with status -6). Real interpreters, real threads."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 
-def _run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    """`code` run by a fresh interpreter; the result's `seconds` is its wall time."""
+    start = time.monotonic()
+    ran = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, **env))
+    ran.seconds = time.monotonic() - start
+    return ran
 
 
 def test_work_still_running_when_the_program_ends_is_finished_first(tmp_path):
@@ -35,12 +42,41 @@ def test_threads_started_by_a_background_thread_are_waited_for_too(tmp_path):
             time.sleep(0.3)
             open({str(done)!r}, "w").write("inner")
         def outer():
-            time.sleep(0.2)
             background.start(inner, "inner")
         background.start(outer, "outer")
+        time.sleep(0.1)
         """)
     assert ran.returncode == 0, ran.stderr
     assert done.read_text() == "inner"
+
+
+def test_no_thread_starts_once_the_exit_has_begun(tmp_path):
+    started = tmp_path / "started"
+    ran = _run(f"""
+        import time
+        from l2c import background
+        def late():
+            time.sleep(0.3)   # the program has ended by now: its exit waits for this thread
+            open({str(started)!r}, "w").write(repr(background.start(lambda: None, "too late")))
+        background.start(late, "late")
+        """)
+    assert ran.returncode == 0, ran.stderr
+    assert started.read_text() == "None"
+
+
+def test_the_exit_does_not_wait_for_a_thread_waiting_on_a_process():
+    """A compile in the background (a subprocess: no C++ frame on the thread) does not hold the program's exit."""
+    ran = _run("""
+        import subprocess, time
+        from l2c import background
+        def compile_for_long():
+            with background.waiting_on_a_process():
+                subprocess.run(["sleep", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        background.start(compile_for_long, "compiler")
+        time.sleep(0.2)
+        """)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.seconds < 15
 
 
 def test_a_command_that_imports_the_dispatcher_ends_with_its_own_status():
@@ -52,3 +88,37 @@ def test_a_command_that_imports_the_dispatcher_ends_with_its_own_status():
         sys.exit(3)
         """)
     assert ran.returncode == 3, ran.stderr
+
+
+def test_importing_l2c_after_torch_loads_what_the_first_access_needs_off_the_calling_thread():
+    """`import l2c` in a PyTorch program starts the warm start: the dispatcher, l2c.ops (whose custom ops cost tens of
+    milliseconds to register) and l2c.nn are imported on a background thread, so a later `l2c.matmul` finds them
+    loaded; with L2C_WARM_START=0 nothing is imported ahead."""
+    code = """
+        import sys
+        import torch
+        import l2c
+        from l2c import background
+        background.join_all()
+        print(all(name in sys.modules for name in ("l2c.dispatch", "l2c.ops", "l2c.nn")))
+        """
+    on = _run(code)
+    assert on.returncode == 0 and on.stdout.strip() == "True", on.stderr
+    off = _run(code, L2C_WARM_START="0")
+    assert off.returncode == 0 and off.stdout.strip() == "False", off.stderr
+
+
+def test_a_thread_that_never_finishes_holds_the_exit_for_the_bound_only():
+    """A stuck start-up thread cannot keep a program from ending: `join_all` gives up at its timeout, and the exit
+    waits `EXIT_WAIT_S` at most."""
+    ran = _run("""
+        import threading, time
+        from l2c import background
+        background.EXIT_WAIT_S = 1.0
+        background.start(threading.Event().wait, "stuck")
+        start = time.monotonic()
+        print(background.join_all(0.2), time.monotonic() - start)
+        """)
+    assert ran.returncode == 0, ran.stderr
+    gave_up, seconds = ran.stdout.split()
+    assert gave_up == "False" and 0.2 <= float(seconds) < 1.0
