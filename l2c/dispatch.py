@@ -310,6 +310,12 @@ class Dispatcher:
                 online = self.online and gate == "none" and not residual
                 return self._resolve_online(sig) if online else (None, True)
             job = self._jobs[sig] = self._job(entry, sig)
+        return self._prepared(job)
+
+    def _prepared(self, job: Optional[Job]) -> Tuple[Optional[Callable], bool]:
+        """A kernel to serve at one call shape: built here where an earlier verification at the shape holds and no
+        compiler runs, else verified on the calling thread by l2c's checker or prepared by the worker (the
+        dispatcher's steps 3 and 4 in the module docstring)."""
         if job is None:
             return None, True
         if self._verified_before(job):
@@ -380,8 +386,9 @@ class Dispatcher:
                 if not has_bias and activation == "none":
                     self._decided_torch(dtype, layout, m, n, k)
                 return None, True
-            target = parse_one(spec_text, file="<online decision>").target
-            return self._kernel(Job(spec_text, target, "sm_90", m, n, k, device)), True
+            # served as a table entry's kernel is: built on this thread only where that runs no compiler
+            job = self._jobs[sig] = self._decided_job(spec_text, m, n, k, device)
+            return self._prepared(job)
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return None, False      # never tuned inside a capture; a later eager call may tune
         job = self._jobs.get(("online",) + sig)
@@ -396,7 +403,14 @@ class Dispatcher:
             return None, False
         reply = self.preparer.reply(job) if state == READY else {}
         self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
+        if reply.get("spec") is not None:   # the worker verified the winner at this shape on this GPU
+            self._verified_kernels().record(self._decided_job(reply["spec"], m, n, k, device))
         return self._resolve_online(sig)
+
+    @staticmethod
+    def _decided_job(spec_text: str, m: int, n: int, k: int, device: str) -> Job:
+        """The job of an online decision's kernel (its spec holds the call's epilogue) at one call shape."""
+        return Job(spec_text, parse_one(spec_text, file="<online decision>").target, "sm_90", m, n, k, device)
 
     def _decided_torch(self, dtype: str, layout: str, m: int, n: int, k: int) -> None:
         """Online tuning decided that torch serves plain calls of this shape: the first test sends them to torch from
@@ -407,9 +421,10 @@ class Dispatcher:
             return
         holders = {"row,row,row": [self.served_kn[torch_dtype][0][(k, n)]],
                    "row,col,row": [self.served_kn[torch_dtype][1][(k, n)], self.served_nk[torch_dtype][(n, k)]]}
-        for ms in holders.get(layout, ()):
+        added = [ms for ms in holders.get(layout, ()) if m not in ms.torch_ms]
+        for ms in added:
             ms.torch_ms.add(m)
-        if self.native is not None:
+        if added and self.native is not None:   # each later signature of a known decision changes nothing
             self.native.forget_first_tests()
 
     def resolve(self, a, b, bias, activation, tensors=None, gate="none", residual=None) -> Optional[Callable]:

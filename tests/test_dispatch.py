@@ -480,6 +480,28 @@ def test_a_triton_candidate_that_loses_an_eager_call_is_not_chosen(tmp_path, mon
     assert best is not None and "family=gemv" in best and speedup > 0 and note == "1 timed"
 
 
+def test_a_persisted_online_decision_is_not_built_on_the_calling_thread(tmp_path, monkeypatch):
+    """A later process meets a decision whose CUTLASS library is no longer in the build cache (nor in a pack): its
+    calls run torch while the worker prepares it, and the calling thread never starts a build."""
+    from l2c.online import Decisions
+    from tests.test_pack import _hide_nvcc
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no_pack.zip"))
+    _hide_nvcc(monkeypatch, tmp_path)
+    spec = KernelSpec(name="evicted", target="cutlass", tile_m=64, tile_n=64, tile_k=64, layout_b="col").to_l2()
+    Decisions("cpu", "none").record(Decisions.signature("f16", "row,col,row", 32, 48, 64, False, "none"), spec, 1.2)
+    dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
+    a = torch.randn(32, 64, dtype=torch.float16)
+    w = torch.randn(48, 64, dtype=torch.float16)
+    torch.testing.assert_close(l2c.matmul(a, w.t()).float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats == {"tuned": 0, "fallback": 1}
+    assert not dispatcher._kernels                      # nothing built here: the worker has the job
+    assert dispatcher.wait(timeout=600)
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 0, "fallback": 2} and not dispatcher._kernels   # it failed there: torch
+    set_tuned_table(None)
+
+
 def test_online_tuning_never_compiles_a_cutlass_candidate(tmp_path, monkeypatch):
     """A CUTLASS candidate neither in the build cache nor in the prebuilt pack is skipped by the online worker: no
     compiler runs while a call waits to be tuned (the cache stays empty)."""
