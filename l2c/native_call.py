@@ -411,15 +411,17 @@ def _compile(compiler: str, folder: Path, name: str) -> Path:
         cpp.write_text(SOURCE)
         errors = ""
         for std in ("-std=c++20", "-std=c++17"):   # what this torch's headers ask for, else the older standard
-            with background.waiting_on_a_process():   # a program may end meanwhile: it does not wait for g++
+            # a program may end meanwhile: it does not wait for g++, and a library built by then is kept
+            with background.waiting_on_a_process():
                 done = subprocess.run(
                     [compiler, "-O2", "-shared", "-fPIC", std, "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
                      f"-DL2C_MODULE_NAME={name}", *includes, str(cpp), "-o", str(so),
                      *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
                      "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"],
                     capture_output=True, text=True)
+                if done.returncode == 0:
+                    os.replace(so, library)
             if done.returncode == 0:
-                os.replace(so, library)
                 return library
             errors = (done.stdout + done.stderr).strip()
         raise OSError(f"{compiler} failed: {errors[-800:]}")
