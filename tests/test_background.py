@@ -36,15 +36,17 @@ def test_work_still_running_when_the_program_ends_is_finished_first(tmp_path):
 def test_threads_started_by_a_background_thread_are_waited_for_too(tmp_path):
     done = tmp_path / "done"
     ran = _run(f"""
-        import time
+        import threading, time
         from l2c import background
+        started = threading.Event()
         def inner():
             time.sleep(0.3)
             open({str(done)!r}, "w").write("inner")
         def outer():
             background.start(inner, "inner")
+            started.set()
         background.start(outer, "outer")
-        time.sleep(0.1)
+        started.wait()
         """)
     assert ran.returncode == 0, ran.stderr
     assert done.read_text() == "inner"
@@ -56,7 +58,8 @@ def test_no_thread_starts_once_the_exit_has_begun(tmp_path):
         import time
         from l2c import background
         def late():
-            time.sleep(0.3)   # the program has ended by now: its exit waits for this thread
+            while not background.exiting():   # the program ends: its exit waits for this thread
+                time.sleep(0.01)
             open({str(started)!r}, "w").write(repr(background.start(lambda: None, "too late")))
         background.start(late, "late")
         """)
