@@ -379,6 +379,8 @@ class Dispatcher:
         """A shape the table does not cover: the persisted decision, or an online-tuning job for the worker."""
         from .online import candidate_specs
         dtype, layout, m, n, k, has_bias, activation, device = sig[:8]
+        if not (m and n and k):   # an empty product: nothing to tune, torch returns it
+            return None, True
         key = self.decisions.signature(dtype, layout, m, n, k, has_bias, activation)
         decided, spec_text = self.decisions.get(key)
         if decided:

@@ -480,6 +480,19 @@ def test_a_triton_candidate_that_loses_an_eager_call_is_not_chosen(tmp_path, mon
     assert best is not None and "family=gemv" in best and speedup > 0 and note == "1 timed"
 
 
+def test_online_tuning_leaves_empty_products_to_torch(tmp_path, monkeypatch):
+    """M, N or K of 0 under online tuning: torch's empty (or zero) result, no candidates asked for (their distance to
+    the table's shapes has no logarithm)."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    dispatcher = set_tuned_table(TunedTable([entry(64, 64, 32)]), allow_cpu=True, online=True)
+    for m, n, k in ((0, 64, 32), (8, 0, 32), (8, 64, 0)):
+        a, w = torch.randn(m, k, dtype=torch.float16), torch.randn(n, k, dtype=torch.float16)
+        torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())
+        torch.testing.assert_close(dispatcher.linear(a, w), F.linear(a, w))
+    assert not dispatcher.preparer.replies and dispatcher.stats["tuned"] == 0
+    set_tuned_table(None)
+
+
 def test_a_persisted_online_decision_is_not_built_on_the_calling_thread(tmp_path, monkeypatch):
     """A later process meets a decision whose CUTLASS library is no longer in the build cache (nor in a pack): its
     calls run torch while the worker prepares it, and the calling thread never starts a build."""
