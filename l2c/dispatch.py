@@ -36,6 +36,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import forward_ad as _forward_ad
 
 from . import background, native_call, settings, targets
 from .epilogue import (activate, check_activation, check_gate, torch_gated, torch_gated_linear, torch_matmul,
@@ -93,6 +94,14 @@ def _layout_of(t: torch.Tensor) -> Optional[str]:
 def _needs_grad(a, b, bias) -> bool:
     return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
                                         or (bias is not None and bias.requires_grad))
+
+
+def _has_tangent(*tensors) -> bool:
+    """Whether a forward-mode AD tangent rides on an operand (dual tensors inside `forward_ad.dual_level()`): the tuned
+    kernels have no forward derivative, so torch serves such calls (as the C++ call table's `records_grad` sends
+    them here)."""
+    return _forward_ad._current_level >= 0 and any(
+        t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def _graph_needs_torch(activation, out, a, b, bias) -> bool:
@@ -458,6 +467,8 @@ class Dispatcher:
         misaligned pointer: this call only) and the caller falls back; counts which path served the call.
         With `grad` the call records an autograd node whose backward runs the dispatcher's GEMMs; `c` is the C input
         of a kernel that adds a residual."""
+        if kernel is not None and _has_tangent(a, b, bias, c):
+            kernel = None        # a forward-mode AD tangent: torch carries it
         if kernel is not None:
             if (tensors, id(kernel)) not in self._ran and a.is_cuda and torch.cuda.is_current_stream_capturing():
                 kernel = None    # its first launch may allocate or set attributes: not inside a capture
@@ -490,7 +501,7 @@ class Dispatcher:
         this call."""
         key = (tensors, activation)
         launch = self._served.get(key)
-        if launch is None:
+        if launch is None or _has_tangent(a, b, bias):
             return None
         try:
             y = launch(a, b, bias)

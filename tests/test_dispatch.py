@@ -186,6 +186,27 @@ def test_tuned_path_runs_the_tuned_kernel_on_the_interpreter():
     set_tuned_table(None)
 
 
+def test_a_forward_mode_tangent_is_carried_by_torch_not_dropped_by_a_tuned_kernel():
+    """Dual tensors (forward-mode AD) at a served shape: the tuned kernels have no forward derivative, so torch serves
+    those calls and the tangent comes out as torch's; plain calls before and after are served."""
+    import torch.autograd.forward_ad as fwad
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, da = torch.randn(32, 40, dtype=torch.float16), torch.randn(32, 40, dtype=torch.float16)
+    w = torch.randn(48, 40, dtype=torch.float16)
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 1, "fallback": 0}
+    for call in (lambda x: l2c.matmul(x, w.t()), lambda x: dispatcher.linear(x, w)):
+        with fwad.dual_level():
+            y = call(fwad.make_dual(a, da))
+            tangent = fwad.unpack_dual(y).tangent
+        assert tangent is not None
+        torch.testing.assert_close(tangent.float(), da.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats["tuned"] == 1
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats["tuned"] == 2
+    set_tuned_table(None)
+
+
 def test_steady_state_resolution_still_tells_signatures_apart():
     """The per-call cache keys on shapes, strides, dtypes and devices: a call that differs in any of them from
     an earlier one (same M, N, K) is resolved afresh, not served by the earlier call's kernel."""
