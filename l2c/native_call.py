@@ -233,7 +233,10 @@ class CallTable {
   }
 
   // Ask the resolvers again at each key's next call: what they answer has changed (an online decision).
-  void forget_first_tests() { first_.clear(); }
+  void forget_first_tests() {
+    first_.clear();
+    ++generation_;
+  }
 
   size_t size() const { return entries_.size(); }
   size_t shapes() const { return first_.size(); }
@@ -319,9 +322,10 @@ class CallTable {
     if (first_.size() >= kMaxShapes) {
       return nullptr;
     }
-    py::object spans = resolve(x, y);
-    if (spans.is_none()) {
-      return nullptr;
+    uint64_t const generation = generation_;
+    py::object spans = resolve(x, y);   // Python: another thread may record a decision meanwhile
+    if (spans.is_none() || generation != generation_) {
+      return nullptr;   // an answer from before a decision is not kept: the Python path takes this call
     }
     return &first_.emplace(shape, spans.cast<Spans>()).first->second;
   }
@@ -358,6 +362,7 @@ class CallTable {
 
   py::object resolve_matmul_, resolve_linear_;
   std::unordered_map<ShapeKey, Spans, WordsHash<4>> first_;
+  uint64_t generation_ = 0;   // forget_first_tests calls so far
   std::unordered_map<Key, Entry, WordsHash<kKeyLength>> entries_;
   int64_t served_ = 0, fallbacks_ = 0;
 };

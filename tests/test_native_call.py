@@ -355,6 +355,22 @@ def test_a_shape_online_tuning_gave_to_torch_goes_to_torch_in_cxx(new_table, tmp
     assert dispatcher.native.counts() == (0, 1) and dispatcher.counts["fallback"] == 1   # then torch in C++
 
 
+def test_spans_answered_across_a_decision_are_asked_again(new_table):
+    """A resolver's answer given while a decision made the table forget its first tests (another thread's online
+    decision, while the resolver ran Python; here the resolver makes it itself) is not kept: that call takes the
+    Python path and the next call asks again."""
+    asked, tables = [], []
+
+    def spans(a, b):
+        asked.append(b.shape)
+        tables[0].forget_first_tests()
+        return []
+    tables.append(new_table(matmul_spans=spans))
+    a, b, _ = operands()
+    assert tables[0].call(a, b, None, 0) is None and tables[0].shapes() == 0
+    assert tables[0].call(a, b, None, 0) is None and len(asked) == 2
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.sets(st.integers(0, 1 << 20), max_size=12), st.integers(0, 1 << 20))
 def test_online_spans_hold_every_m_but_those_decided_torch(torch_ms, m):
