@@ -96,12 +96,16 @@ def _needs_grad(a, b, bias) -> bool:
                                         or (bias is not None and bias.requires_grad))
 
 
-def _has_tangent(*tensors) -> bool:
-    """Whether a forward-mode AD tangent rides on an operand (dual tensors inside `forward_ad.dual_level()`): the tuned
-    kernels have no forward derivative, so torch serves such calls (as the C++ call table's `records_grad` sends
-    them here)."""
+def _torch_serves(a, *tensors) -> bool:
+    """Calls no tuned kernel may serve, as the C++ call table's `records_grad` and `autocast_recasts` send them
+    here: a forward-mode AD tangent on an operand (dual tensors inside `forward_ad.dual_level()`: the kernels have
+    no forward derivative), or a `torch.autocast` region whose dtype for a's device is not a's (torch casts, and the
+    result must have torch's dtype)."""
+    device = a.device.type
+    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != a.dtype:
+        return True
     return _forward_ad._current_level >= 0 and any(
-        t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+        t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in (a, *tensors))
 
 
 def _graph_needs_torch(activation, out, a, b, bias) -> bool:
@@ -467,8 +471,8 @@ class Dispatcher:
         misaligned pointer: this call only) and the caller falls back; counts which path served the call.
         With `grad` the call records an autograd node whose backward runs the dispatcher's GEMMs; `c` is the C input
         of a kernel that adds a residual."""
-        if kernel is not None and _has_tangent(a, b, bias, c):
-            kernel = None        # a forward-mode AD tangent: torch carries it
+        if kernel is not None and _torch_serves(a, b, bias, c):
+            kernel = None        # a forward-mode AD tangent, or autocast to another dtype: torch's
         if kernel is not None:
             if (tensors, id(kernel)) not in self._ran and a.is_cuda and torch.cuda.is_current_stream_capturing():
                 kernel = None    # its first launch may allocate or set attributes: not inside a capture
@@ -501,7 +505,7 @@ class Dispatcher:
         this call."""
         key = (tensors, activation)
         launch = self._served.get(key)
-        if launch is None or _has_tangent(a, b, bias):
+        if launch is None or _torch_serves(a, b, bias):
             return None
         try:
             y = launch(a, b, bias)

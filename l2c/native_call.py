@@ -64,6 +64,7 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -175,6 +176,13 @@ bool records_grad(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Te
   return forward_grad(a) || forward_grad(b) || (bias.has_value() && forward_grad(*bias));
 }
 
+// Whether torch.autocast would run this call in another dtype than its operands' (the region's dtype for a's device
+// differs): torch serves it, so that the result has torch's dtype.
+bool autocast_recasts(at::Tensor const& a) {
+  c10::DeviceType const type = a.device().type();
+  return at::autocast::is_autocast_enabled(type) && at::autocast::get_autocast_dtype(type) != a.scalar_type();
+}
+
 // The device a launch for `a` runs on and its current stream (the raw cudaStream_t), read through c10's device
 // guard, as torch's own launches do; a CPU call runs on "device -1" with no stream. False: no such device.
 bool current_stream(at::Tensor const& a, int64_t* device, int64_t* stream) {
@@ -265,7 +273,7 @@ class CallTable {
       }
     }
     c10::optional<at::Tensor> bias = optional_tensor(hbias);
-    if (records_grad(a, b, bias)) {
+    if (records_grad(a, b, bias) || autocast_recasts(a)) {
       return py::none();
     }
     Key key = make_key(a, b.size(0), b.size(1), b.stride(0), b.stride(1), b, bias, activation);
@@ -294,7 +302,7 @@ class CallTable {
         return wrap(unlocked_if_cpu(x, [&] { return at::linear(x, weight, bias); }));
       }
     }
-    if (x.dim() < 2 || !x.is_contiguous() || records_grad(x, weight, bias)) {
+    if (x.dim() < 2 || !x.is_contiguous() || records_grad(x, weight, bias) || autocast_recasts(x)) {
       return py::none();
     }
     int64_t k = x.size(-1);

@@ -207,6 +207,24 @@ def test_a_forward_mode_tangent_is_carried_by_torch_not_dropped_by_a_tuned_kerne
     set_tuned_table(None)
 
 
+def test_autocast_to_another_dtype_is_torchs_and_to_the_operands_dtype_is_served():
+    """Inside `torch.autocast` whose dtype is not the operands', torch serves the call and its result has torch's
+    (autocast's) dtype; in the operands' own dtype the tuned kernel serves as outside."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 1, "fallback": 0}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for y, expect in ((l2c.matmul(a, w.t()), torch.matmul(a, w.t())), (dispatcher.linear(a, w), F.linear(a, w))):
+            assert y.dtype == expect.dtype == torch.bfloat16
+            torch.testing.assert_close(y, expect)
+    assert dispatcher.stats["tuned"] == 1
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert l2c.matmul(a, w.t()).dtype == torch.float16
+    assert dispatcher.stats["tuned"] == 2
+    set_tuned_table(None)
+
+
 def test_steady_state_resolution_still_tells_signatures_apart():
     """The per-call cache keys on shapes, strides, dtypes and devices: a call that differs in any of them from
     an earlier one (same M, N, K) is resolved afresh, not served by the earlier call's kernel."""
