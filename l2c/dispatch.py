@@ -96,14 +96,19 @@ def _needs_grad(a, b, bias) -> bool:
                                         or (bias is not None and bias.requires_grad))
 
 
+# whether any autocast region is open (one C call; asking per device type costs a Device object per call)
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
+
+
 def _torch_serves(a, *tensors) -> bool:
     """Calls no tuned kernel may serve, as the C++ call table's `records_grad` and `autocast_recasts` send them
     here: a forward-mode AD tangent on an operand (dual tensors inside `forward_ad.dual_level()`: the kernels have
     no forward derivative), or a `torch.autocast` region whose dtype for a's device is not a's (torch casts, and the
     result must have torch's dtype)."""
-    device = a.device.type
-    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != a.dtype:
-        return True
+    if _any_autocast():
+        device = a.device.type
+        if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != a.dtype:
+            return True
     return _forward_ad._current_level >= 0 and any(
         t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in (a, *tensors))
 
