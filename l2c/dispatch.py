@@ -98,13 +98,18 @@ def _needs_grad(a, b, bias) -> bool:
 
 # whether any autocast region is open (one C call; asking per device type costs a Device object per call)
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: True)
+# the innermost torch.func transform (vmap, grad, jvp) under way, or None
+_functorch_transform = getattr(torch._C._functorch, "peek_interpreter_stack", None) or (lambda: None)
 
 
 def _torch_serves(a, *tensors) -> bool:
-    """Calls no tuned kernel may serve, as the C++ call table's `records_grad` and `autocast_recasts` send them
-    here: a forward-mode AD tangent on an operand (dual tensors inside `forward_ad.dual_level()`: the kernels have
-    no forward derivative), or a `torch.autocast` region whose dtype for a's device is not a's (torch casts, and the
-    result must have torch's dtype)."""
+    """Calls no tuned kernel may serve, as the C++ call table's `records_grad`, `autocast_recasts` and `own_memory`
+    send them here: inside a torch.func transform (vmap's batched tensors and grad's wrappers have no memory of their
+    own to launch on), a forward-mode AD tangent on an operand (dual tensors inside `forward_ad.dual_level()`: the
+    kernels have no forward derivative), or a `torch.autocast` region whose dtype for a's device is not a's (torch
+    casts, and the result must have torch's dtype)."""
+    if _functorch_transform() is not None:
+        return True
     if _any_autocast():
         device = a.device.type
         if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != a.dtype:

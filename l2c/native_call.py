@@ -176,6 +176,12 @@ bool records_grad(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Te
   return forward_grad(a) || forward_grad(b) || (bias.has_value() && forward_grad(*bias));
 }
 
+// Whether the operands have memory of their own to launch on: not functorch wrappers (vmap's batched tensors,
+// torch.func's gradient-tracking ones), which only torch's ops can run.
+bool own_memory(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
+  return a.has_storage() && b.has_storage() && (!bias.has_value() || bias->has_storage());
+}
+
 // Whether torch.autocast would run this call in another dtype than its operands' (the region's dtype for a's device
 // differs): torch serves it, so that the result has torch's dtype.
 bool autocast_recasts(at::Tensor const& a) {
@@ -273,7 +279,7 @@ class CallTable {
       }
     }
     c10::optional<at::Tensor> bias = optional_tensor(hbias);
-    if (records_grad(a, b, bias) || autocast_recasts(a)) {
+    if (records_grad(a, b, bias) || autocast_recasts(a) || !own_memory(a, b, bias)) {
       return py::none();
     }
     Key key = make_key(a, b.size(0), b.size(1), b.stride(0), b.stride(1), b, bias, activation);
@@ -302,7 +308,8 @@ class CallTable {
         return wrap(unlocked_if_cpu(x, [&] { return at::linear(x, weight, bias); }));
       }
     }
-    if (x.dim() < 2 || !x.is_contiguous() || records_grad(x, weight, bias) || autocast_recasts(x)) {
+    if (x.dim() < 2 || !x.is_contiguous() || records_grad(x, weight, bias) || autocast_recasts(x) ||
+        !own_memory(x, weight, bias)) {
       return py::none();
     }
     int64_t k = x.size(-1);

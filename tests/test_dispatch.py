@@ -225,6 +225,25 @@ def test_autocast_to_another_dtype_is_torchs_and_to_the_operands_dtype_is_served
     set_tuned_table(None)
 
 
+def test_calls_inside_torch_func_transforms_are_torchs():
+    """torch.vmap (and torch.func's other transforms) over l2c.matmul and l2c.nn.Linear's path at a served shape: the
+    batched tensors have no memory of their own, so torch serves those calls (a tuned launch raised
+    NotImplementedError); results as torch's, and plain calls are served before and after."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(3, 32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    l2c.matmul(a[0], w.t())
+    assert dispatcher.stats == {"tuned": 1, "fallback": 0}
+    expect = (a.float() @ w.float().t())
+    for call in (lambda x: l2c.matmul(x, w.t()), lambda x: dispatcher.linear(x, w)):
+        torch.testing.assert_close(torch.vmap(call)(a).float(), expect, atol=2e-2, rtol=2e-2)
+    grad = torch.func.grad(lambda x: l2c.matmul(x, w.t()).float().sum())(a[0].float().half())
+    torch.testing.assert_close(grad.float(), w.float().sum(0).expand(32, 40), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats["tuned"] == 1
+    l2c.matmul(a[0], w.t())
+    assert dispatcher.stats["tuned"] == 2
+    set_tuned_table(None)
+
+
 def test_steady_state_resolution_still_tells_signatures_apart():
     """The per-call cache keys on shapes, strides, dtypes and devices: a call that differs in any of them from
     an earlier one (same M, N, K) is resolved afresh, not served by the earlier call's kernel."""

@@ -79,7 +79,8 @@ def test_a_registered_call_launches_its_plan_with_this_calls_pointers(new_table,
 
 def test_the_call_declines_where_the_python_path_must_decide(new_table, recorder):
     """A misaligned pointer, another device than the plan's, autograd recording (backward or forward mode), autocast
-    to another dtype, an error status, an operand that is a tensor subclass or under a torch function mode: None."""
+    to another dtype, a torch.func wrapper (vmap), an error status, an operand that is a tensor subclass or under a
+    torch function mode: None."""
     table, kept = new_table(), Plan(recorder, 8, 8)
     a, b, bias = operands()
     kept.add(table, a, b, bias)
@@ -101,6 +102,9 @@ def test_the_call_declines_where_the_python_path_must_decide(new_table, recorder
         assert table.call(a, b, bias, 0) is None               # autocast computes f16 operands in bf16
     with torch.autocast("cpu", dtype=torch.float16):
         assert table.call(a, b, bias, 0) is not None           # in their own dtype: the plan serves
+    declined = []
+    torch.vmap(lambda x: declined.append(table.call(x, b, bias, 0) is None) or x.sum())(a.unsqueeze(0))
+    assert declined == [True]                                  # a batched tensor under vmap has no memory of its own
     failing, plan = new_table(), Plan(recorder, 8, 8, fail=True)
     plan.add(failing, a, b, bias)
     assert failing.call(a, b, bias, 0) is None
