@@ -482,7 +482,7 @@ class Dispatcher:
         With `grad` the call records an autograd node whose backward runs the dispatcher's GEMMs; `c` is the C input
         of a kernel that adds a residual."""
         if kernel is not None and _torch_serves(a, b, bias, c):
-            kernel = None        # a forward-mode AD tangent, or autocast to another dtype: torch's
+            kernel = None        # a torch.func transform, a forward-mode tangent or autocast to another dtype
         if kernel is not None:
             if (tensors, id(kernel)) not in self._ran and a.is_cuda and torch.cuda.is_current_stream_capturing():
                 kernel = None    # its first launch may allocate or set attributes: not inside a capture
