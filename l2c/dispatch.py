@@ -91,6 +91,12 @@ def _layout_of(t: torch.Tensor) -> Optional[str]:
     return None
 
 
+def b_map_index(b) -> int:
+    """Which of `served_kn`'s pair holds the Ms served for this `a @ b`'s B: 0 where B is row-major (`_layout_of`:
+    contiguous, or a column slice of a wider row-major matrix), 1 for any other B (the signature decides)."""
+    return 0 if b.dim() == 2 and b.stride(1) == 1 and b.stride(0) >= max(1, b.shape[1]) else 1
+
+
 def _needs_grad(a, b, bias) -> bool:
     return torch.is_grad_enabled() and (a.requires_grad or b.requires_grad
                                         or (bias is not None and bias.requires_grad))
@@ -177,7 +183,7 @@ def _first_test_resolvers(served_kn, served_nk):
         return ms.spans() if isinstance(ms, _OnlineMs) else served_spans(ms)
 
     def resolve_matmul(a, b):
-        return spans(served_kn.get(a.dtype, NO_LAYOUTS)[not b.is_contiguous()][b.shape])
+        return spans(served_kn.get(a.dtype, NO_LAYOUTS)[b_map_index(b)][b.shape])
 
     def resolve_linear(x, weight):
         return spans(served_nk.get(x.dtype, NO_SHAPES)[weight.shape])

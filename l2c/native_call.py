@@ -2,7 +2,7 @@
 without Python in between.
 
 Measured on the H200's host, a call `l2c.matmul` sends to torch cost 1.7-2.6 us more than torch.matmul itself
-(the Python of the first test: a few dict lookups, `b.shape`, `b.is_contiguous()`, the fallback counter), and a
+(the Python of the first test: a few dict lookups, `b.shape`, b's layout, the fallback counter), and a
 served call's Python around its plan (the signature, the current device and stream, ctypes) 6-10 us; in the `call`
 protocol every microsecond is a few percent of a small GEMM's figure.
 
@@ -69,6 +69,7 @@ SOURCE = r"""
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <unordered_map>
@@ -101,7 +102,7 @@ using Key = std::array<int64_t, kKeyLength>;
 
 // The first test's key: A's dtype, the form of the call, B's two extents as the Python maps key them.
 using ShapeKey = std::array<int64_t, 4>;
-constexpr int64_t kMatmulRowMajorB = 0;   // a @ b, b contiguous: keyed by b's (K, N)
+constexpr int64_t kMatmulRowMajorB = 0;   // a @ b, b row-major (contiguous or a column slice): keyed by b's (K, N)
 constexpr int64_t kMatmulOtherB = 1;      // a @ b, any other b
 constexpr int64_t kLinear = 2;            // x @ weight^T: keyed by the weight's (N, K)
 constexpr size_t kMaxShapes = 65536;      // (N, K) remembered at most; past it, the Python path decides
@@ -267,7 +268,8 @@ class CallTable {
       return py::none();
     }
     if (hbias.is_none() && activation == 0) {
-      ShapeKey shape{static_cast<int64_t>(a.scalar_type()), b.is_contiguous() ? kMatmulRowMajorB : kMatmulOtherB,
+      bool row_major_b = b.stride(1) == 1 && b.stride(0) >= std::max<int64_t>(1, b.size(1));   // b_map_index
+      ShapeKey shape{static_cast<int64_t>(a.scalar_type()), row_major_b ? kMatmulRowMajorB : kMatmulOtherB,
                      b.size(0), b.size(1)};
       Spans const* spans = first_test(shape, resolve_matmul_, ha, hb);
       if (spans == nullptr) {

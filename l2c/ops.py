@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from . import dispatch
-from .dispatch import default_dispatcher
+from .dispatch import b_map_index, default_dispatcher
 from .epilogue import check_activation, check_gate, torch_gated, torch_matmul, torch_residual
 from .native_call import activation_code
 from .tuned_table import NO_LAYOUTS
@@ -109,7 +109,7 @@ def _python_path(dispatcher, a, b, bias, activation, out, residual):
     if residual is None and bias is None and activation is None:
         # the Ms an entry of a's dtype and b's layout serves at b's (K, N): empty where none (a b that is neither
         # row- nor column-major is the column-major map's to let through, and the signature's to refuse)
-        ms = dispatcher.served_kn.get(a.dtype, NO_LAYOUTS)[not b.is_contiguous()][b.shape]
+        ms = dispatcher.served_kn.get(a.dtype, NO_LAYOUTS)[b_map_index(b)][b.shape]
         m = a.shape[0] if a.ndim == 2 else None   # a symbolic M (traced with dynamic shapes) is the custom op's to test
         if not ms or (type(m) is int and m not in ms):   # no entry for this (N, K) and M: torch, eager and traced
             if not _is_compiling():   # a count in a traced graph would make it guard on the count's value

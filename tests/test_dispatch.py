@@ -186,6 +186,22 @@ def test_tuned_path_runs_the_tuned_kernel_on_the_interpreter():
     set_tuned_table(None)
 
 
+def test_a_row_major_b_sliced_from_a_wider_matrix_is_served_as_row_major():
+    """`a @ w[:, :N]` (a column slice of a fused weight: row-major, not contiguous) reaches an `a @ b` entry with B
+    row-major, as the contiguous B does; a column-major B of the same shape does not."""
+    spec = KernelSpec(name="r32x48x40", problem_m=32, problem_n=48, problem_k=40, tile_m=16, tile_n=16, tile_k=16,
+                      layout_b="row", swizzle_group=1, launch_warps=4)
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40, spec=spec, layout="row,row,row")]), allow_cpu=True,
+                                 prepare="inline")
+    a, wide = torch.randn(32, 40, dtype=torch.float16), torch.randn(40, 72, dtype=torch.float16)
+    for b in (wide[:, :48], wide[:, 24:], wide[:, :48].contiguous()):
+        torch.testing.assert_close(l2c.matmul(a, b).float(), a.float() @ b.float(), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats == {"tuned": 3, "fallback": 0}
+    l2c.matmul(a, torch.randn(48, 40, dtype=torch.float16).t())
+    assert dispatcher.stats == {"tuned": 3, "fallback": 1}
+    set_tuned_table(None)
+
+
 def test_a_forward_mode_tangent_is_carried_by_torch_not_dropped_by_a_tuned_kernel():
     """Dual tensors (forward-mode AD) at a served shape: the tuned kernels have no forward derivative, so torch serves
     those calls and the tangent comes out as torch's; plain calls before and after are served."""

@@ -161,25 +161,33 @@ def test_a_linear_call_is_the_matmul_of_the_transposed_weight_with_any_leading_d
 _SPANS = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 12)).map(lambda t: (t[0], t[0] + t[1])), max_size=3)
 
 
+B_FORMS = {"row-major": lambda k, n, dtype: torch.randn(k, n, dtype=dtype),
+           "a row-major column slice": lambda k, n, dtype: torch.randn(k, n + 8, dtype=dtype)[:, :n],
+           "column-major": lambda k, n, dtype: torch.randn(n, k, dtype=dtype).t()}
+
+
 @settings(max_examples=60, deadline=None)
 @given(spans=st.dictionaries(st.tuples(st.sampled_from([8, 12]), st.sampled_from([8, 16]), st.booleans()), _SPANS),
        calls=st.lists(st.tuples(st.integers(1, 48), st.sampled_from([8, 12]), st.sampled_from([8, 16]),
-                                st.booleans(), st.sampled_from([torch.float16, torch.float32])), min_size=1,
-                      max_size=12))
+                                st.sampled_from(sorted(B_FORMS)), st.sampled_from([torch.float16, torch.float32])),
+                      min_size=1, max_size=12))
 def test_the_first_test_sends_to_torch_exactly_the_ms_its_resolver_does_not_serve(new_table, spans, calls):
     """A key's spans are asked of the resolver once, then remembered; an M outside them is torch.matmul's result
-    (bitwise: the same op), counted; an M inside them with no plan is left to the Python path (None)."""
+    (bitwise: the same op), counted; an M inside them with no plan is left to the Python path (None). A row-major
+    B is keyed as row-major whether it is contiguous or a column slice of a wider matrix (the dispatcher's
+    `b_map_index`: the served_kn map the resolver reads)."""
     asked = []
 
     def resolve(a, b):
-        key = (b.shape[0], b.shape[1], not b.is_contiguous())
+        key = (b.shape[0], b.shape[1], bool(dispatch.b_map_index(b)))
         asked.append((a.dtype, key))
         return spans.get(key, []) if a.dtype == torch.float16 else []
     table = new_table(resolve)
     fallbacks = 0
-    for m, k, n, column_major, dtype in calls:
+    for m, k, n, form, dtype in calls:
         a = torch.randn(m, k, dtype=dtype)
-        b = torch.randn(n, k, dtype=dtype).t() if column_major else torch.randn(k, n, dtype=dtype)
+        b = B_FORMS[form](k, n, dtype)
+        column_major = form == "column-major"
         served = dtype == torch.float16 and any(lo <= m <= hi for lo, hi in spans.get((k, n, column_major), []))
         y = table.call(a, b, None, 0)
         if served:
