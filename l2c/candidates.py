@@ -154,7 +154,8 @@ class DispatchKernel:
         return y
 
     def prime(self, shape: Shape, device, timeout: float = 900.0) -> dict:
-        """Call once on this shape, let the dispatcher prepare the kernel it serves, call again; return the fields
+        """Call once on this shape, let the dispatcher prepare the kernel it serves, call again (twice: a decision
+        made by online tuning is then prepared in its turn); return the fields
         of its rows: what serves the call from now on (`served_by`: the kernel's name, or `torch`) and, where a table
         entry does, that entry's spec and target (`served_spec`, `served_target`: what `l2c table` makes an entry
         of, whatever later becomes of the table file)."""
@@ -167,6 +168,8 @@ class DispatchKernel:
         if device.torch_device.type == "cuda":   # the steady state users get: the C++ call table built and attached
             from .native_call import build_now
             build_now(timeout)
+        self(a, b, bias=bias)
+        self.dispatcher.wait(timeout)   # what that call asked for (an online decision's kernel, prepared now)
         self(a, b, bias=bias)
         kernel = self.dispatcher.resolve(a, b, bias, self.activation or "none")
         if kernel is None:

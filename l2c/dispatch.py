@@ -200,9 +200,11 @@ class Dispatcher:
         self.table = table
         self.online = tune_mode() == "online" if online is None else online
         self.decisions = None
+        self.tune_targets: Tuple[str, ...] = ()
         if self.online:
             from .devices import gpu_identity
-            from .online import Decisions
+            from .online import Decisions, tuned_targets
+            self.tune_targets = tuned_targets()
             self.decisions = Decisions(*gpu_identity())
         # per torch dtype, the Ms the entries serve at each (N, K) (`d[nk]` is never missing: an empty set where
         # nothing serves): served_nk keyed by a weight's shape, nn.Linear's layouts (`linear`, l2c.nn.Linear);
@@ -424,7 +426,7 @@ class Dispatcher:
             return None, False      # never tuned inside a capture; a later eager call may tune
         job = self._jobs.get(("online",) + sig)
         if job is None:   # the candidates are asked for once (the policy ranks them), not on every call meanwhile
-            candidates = candidate_specs(dtype, layout, m, n, k, self.table)
+            candidates = candidate_specs(dtype, layout, m, n, k, self.table, self.tune_targets)
             if not candidates:
                 return None, True
             job = Job("", "triton", "sm_90", m, n, k, device, tuple(candidates), has_bias, activation)
@@ -745,6 +747,9 @@ def default_dispatcher() -> Dispatcher:
                     table = table_for_arch(f"sm_{major}{minor}")
                 try:
                     online = tune_mode() == "online"
+                    if online:
+                        from .online import tuned_targets
+                        tuned_targets()   # a malformed L2C_TUNE_TARGETS is reported here, once
                 except ValueError as err:
                     log.warning("l2c: %s; online tuning off", err)
                     online = False

@@ -10,11 +10,13 @@ tracing: those calls run what is already decided.
 
 Candidates, in the order they are timed: the kernels of the table's entries measured nearest the shape (same
 dtype and layouts; nearest in log M + log N + log K, a range or cell at no distance from what it holds), each
-only where its build runs no compiler (a CUTLASS library in the build cache or the prebuilt pack); then, for the
-memory-bound regime, the Triton GEMV family up to 8 rows and 16-row tensor-core tiles up to 16, with split-K sized
-for the shape (the configurations that ranked best in the `serve` sweep on the H200, benchmarks/NOTES.md). The
-table's Triton kernels come after its prebuilt ones: Triton compiles each at its first launch (about a second), so
-the budget usually ends among them.
+only where its build runs no compiler (a CUTLASS library in the build cache or the prebuilt pack). Only targets
+named by `L2C_TUNE_TARGETS` are timed: by default CUTLASS alone, whose served calls the C++ call table launches.
+A Triton kernel launches from Python, dearer than torch.matmul's own call: on the H200 such choices won device time
+and lost eager calls (sessions 26 and 28, benchmarks/NOTES.md). With `triton` named too, the table's Triton kernels
+come after its prebuilt ones (Triton compiles each at its first launch, about a second, so the budget usually ends
+among them), then, for the memory-bound regime, the Triton GEMV family up to 8 rows and 16-row tensor-core tiles up
+to 16, with split-K sized for the shape (the configurations that ranked best in the `serve` sweep on the H200).
 """
 from __future__ import annotations
 
@@ -60,6 +62,17 @@ def eager_margin() -> float:
     return _ratio("L2C_TUNE_EAGER_MARGIN", DEFAULT_EAGER_MARGIN)
 
 
+def tuned_targets() -> Tuple[str, ...]:
+    """The targets whose kernels online choice times (`L2C_TUNE_TARGETS`, default `cutlass`)."""
+    from .knobs import TARGETS
+    names = tuple(t.strip() for t in (settings.value("L2C_TUNE_TARGETS") or "cutlass").split(",") if t.strip())
+    unknown = [t for t in names if t not in TARGETS]
+    if unknown or not names:
+        raise ValueError(f"L2C_TUNE_TARGETS={settings.value('L2C_TUNE_TARGETS')!r}: expected a comma-separated list "
+                         f"of {', '.join(sorted(TARGETS))}")
+    return names
+
+
 def split_for(tiles: int, k: int, tile_k: int, waves: int) -> int:
     """The split-K count that gives `waves` waves of programs on the SMs, each slice at least two K tiles."""
     split = 1
@@ -87,13 +100,15 @@ def distance(entry, m: int, n: int, k: int) -> float:
     return _gap(m, m_lo, m_hi) + _gap(n, n_lo, n_hi) + _gap(k, k_lo, k_hi)
 
 
-def nearest_kernels(table, dtype: str, layout: str, m: int, n: int, k: int, count: int = NEAREST) -> List[str]:
+def nearest_kernels(table, dtype: str, layout: str, m: int, n: int, k: int, count: int = NEAREST,
+                    targets: Optional[Tuple[str, ...]] = None) -> List[str]:
     """Spec texts of the `count` distinct kernels (shape-generic, plain epilogue) of the table's plain entries for
-    this dtype and layouts measured nearest (m, n, k); on a tie the larger measured speedup first."""
+    this dtype and layouts (and of `targets`, where given) measured nearest (m, n, k); on a tie the larger measured
+    speedup first."""
     from .errors import L2Error
     from .tuned_table import served_entries
     entries = [e for e in served_entries(table) if e.gate == "none" and e.batch == 1 and e.dtype == dtype
-               and e.layout == layout]
+               and e.layout == layout and (targets is None or e.target in targets)]
     entries.sort(key=lambda e: (distance(e, m, n, k), -e.speedup))
     out: List[str] = []
     for spec_text, target in dict.fromkeys((e.spec_text, e.target) for e in entries):   # many share a kernel
@@ -119,11 +134,23 @@ def _generic(spec_text: str, target: str) -> str:
                         epilogue_activation="none").to_l2()
 
 
-def candidate_specs(dtype: str, layout: str, m: int, n: int, k: int, table=None) -> List[str]:
+def candidate_specs(dtype: str, layout: str, m: int, n: int, k: int, table=None,
+                    targets: Optional[Tuple[str, ...]] = None) -> List[str]:
     """Spec texts worth timing for one call shape, in the order to time them (module docstring): the table's nearest
-    kernels, the Triton ones last among them, then l2c's Triton GEMV and 16-row candidates (named by their knobs)."""
-    nearest = nearest_kernels(table, dtype, layout, m, n, k) if table is not None else []
+    kernels of `targets` (default `tuned_targets()`), the Triton ones last among them, then, where Triton is one of
+    them, l2c's Triton GEMV and 16-row candidates (named by their knobs)."""
+    targets = tuned_targets() if targets is None else targets
+    nearest = nearest_kernels(table, dtype, layout, m, n, k, targets=targets) if table is not None else []
     texts = [t for t in nearest if "target   triton" not in t] + [t for t in nearest if "target   triton" in t]
+    if "triton" in targets:
+        texts += _triton_decoding_candidates(dtype, layout, m, n, k)
+    checked = (_checked(text) for text in dict.fromkeys(texts))
+    return [text for text in checked if text is not None]
+
+
+def _triton_decoding_candidates(dtype: str, layout: str, m: int, n: int, k: int) -> List[str]:
+    """l2c's Triton candidates of few rows: the GEMV family up to 8 rows, 16-row tensor-core tiles from 4 to 16."""
+    texts: List[str] = []
     if m <= 8:
         rows = 1 << max(0, (m - 1).bit_length())
         for bn, bk, warps, reduce, waves in GEMV_BEST[rows]:
@@ -137,8 +164,7 @@ def candidate_specs(dtype: str, layout: str, m: int, n: int, k: int, table=None)
             body = (f"launch warps=4 evict=first\n  tile m=16 n={bn} k={bk}\n  pipeline stages={stages}\n"
                     f"  split_k slices={split} mode=workspace")
             texts.append(_text(dtype, layout, body))
-    checked = (_checked(text) for text in dict.fromkeys(texts))
-    return [text for text in checked if text is not None]
+    return texts
 
 
 @functools.lru_cache(maxsize=4096)

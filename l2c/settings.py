@@ -14,6 +14,9 @@ SETTINGS = {
     "L2C_TUNE": "`off` (default: serve only what the table measured) or `online` (time candidates for shapes no "
                 "table covers, once per GPU, driver and l2c version)",
     "L2C_TUNE_MARGIN": "how much faster than torch an online choice must be to serve (default 1.05)",
+    "L2C_TUNE_TARGETS": "the targets whose kernels online choice times (default `cutlass`: kernels the C++ call "
+                        "table launches, whose eager call is leaner than torch's; `cutlass,triton` adds Triton "
+                        "kernels, launched from Python: for calls replayed from CUDA graphs)",
     "L2C_TUNE_EAGER_MARGIN": "how much faster than torch an online Triton choice must also be in an eager call "
                              "(default 1.0: no slower; its launch is Python's)",
     "L2C_PREPARE": "`background` (default: no call waits for a compiler) or `inline` (the first call of a signature "

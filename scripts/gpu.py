@@ -211,7 +211,7 @@ STAGES: Dict[str, Stage] = {
                       "(heldout: the cells' held-out check, f16 and bf16; offgrid) and on the grid, kernel and call "
                       "protocols", _dispatch),
     "online": Stage("l2c.matmul and l2c.nn.Linear on `offgrid` with online choice (L2C_TUNE=online: the table's "
-                    "nearest prebuilt kernels and the GEMV candidates timed per new shape), kernel and call, f16 and "
+                    "nearest prebuilt CUTLASS kernels timed per new shape), kernel and call, f16 and "
                     "bf16, and the first calls while tuning", _online),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),

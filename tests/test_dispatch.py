@@ -487,6 +487,7 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
     monkeypatch.setenv("L2C_TUNE_EAGER_MARGIN", "0")
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "cutlass,triton")   # the interpreter runs Triton's candidates only
     assert candidate_specs("f16", "row,col,row", 2, 48, 64) and not candidate_specs("f16", "row,col,row", 64, 48, 64)
     dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
     a = torch.randn(2, 64, dtype=torch.float16)
@@ -533,10 +534,27 @@ def test_online_candidates_are_the_tables_nearest_kernels_first(m, n, k):
     assert gaps == sorted(gaps)
     assert min(distance(e, m, n, k) for e in entries[:-1]) == gaps[0]
     assert distance(entries[-2], 500, 300, 300) == 0.0 and distance(entries[-2], 1800, 300, 300) > 0.0
-    texts = candidate_specs("f16", "row,col,row", m, n, k, table)
+    texts = candidate_specs("f16", "row,col,row", m, n, k, table, targets=("cutlass", "triton"))
     assert [t.split()[1] for t in texts[:len(near)]] == [t.split()[1] for t in near]
     gemv = [t for t in texts[len(near):]]
     assert bool(gemv) == (m <= 16) and all("target   triton" in t for t in gemv)
+    assert candidate_specs("f16", "row,col,row", m, n, k, table, targets=("cutlass",)) == []   # all Triton here
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 4096), n=st.integers(8, 8192), k=st.integers(8, 8192))
+def test_online_choice_times_only_kernels_the_cpp_call_table_launches_by_default(m, n, k):
+    """By default (`L2C_TUNE_TARGETS` unset: cutlass) the candidates are the table's nearest CUTLASS kernels alone,
+    however near its Triton kernels lie, and no Triton decoding candidate: an eager call of a Triton choice is
+    launched from Python, dearer than torch's own."""
+    from l2c.online import NEAREST, candidate_specs
+    near, far = ((m, n, k), (2 * m, n, k), (m, 2 * n, k)), ((8 * m, n, k), (m, 8 * n, k), (m, n, 8 * k))
+    entries = [entry(mm, nn, kk, target=target, spec=KernelSpec(name=f"{target}{i}", target=target, tile_m=64,
+                                                                tile_n=64, tile_k=64, layout_b="col",
+                                                                pipeline_stages=2 + i))
+               for target, shapes in (("triton", near), ("cutlass", far)) for i, (mm, nn, kk) in enumerate(shapes)]
+    texts = candidate_specs("f16", "row,col,row", m, n, k, TunedTable(entries))
+    assert len(texts) == min(NEAREST, 3) and all("target   cutlass" in t for t in texts)
 
 
 def test_a_triton_candidate_that_loses_an_eager_call_is_not_chosen(tmp_path, monkeypatch):
@@ -546,7 +564,7 @@ def test_a_triton_candidate_that_loses_an_eager_call_is_not_chosen(tmp_path, mon
     from l2c.online import candidate_specs, tune_one
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
-    candidates = candidate_specs("f16", "row,col,row", 2, 48, 64)[:1]
+    candidates = candidate_specs("f16", "row,col,row", 2, 48, 64, targets=("triton",))[:1]
     best, speedup, note = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
     assert best is None and speedup is None and note.startswith("1 timed, 1 lost an eager call"), note
     monkeypatch.setenv("L2C_TUNE_EAGER_MARGIN", "0")
