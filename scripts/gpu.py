@@ -158,10 +158,12 @@ def _unswapped(a):
 
 
 def _unswapped_grid(a):
-    """The unswapped stage on the grid's `a @ b` shapes of 64-1024 rows with N >= 1024 and K >= 512 (B row-major)."""
-    return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", "f16", "--stages", "unswapped", "--shapes",
+    """The unswapped stage on the grid's `a @ b` shapes of 64-1024 rows with N >= 1024 and K >= 512 (B row-major),
+    f16 then bf16 (about 2 minutes each on the H200 machine, most of it building)."""
+    return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "unswapped", "--shapes",
                    "grid", "--layout", "row,row,row", "--min-m", "64", "--max-m", "1024", "--min-n", "1024", "--min-k",
-                   "512", "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "400")]
+                   "512", "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "400")
+            for dtype in ("f16", "bf16")]
 
 
 def _decode(a):
@@ -229,7 +231,7 @@ STAGES: Dict[str, Stage] = {
                        "the SMs on the decoding set at 48-512 tokens (f16, bf16) into JSON lines for `l2c table`",
                        _unswapped),
     "unswapped_grid": Stage("the unswapped stage's wave-sized CUTLASS tiles on the grid's `a @ b` shapes of 64-1024 "
-                            "rows (N >= 1024, K >= 512, f16) into JSON lines for `l2c table`", _unswapped_grid),
+                            "rows (N >= 1024, K >= 512, f16 and bf16) into JSON lines for `l2c table`", _unswapped_grid),
     "decode": Stage("a Llama-8B decoding step's linears under CUDA graphs, batch 1-256", _decode),
     "mlp": Stage("the end-to-end MLP block example, torch against l2c.nn", _mlp),
     "gated": Stage("search fused gated (SwiGLU) kernels for the Llama-8B gate_up weights at 1-8192 tokens, f16 and "
