@@ -414,6 +414,9 @@ class Dispatcher:
             return None, True
         key = self.decisions.signature(dtype, layout, m, n, k, has_bias, activation)
         decided, spec_text = self.decisions.get(key)
+        if decided and spec_text is not None and \
+                parse_one(spec_text, file="<online decision>").target not in self.tune_targets:
+            decided = False   # chosen among targets this process does not time (L2C_TUNE_TARGETS): timed again
         if decided:
             if spec_text is None:
                 if not has_bias and activation == "none":
@@ -427,7 +430,9 @@ class Dispatcher:
         job = self._jobs.get(("online",) + sig)
         if job is None:   # the candidates are asked for once (the policy ranks them), not on every call meanwhile
             candidates = candidate_specs(dtype, layout, m, n, k, self.table, self.tune_targets)
-            if not candidates:
+            if not candidates:   # no kernel of the timed targets to try: torch's in this process, from the first test
+                if not has_bias and activation == "none":
+                    self._decided_torch(dtype, layout, m, n, k)
                 return None, True
             job = Job("", "triton", "sm_90", m, n, k, device, tuple(candidates), has_bias, activation)
             self._jobs[("online",) + sig] = job

@@ -3,7 +3,7 @@ import json
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import torch.nn.functional as F
 
@@ -541,13 +541,14 @@ def test_online_candidates_are_the_tables_nearest_kernels_first(m, n, k):
     assert candidate_specs("f16", "row,col,row", m, n, k, table, targets=("cutlass",)) == []   # all Triton here
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(m=st.integers(1, 4096), n=st.integers(8, 8192), k=st.integers(8, 8192))
-def test_online_choice_times_only_kernels_the_cpp_call_table_launches_by_default(m, n, k):
+def test_online_choice_times_only_kernels_the_cpp_call_table_launches_by_default(monkeypatch, m, n, k):
     """By default (`L2C_TUNE_TARGETS` unset: cutlass) the candidates are the table's nearest CUTLASS kernels alone,
     however near its Triton kernels lie, and no Triton decoding candidate: an eager call of a Triton choice is
     launched from Python, dearer than torch's own."""
     from l2c.online import NEAREST, candidate_specs
+    monkeypatch.delenv("L2C_TUNE_TARGETS", raising=False)
     near, far = ((m, n, k), (2 * m, n, k), (m, 2 * n, k)), ((8 * m, n, k), (m, 8 * n, k), (m, n, 8 * k))
     entries = [entry(mm, nn, kk, target=target, spec=KernelSpec(name=f"{target}{i}", target=target, tile_m=64,
                                                                 tile_n=64, tile_k=64, layout_b="col",
@@ -555,6 +556,69 @@ def test_online_choice_times_only_kernels_the_cpp_call_table_launches_by_default
                for target, shapes in (("triton", near), ("cutlass", far)) for i, (mm, nn, kk) in enumerate(shapes)]
     texts = candidate_specs("f16", "row,col,row", m, n, k, TunedTable(entries))
     assert len(texts) == min(NEAREST, 3) and all("target   cutlass" in t for t in texts)
+
+
+def test_online_choice_with_nothing_to_time_sends_the_shape_to_torch_from_the_first_test(tmp_path, monkeypatch):
+    """Under the default targets a shape near only Triton kernels has no candidate: it is torch's from its first call
+    on (the first test's maps hold its M as torch's, no job goes to the worker); with Triton among the targets the
+    same call hands the worker a tuning job."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("L2C_TUNE_TARGETS", raising=False)
+    table = TunedTable([entry(32, 48, 64)])   # a Triton entry at M = 32 only
+    a, w = torch.randn(2, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
+    dispatcher = set_tuned_table(table, allow_cpu=True, online=True)
+    torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())
+    assert 2 in dispatcher.served_kn[torch.float16][1][64, 48].torch_ms and not dispatcher._jobs
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 0, "fallback": 2} and not dispatcher.preparer.replies
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "cutlass,triton")
+    dispatcher = set_tuned_table(table, allow_cpu=True, online=True)
+    l2c.matmul(a, w.t())
+    assert any(key[0] == "online" for key in dispatcher._jobs)
+    assert dispatcher.wait(timeout=600)
+    set_tuned_table(None)
+
+
+def test_a_persisted_decision_of_a_target_not_timed_now_is_not_served(tmp_path, monkeypatch):
+    """A Triton decision persisted while Triton was among the targets is not served by a process whose targets leave
+    Triton out (it is timed again among those targets: here none, so torch), and is served where Triton is in."""
+    from l2c.online import Decisions, candidate_specs
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("L2C_TUNE_TARGETS", raising=False)
+    spec = candidate_specs("f16", "row,col,row", 2, 48, 64, targets=("triton",))[0]
+    Decisions("cpu", "none").record(Decisions.signature("f16", "row,col,row", 2, 48, 64, False, "none"), spec, 1.2)
+    a, w = torch.randn(2, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
+    dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
+    torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())
+    assert dispatcher.wait(timeout=600)
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 0, "fallback": 2} and not dispatcher._kernels
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "cutlass,triton")
+    dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
+    l2c.matmul(a, w.t())
+    assert dispatcher.wait(timeout=600)
+    expect = a.float() @ w.float().t()
+    torch.testing.assert_close(l2c.matmul(a, w.t()).float(), expect, atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats["tuned"] == 1
+    set_tuned_table(None)
+
+
+def test_a_malformed_tune_targets_setting_turns_online_choice_off_with_a_warning(monkeypatch, caplog):
+    """`L2C_TUNE_TARGETS` naming no target: the default dispatcher warns once and serves without online choice (a
+    user's call never raises for it); an explicit dispatcher asking for online choice raises the same message."""
+    from l2c import dispatch
+    monkeypatch.setenv("L2C_TUNE", "online")
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "cuda")
+    monkeypatch.setattr(dispatch, "_default", None)
+    with caplog.at_level("WARNING", logger="l2c"):
+        dispatcher = dispatch.default_dispatcher()
+    assert dispatcher.online is False and "L2C_TUNE_TARGETS='cuda'" in caplog.text
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    torch.testing.assert_close(l2c.matmul(a, b), a @ b)
+    with pytest.raises(ValueError, match="expected a comma-separated list of cutlass, triton"):
+        set_tuned_table(None, online=True)
+    monkeypatch.delenv("L2C_TUNE")
+    set_tuned_table(None)
 
 
 def test_a_triton_candidate_that_loses_an_eager_call_is_not_chosen(tmp_path, monkeypatch):
