@@ -6,6 +6,10 @@ Protocols (../shared/BENCHMARKING.md):
   graph (or, where capture fails, launched eagerly) between two CUDA events, median over repetitions.
   For shapes whose operands fit in L2 the launches rotate over enough buffer sets to exceed twice the
   L2 size, so cache residency does not flatter either side.
+- ``kernel_apart``: ``kernel`` with a torch kernel (a one-element add) launched before every timed launch, the
+  spacers' own time (timed alone in the same repetition) taken off: device time where the kernel before each GEMM
+  is not the GEMM itself, so a launch overlapped with its predecessor (programmatic dependent launch) gains only what
+  it would after another library's kernel.
 - ``call``: what an eager PyTorch user sees: synchronize, host clock, one call (output allocated by the
   call), synchronize; candidate and baseline in random order each iteration on freshly drawn inputs, each
   side first in half the iterations; the per-shape figure is the mean TFLOPS over iterations.
@@ -31,7 +35,7 @@ import torch
 
 from .epilogue import activate, gate_product, torch_gated, torch_gated_linear
 
-PROTOCOLS = ("kernel", "call", "server")
+PROTOCOLS = ("kernel", "kernel_apart", "call", "server")
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -317,8 +321,10 @@ def rotation_sets(problem: Problem, l2_bytes: int, cold: bool, max_sets: int = 4
 def measure_kernel(candidate: KernelFn, baseline: KernelFn, problem: Problem, device, *, reps: int = 10,
                    warmup: int = 3, target_rep_s: float = 1e-3, max_launches: int = 4096, rotate: bool = True,
                    graphs: bool = True, seed: int = 0, rng: Optional[random.Random] = None,
-                   cold: bool = False) -> Timing:
-    """Median device time per launch over `reps` interleaved repetitions of back-to-back launches.
+                   cold: bool = False, apart: bool = False) -> Timing:
+    """Median device time per launch over `reps` interleaved repetitions of back-to-back launches; with `apart`
+    (the `kernel_apart` protocol) each launch follows a spacer (torch's one-element add), and each repetition's
+    batch of spacers alone is taken off both sides' times.
 
     A candidate whose `writes_out` is False (what users call: it allocates its result) is timed allocating, and
     so is the baseline."""
@@ -335,26 +341,43 @@ def measure_kernel(candidate: KernelFn, baseline: KernelFn, problem: Problem, de
         one = max(device.time_runner(lambda f=fns[name]: sets[0].call(f, with_out)) for name in SIDES)
         launches = max(sets_n, min(max_launches, math.ceil(target_rep_s / max(one, 1e-7))))
 
+        spacer = torch.zeros(1, device=device.torch_device) if apart else None
+
         def runner(fn):
             def run():
                 for i in range(launches):
+                    if apart:
+                        spacer.add_(1)
                     sets[i % sets_n].call(fn, with_out)
             return run
 
-        batches, method = device.prepare({name: runner(fns[name]) for name in SIDES}, graphs=graphs)
-        for name in SIDES:          # one untimed pass of each batch (graph upload, caches, clocks)
+        def spacers():
+            for _ in range(launches):
+                spacer.add_(1)
+
+        runners = {name: runner(fns[name]) for name in SIDES}
+        if apart:
+            runners["spacers"] = spacers
+        batches, method = device.prepare(runners, graphs=graphs)
+        for name in batches:        # one untimed pass of each batch (graph upload, caches, clocks)
             device.time_runner(batches[name])
         samples: Dict[str, List[float]] = {name: [] for name in SIDES}
+        spacer_samples: List[float] = []
         order: List[str] = []
         for names in balanced_orders(rng, reps):
             order.append(names[0])
-            for name in names:
-                samples[name].append(device.time_runner(batches[name]) / launches)
+            times = {name: device.time_runner(batches[name]) for name in names}
+            taken_off = device.time_runner(batches["spacers"]) if apart else 0.0
+            spacer_samples.append(taken_off / launches)
+            for name in names:   # a floor of 1 ns: a spacer timed slower than a pair says nothing of the GEMM
+                samples[name].append(max(times[name] - taken_off, 1e-9 * launches) / launches)
     cand, base = statistics.median(samples["candidate"]), statistics.median(samples["baseline"])
-    return Timing("kernel", problem.flops, cand, base, _tflops(problem.flops, cand), _tflops(problem.flops, base),
-                  paired_speedup(samples["candidate"], samples["baseline"]), samples["candidate"],
-                  samples["baseline"], order,
-                  {"method": method, "launches_per_rep": launches, "buffer_sets": sets_n})
+    details = {"method": method, "launches_per_rep": launches, "buffer_sets": sets_n}
+    if apart:
+        details["spacer_s"] = statistics.median(spacer_samples)
+    return Timing("kernel_apart" if apart else "kernel", problem.flops, cand, base, _tflops(problem.flops, cand),
+                  _tflops(problem.flops, base), paired_speedup(samples["candidate"], samples["baseline"]),
+                  samples["candidate"], samples["baseline"], order, details)
 
 
 def measure_call(candidate: KernelFn, baseline: KernelFn, problem: Problem, device, *, iters: int = 20,
@@ -406,10 +429,10 @@ def measure_call(candidate: KernelFn, baseline: KernelFn, problem: Problem, devi
 def measure(protocol: str, candidate: KernelFn, baseline: KernelFn, problem: Problem, device, *,
             reps: int = 10, iters: int = 20, warmup: int = 3, rate: float = 100.0, seed: int = 0,
             graphs: bool = True, rotate: bool = True, cold: bool = False) -> Timing:
-    """Run one protocol by name (kernel, call, server)."""
-    if protocol == "kernel":
+    """Run one protocol by name (kernel, kernel_apart, call, server)."""
+    if protocol in ("kernel", "kernel_apart"):
         return measure_kernel(candidate, baseline, problem, device, reps=reps, warmup=warmup, seed=seed,
-                              graphs=graphs, rotate=rotate, cold=cold)
+                              graphs=graphs, rotate=rotate, cold=cold, apart=protocol == "kernel_apart")
     if protocol == "call":
         return measure_call(candidate, baseline, problem, device, iters=iters, warmup=warmup, seed=seed)
     if protocol == "server":

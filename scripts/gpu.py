@@ -68,11 +68,11 @@ def _dispatch(a):
                   f"{a.out}/dispatch_range_inside_{dtype}.jsonl")
               for dtype in ("f16", "bf16")]   # the token-count ranges' check at ragged M
     return [l2c("warmup", table), *heldout, *inside,
-            l2c("bench", f"dispatch:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
-                "--iters", "10", "-o", f"{a.out}/dispatch_offgrid.jsonl"),
+            l2c("bench", f"dispatch:{table}", "--shapes", "offgrid", "--protocol", "kernel,kernel_apart,call", "--reps",
+                "5", "--iters", "10", "-o", f"{a.out}/dispatch_offgrid.jsonl"),
             l2c("bench", f"linear:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
                 "--iters", "10", "-o", f"{a.out}/linear_offgrid.jsonl"),
-            l2c("bench", f"dispatch:{table}", "--shapes", "grid", "--protocol", "kernel,call",
+            l2c("bench", f"dispatch:{table}", "--shapes", "grid", "--protocol", "kernel,kernel_apart,call",
                 "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_grid.jsonl")]
 
 
@@ -189,7 +189,7 @@ def _gated(a):
 
 
 def _grid(a):
-    return [l2c("bench", "torch", a.eager_table, "--shapes", "grid", "--protocol", "kernel,call", "-o",
+    return [l2c("bench", "torch", a.eager_table, "--shapes", "grid", "--protocol", "kernel,kernel_apart,call", "-o",
                 f"{a.out}/grid.jsonl", "--resume"),
             l2c("report", f"{a.out}/grid.jsonl", "-o", f"{a.out}/grid_report")]
 
@@ -211,7 +211,7 @@ STAGES: Dict[str, Stage] = {
                       "a CUTLASS kernel's entry point", _overhead),
     "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "
                       "(heldout: the cells' held-out check, f16 and bf16; offgrid) and on the grid, kernel and call "
-                      "protocols", _dispatch),
+                      "protocols (and kernel_apart on offgrid and the grid)", _dispatch),
     "online": Stage("l2c.matmul and l2c.nn.Linear on `offgrid` with online choice (L2C_TUNE=online: the table's "
                     "nearest prebuilt CUTLASS kernels timed per new shape), kernel and call, f16 and "
                     "bf16, and the first calls while tuning", _online),

@@ -133,7 +133,26 @@ def test_kernel_protocol_rotates_buffers_and_times_both_sides_alike(kernel):
         b / c for c, b in zip(t.candidate_samples, t.baseline_samples)))
 
 
-@pytest.mark.parametrize("protocol", ["kernel", "call"])
+def test_kernel_apart_launches_a_torch_kernel_before_every_timed_launch_and_takes_its_time_off(kernel):
+    """`kernel_apart`: each launch of either side follows torch's one-element add, and a batch of those adds alone
+    is timed in every repetition and taken off both sides (counted here with torch's profiler on the CPU)."""
+    problem = Problem(16, 16, 16)
+    log = []
+    cand, base = _sides(kernel, problem, log)
+    device = CpuDevice(l2_bytes=2 * problem.footprint_bytes())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t = measure("kernel_apart", cand, base, problem, device, reps=3, warmup=1)
+    launches = t.details["launches_per_rep"]
+    assert t.protocol == "kernel_apart" and t.details["spacer_s"] > 0
+    adds = sum(e.count for e in prof.key_averages() if e.key == "aten::add_")
+    # two sides and the spacers' own batch, each in one untimed pass and three repetitions
+    assert adds == 3 * (1 + 3) * launches
+    for side in ("candidate", "baseline"):
+        assert len([c for c in log if c[0] == side]) == 1 + 1 + launches + 3 * launches
+    assert all(s > 0 for s in t.candidate_samples + t.baseline_samples)
+
+
+@pytest.mark.parametrize("protocol", ["kernel", "kernel_apart", "call"])
 def test_a_slower_candidate_measures_slower(protocol):
     """The ratio's direction: a candidate that does the same work plus 3 ms must lose clearly."""
     problem = Problem(8, 8, 8)

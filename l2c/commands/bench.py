@@ -29,8 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--roofline", action="store_true",
                    help="kernel protocol: operands rotated so every call reads them from HBM, the GPU's read "
                         "bandwidth and dense rate measured in this run, each row's fraction of roofline")
-    p.add_argument("--protocol", default="kernel", help="comma-separated subset of kernel,call,server "
-                                                        "(default: kernel)")
+    p.add_argument("--protocol", default="kernel", help="comma-separated subset of kernel,kernel_apart,call,"
+                                                        "server (default: kernel)")
     p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, help=f"results file (default: {DEFAULT_OUTPUT})")
     p.add_argument("--resume", action="store_true", help="continue an existing results file, skipping its rows")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
