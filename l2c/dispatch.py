@@ -414,17 +414,17 @@ class Dispatcher:
             return None, True
         key = self.decisions.signature(dtype, layout, m, n, k, has_bias, activation)
         decided, spec_text = self.decisions.get(key)
-        if decided and spec_text is not None and \
-                parse_one(spec_text, file="<online decision>").target not in self.tune_targets:
-            decided = False   # chosen among targets this process does not time (L2C_TUNE_TARGETS): timed again
+        if decided and spec_text is None:
+            if not has_bias and activation == "none":
+                self._decided_torch(dtype, layout, m, n, k)
+            return None, True
         if decided:
-            if spec_text is None:
-                if not has_bias and activation == "none":
-                    self._decided_torch(dtype, layout, m, n, k)
-                return None, True
-            # served as a table entry's kernel is: built on this thread only where that runs no compiler
-            job = self._jobs[sig] = self._decided_job(spec_text, m, n, k, device)
-            return self._prepared(job)
+            job = self._decided_job(spec_text, m, n, k, device)
+            if job.target in self.tune_targets:
+                # served as a table entry's kernel is: built on this thread only where that runs no compiler
+                self._jobs[sig] = job
+                return self._prepared(job)
+            # chosen among targets this process does not time (L2C_TUNE_TARGETS): timed again below
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return None, False      # never tuned inside a capture; a later eager call may tune
         job = self._jobs.get(("online",) + sig)
