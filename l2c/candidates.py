@@ -158,7 +158,8 @@ class DispatchKernel:
         made by online tuning is then prepared in its turn); return the fields
         of its rows: what serves the call from now on (`served_by`: the kernel's name, or `torch`) and, where a table
         entry does, that entry's spec and target (`served_spec`, `served_target`: what `l2c table` makes an entry
-        of, whatever later becomes of the table file)."""
+        of, whatever later becomes of the table file); a kernel online tuning chose is recorded the same way, with
+        `served_via: online`."""
         import torch
         from .verify import make_inputs
         gen = torch.Generator(device=device.torch_device).manual_seed(0)
@@ -180,6 +181,9 @@ class DispatchKernel:
         fields = {"served_by": kernel.valid.name}
         if entry is not None:
             fields.update(served_spec=entry.spec_text, served_target=entry.target)
+        else:   # online tuning's choice: its kernel is the entry `l2c table` may make of this row
+            fields.update(served_spec=kernel.valid.spec.to_l2(), served_target=kernel.valid.target,
+                          served_via="online")
         return fields
 
 

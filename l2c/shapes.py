@@ -32,6 +32,9 @@ Sets (see ../shared/BENCHMARKING.md):
   16-16384, N and K multiples of 8 log-uniform in 64-16384), how often a cell's kernel loses inside its box (its
   false-win rate): ``between`` was drawn after the cells were made from measured corners and showed where they
   lose (ragged N under wide tiles); ``heldout`` was drawn after that rule was fixed, to check it.
+- ``points``: about 1,200 shapes of ``offgrid``'s distribution under 2 GFLOP from a fourth seed, none of them an
+  ``offgrid`` shape: the measured points that ``l2c table --near`` makes neighbourhood cells from (``offgrid``
+  stays the held-out check of that rule).
 - ``serve``: LLM decoding and batched decoding, memory-bound for small M: the weights of Llama-3.1-8B,
   Llama-3.1-70B, Qwen2.5-7B, Qwen2.5-32B and Mistral-7B (q, kv, o, fused qkv, gate/up, fused gate_up,
   down, lm_head) at ``SERVE_TOKENS`` tokens.
@@ -70,6 +73,7 @@ SERVE_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 OFFGRID_SEED = 20261201
 BETWEEN_SEED = 20261202
 HELDOUT_SEED = 20261203
+POINTS_SEED = 20261204
 
 # FLOP bucket edges (decimal units): label, lower bound inclusive.
 BUCKETS: Tuple[Tuple[str, float], ...] = (
@@ -166,28 +170,44 @@ def serve_shapes() -> List[Shape]:
     return _at_token_counts(SERVE_TOKENS, serve_layers())
 
 
-def offgrid_shapes() -> List[Shape]:
-    """300 shapes from a fixed seed that no table was tuned on (module docstring)."""
+def _offgrid_draws(seed: int, count: int, label: str, max_flops: float = float("inf")) -> List[Shape]:
+    """`count` shapes of `offgrid`'s distribution (module docstring) from `seed`, four in five drawn at random and
+    one in five an `llm` or `serve` weight at a token count outside LLM_TOKENS and SERVE_TOKENS, each under
+    `max_flops`."""
     import math
     import random
-    rng = random.Random(OFFGRID_SEED)
+    rng = random.Random(seed)
 
     def log_uniform(lo: int, hi: int) -> float:
         return math.exp(rng.uniform(math.log(lo), math.log(hi)))
 
-    shapes = []
-    for _ in range(240):
+    shapes: List[Shape] = []
+    layers = llm_layers() + [(name, n, k) for name, n, k in serve_layers()]
+    taken = set(LLM_TOKENS) | set(SERVE_TOKENS)
+    drawn = round(count * 0.8)
+    while len(shapes) < drawn:
         m = max(1, min(16384, round(log_uniform(1, 16384))))
         n, k = (max(64, min(16384, 8 * round(log_uniform(64, 16384) / 8))) for _ in range(2))
-        shapes.append(Shape(m, n, k, label="offgrid"))
-    layers = llm_layers() + [(label, n, k) for label, n, k in serve_layers()]
-    taken = set(LLM_TOKENS) | set(SERVE_TOKENS)
-    while len(shapes) < 300:
-        label, n, k = layers[rng.randrange(len(layers))]
+        if 2 * m * n * k < max_flops:
+            shapes.append(Shape(m, n, k, label=label))
+    while len(shapes) < count:
+        name, n, k = layers[rng.randrange(len(layers))]
         m = round(log_uniform(3, 6000))
-        if m not in taken:
-            shapes.append(Shape(m, n, k, label=f"{label} T={m}"))
+        if m not in taken and 2 * m * n * k < max_flops:
+            shapes.append(Shape(m, n, k, label=f"{name} T={m}" if label == "offgrid" else label))
     return shapes
+
+
+def offgrid_shapes() -> List[Shape]:
+    """300 shapes from a fixed seed that no table was tuned on (module docstring)."""
+    return _offgrid_draws(OFFGRID_SEED, 300, "offgrid")
+
+
+def points_shapes() -> List[Shape]:
+    """Shapes of `offgrid`'s distribution under 2 GFLOP from another seed, none of them an `offgrid` shape: where the
+    neighbourhood cells' points are measured (module docstring)."""
+    held_out = {s.key for s in offgrid_shapes()}
+    return [s for s in _offgrid_draws(POINTS_SEED, 1200, "points", max_flops=2e9) if s.key not in held_out]
 
 
 def between_shapes(seed: int = BETWEEN_SEED, label: str = "between") -> List[Shape]:
@@ -248,11 +268,11 @@ def read_shape_file(path: str | Path) -> List[Shape]:
 
 
 SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes, "offgrid": offgrid_shapes,
-        "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes}
+        "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes, "points": points_shapes}
 
 
 def load_shapes(name: str) -> List[Shape]:
-    """A named set (grid, llm, square, offgrid, between, heldout, serve) or, for anything else, a file of shapes.
+    """A named set (grid, llm, square, offgrid, between, heldout, serve, points) or, for anything else, a file of shapes.
     Duplicates are dropped."""
     shapes = SETS[name]() if name in SETS else read_shape_file(name)
     seen, unique = set(), []

@@ -73,7 +73,11 @@ def _dispatch(a):
             l2c("bench", f"linear:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
                 "--iters", "10", "-o", f"{a.out}/linear_offgrid.jsonl"),
             l2c("bench", f"dispatch:{table}", "--shapes", "grid", "--protocol", "kernel,kernel_apart,call",
-                "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_grid.jsonl")]
+                "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_grid.jsonl"),
+            # what a served kernel after another library's kernel gains from overlapped launches, and what it loses
+            ["env", "L2C_OVERLAP=0"] + l2c("bench", f"dispatch:{table}", "--shapes", "grid", "--protocol",
+                                           "kernel_apart", "--reps", "5", "--iters", "10", "-o",
+                                           f"{a.out}/dispatch_grid_apart_overlap0.jsonl")]
 
 
 def _online(a):
@@ -86,6 +90,17 @@ def _online(a):
                          f"{a.out}/{name}_offgrid_online_{dtype}.jsonl")
             for via, name in (("dispatch", "dispatch"), ("linear", "linear")) for dtype in ("f16", "bf16")] + \
         [script("scripts/online_first_call.py", "--count", "40", "--out", f"{a.out}/online_first_call_f16.json")]
+
+
+def _points(a):
+    """The measured points of neighbourhood cells (`l2c table --near`): the `points` set (shapes of `offgrid`'s
+    distribution under 2 GFLOP, another seed) through l2c.matmul with online choice on, so each point is the
+    table's own entry, the best of the table's nearest prebuilt kernels that beat torch, or torch; f16 then bf16.
+    A file already under --out is continued (`--resume`): its shapes are not measured again."""
+    return [["env", "L2C_TUNE=online"] + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "points", "--dtype", dtype,
+                                             "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
+                                             f"{a.out}/points_{dtype}.jsonl", "--resume")
+            for dtype in ("f16", "bf16")]
 
 
 def _evidence(a):
@@ -215,6 +230,8 @@ STAGES: Dict[str, Stage] = {
     "online": Stage("l2c.matmul and l2c.nn.Linear on `offgrid` with online choice (L2C_TUNE=online: the table's "
                     "nearest prebuilt CUTLASS kernels timed per new shape), kernel and call, f16 and "
                     "bf16, and the first calls while tuning", _online),
+    "points": Stage("the measured points of neighbourhood cells: the `points` shapes through l2c.matmul with online "
+                    "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "

@@ -192,6 +192,17 @@ def test_offgrid_and_serve_sets_are_fixed_and_hold_what_they_promise():
     assert (128256, 4096) in weights and (2 * 27648, 5120) in weights      # lm_head; Qwen2.5-32B gate_up
 
 
+def test_points_are_offgrids_distribution_under_2_gflop_and_never_an_offgrid_shape():
+    """`points` (what neighbourhood cells are made from) is drawn like `offgrid` from another fixed seed, under
+    2 GFLOP, and holds no `offgrid` shape, so that `offgrid` stays a held-out check of the cells."""
+    points = load_shapes("points")
+    assert points == load_shapes("points") and len(points) >= 1100
+    assert not {s.key for s in points} & {s.key for s in load_shapes("offgrid")}
+    assert all(2 * s.m * s.n * s.k < 2e9 and s.n % 8 == s.k % 8 == 0 and 1 <= s.m <= 16384 for s in points)
+    drawn = [s for s in points if 64 <= s.n <= 16384 and 64 <= s.k <= 16384]
+    assert len(drawn) >= 0.75 * len(points) and min(s.m for s in points) == 1
+
+
 def test_roofline_rows_are_summarized_and_plotted_against_m(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     rows = [{"type": "env", "gpu": "NVIDIA H200"}]

@@ -468,15 +468,90 @@ def test_cells_refuse_results_of_different_sm_counts(tmp_path):
 
 def test_the_default_table_is_what_l2c_table_makes_of_its_recorded_sources(tmp_path):
     """The shipped default table is reproducible: `l2c table` over the committed results it names in `sources`, with
-    its protocol and margin, token-count ranges and cells, writes the same entries. A results file added to (or
+    its protocol and margin, token-count ranges, cells and the neighbourhood cells of its `near` points, writes the
+    same entries. A results file added to (or
     left out of) the README's command, or a change to the rules of `l2c table`, shows here first."""
     from pathlib import Path
     repo = Path(__file__).resolve().parent.parent
     shipped = json.loads((repo / "l2c" / "tuned" / "sm_90.json").read_text())
     assert shipped["sources"] and not shipped["confirmed_by"]
     out = tmp_path / "remade.json"
+    near = ["--near", *shipped["near"]] if shipped.get("near") else []
     done = subprocess.run([sys.executable, "-m", "l2c", "table", *shipped["sources"], "--protocol",
                            shipped["protocol"], "--min-speedup", str(shipped["min_speedup"]), "--ranges", "--cells",
-                           "-o", str(out)], capture_output=True, text=True, cwd=repo)
+                           *near, "-o", str(out)], capture_output=True, text=True, cwd=repo)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["entries"] == shipped["entries"]
+
+
+_NEAR_POINTS = st.lists(st.tuples(st.integers(1, 24), st.integers(8, 20), st.integers(8, 20),
+                                  st.sampled_from(["g", "g", "g", "h", "torch"]), st.floats(1.01, 1.4)),
+                        min_size=3, max_size=60, unique_by=lambda p: p[:3])
+
+
+@settings(max_examples=120, deadline=None)
+@given(_NEAR_POINTS)
+def test_a_neighbourhood_cell_lies_between_wins_of_its_kernel_and_near_no_loss(points):
+    """--near: every box served holds, among the NEAR_COUNT measured shapes nearest its centre (within NEAR_RADIUS
+    octaves), at least NEAR_SUPPORT, none of them a shape every kernel lost, two in three or more won by the box's
+    kernel, and wins of that kernel on both sides of the box along M, N and K; its figure is the worst of those
+    wins."""
+    from l2c.commands import table as T
+    specs = {name: KernelSpec(name=name, tile_m=16 if name == "g" else 32, tile_n=16).to_l2() for name in "gh"}
+    rows = []
+    for m, n8, k8, who, speedup in points:
+        at = (m, 8 * n8, 8 * k8)
+        rows.append(_at(who, *at, 1.0 if who == "torch" else speedup, specs.get(who)))
+    for worst, ms, ns, ks in T.near_boxes(rows, "kernel"):
+        centre = [(math.log2(lo) + math.log2(hi)) / 2 for lo, hi in (ms, ns, ks)]
+        shapes = sorted((sum((math.log2(x) - c) ** 2 for x, c in zip((m, 8 * n8, 8 * k8), centre)), i,
+                         (m, 8 * n8, 8 * k8), who) for i, (m, n8, k8, who, _) in enumerate(points))
+        near = [(at, who) for d2, _, at, who in shapes[:T.NEAR_COUNT] if d2 <= T.NEAR_RADIUS ** 2]
+        assert len(near) >= T.NEAR_SUPPORT and all(who != "torch" for _, who in near)
+        won = [at for at, who in near if specs[who] == worst["spec"]]
+        assert len(won) >= T.NEAR_SUPPORT and 3 * len(won) >= 2 * len(near)
+        for axis, (lo, hi) in enumerate((ms, ns, ks)):
+            assert min(at[axis] for at in won) <= lo and max(at[axis] for at in won) >= hi
+        assert worst["speedup"] == min(r["speedup"] for r in rows if r["spec"] == worst["spec"]
+                                       and (r["m"], r["n"], r["k"]) in won)
+
+
+_BOXES = st.lists(st.tuples(st.sampled_from("gh"), st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
+                  max_size=30, unique=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_BOXES)
+def test_joined_neighbourhood_boxes_serve_the_same_shapes_with_the_same_kernel(boxes):
+    """_merged_boxes joins touching boxes of one kernel: every shape a box held is held by one joined box of the
+    same kernel, and a joined box holds no shape that no box of its kernel held."""
+    from l2c.commands.table import _merged_boxes
+    edges = [1, 2, 4, 8, 16]
+    cells = [({"spec": name, "speedup": 1.1 + i / 100, "m": 1, "n": 1, "k": 1, "batch": 1, "dtype": "f16",
+               "layout": "row,row,row"}, *((edges[a], edges[a + 1]) for a in at))
+             for i, (name, *at) in enumerate(boxes)]
+    joined = _merged_boxes(cells)
+
+    def holders(group, x):
+        return {c[0]["spec"] for c in group if all(lo <= v <= hi for v, (lo, hi) in zip(x, c[1:]))}
+    for x in itertools.product(range(1, 17), repeat=3):
+        assert holders(cells, x) == holders(joined, x)
+    assert len(joined) <= len(cells)
+
+
+def test_near_points_make_neighbourhood_cells_and_no_other_entry(tmp_path):
+    """`l2c table R --near P`: P's shapes make neighbourhood cells the dispatcher serves, and no exact entry, range
+    or lattice cell; the table records P under `near` (and not under `sources`)."""
+    from l2c.commands.table import NEAR_M_EDGES, NEAR_NK_EDGES
+    spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    points = [_at("g", m, n, k, 1.2, spec) for m in (4, 8, 16) for n in (128, 256, 512) for k in (128, 256, 512)]
+    near = tmp_path / "points.jsonl"
+    near.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H200"}] + points) + "\n")
+    data = _table_run(tmp_path, [_at("g", 1, 64, 64, 1.2, spec)], "--near", str(near))
+    assert data["near"] == [str(near)] and str(near) not in data["sources"]
+    cells = [e for e in data["entries"] if "n_range" in e]
+    assert cells and all(e["m_range"][0] in NEAR_M_EDGES and e["n_range"][0] in NEAR_NK_EDGES for e in cells)
+    assert [e["m"] for e in data["entries"] if "m_range" not in e] == [1]   # the points made no exact entry
+    table = TunedTable.load(tmp_path / "t.json")
+    assert table.lookup("f16", "row,row,row", 9, 300, 200).spec_text == spec
+    assert table.lookup("f16", "row,row,row", 40, 300, 200) is None   # past the wins along M

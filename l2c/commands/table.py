@@ -20,6 +20,14 @@ whose K starts at 1024 or more and whose shapes all launch its tiles in one numb
 (`WIDE_CELL_MIN_TILES`, `WIDE_CELL_MIN_K`). Where several kernels qualify, the one with the best worst corner; its
 figures are that worst corner's.
 
+`--near POINTS...` adds neighbourhood cells (docs/CONTRACTS.md, the dispatch rule) from shapes measured at random
+(`--shapes points`, each through `l2c.matmul` with online choice: the table's entry, the best of its nearest
+prebuilt kernels that beat torch, or torch): the lattice of boxes half an octave wide along M, N and K
+(`NEAR_M_EDGES`, `NEAR_NK_EDGES`); a box is served by one shape-generic kernel where the NEAR_COUNT measured shapes
+nearest its centre (within NEAR_RADIUS octaves, at least NEAR_SUPPORT of them) were all won by some kernel, two in
+three of them by that one, at shapes on both sides of the box along each axis. Those rows make no other entry (at
+ragged shapes they would cut the lattice cells' boxes); the table records them under `near`.
+
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
 every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in
 at least one; its figures are the first protocol's, with each protocol's worst in `speedups`. Rows of
@@ -61,6 +69,11 @@ def add_parser(sub) -> None:
     p.add_argument("--cells", action="store_true",
                    help="also write cells: a kernel generic in M, N and K that won at all eight corners of a box "
                         "between consecutive measured M, N and K serves every shape inside it")
+    p.add_argument("--near", nargs="+", default=[], metavar="RESULTS",
+                   help="also write neighbourhood cells from the shapes these results measured (they are sources too): "
+                        "a box of the half-octave lattice whose measured shapes within NEAR_RADIUS octaves of its "
+                        "centre were all won by a kernel, at least NEAR_SUPPORT and two in three of them by one "
+                        "shape-generic kernel, is served by that kernel")
     p.add_argument("--every-shape", action="store_true",
                    help="keep each shape's best candidate even where it loses to torch.matmul: a table for measuring "
                         "the kernels alone (l2c bench TABLE.json), not for dispatch")
@@ -380,6 +393,120 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
     return list(best.values())
 
 
+def _half_octaves(lo: int, hi: int, step: int) -> list:
+    """Edges of the neighbourhood lattice along one axis: powers of sqrt(2) from `lo` to `hi`, rounded to `step`."""
+    import math
+    out, i = [], 0
+    while True:
+        edge = max(step, step * round(lo * 2 ** (i / 2) / step))
+        if edge > hi:
+            return out
+        if not out or edge > out[-1]:
+            out.append(edge)
+        i += 1
+
+
+# The neighbourhood rule's constants, chosen by two-fold cross-validation on the `points` measurements (each half's
+# cells checked on the other half's shapes; benchmarks/NOTES.md, session 29): of 2,018 shapes under 1 GFLOP, 268
+# fell in a cell, 237 of them measured wins of its kernel (worst 1.05x in `kernel`), 31 won by another kernel, none
+# where every kernel tried lost.
+NEAR_COUNT = 12        # the measured shapes nearest a box's centre that decide it
+NEAR_RADIUS = 2.0      # ... those of them within this many octaves (Euclidean over log2 M, N and K)
+NEAR_SUPPORT = 3       # at least this many, and at least this many won by the kernel that serves the box
+NEAR_SHARE = 2 / 3     # the share of them that kernel must have won (every one of them won by some kernel)
+NEAR_M_EDGES = _half_octaves(1, 16384, 1)
+NEAR_NK_EDGES = _half_octaves(64, 16384, 8)
+
+
+def measured_points(rows, protocol: str):
+    """(batch, dtype, layout) -> {(m, n, k): {spec text: worst row}}: every shape measured in `protocol`, with the
+    shape-generic kernels that won there (speedup > 1.0: with several protocols, `combined_rows` has already marked
+    a loss in any of them); a shape where torch or only a kernel that cannot serve other shapes won holds none."""
+    points = {}
+    for r in rows:
+        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
+            continue
+        if r.get("gate", "none") != "none":
+            continue
+        won = points.setdefault(shape_key(r)[3:], {}).setdefault((r["m"], r["n"], r["k"]), {})
+        if r.get("kernel") == "torch" or r.get("speedup") is None or not r.get("spec"):
+            continue
+        if _cell_tiling(r["spec"]) is None or r["speedup"] <= 1.0:
+            continue
+        if r["spec"] not in won or r["speedup"] < won[r["spec"]]["speedup"]:
+            won[r["spec"]] = r
+    return points
+
+
+def near_boxes(rows, protocol: str, cache=None, count: int = NEAR_COUNT, radius: float = NEAR_RADIUS,
+               support: int = NEAR_SUPPORT, share: float = NEAR_SHARE):
+    """Neighbourhood cells (module docstring): (row of the worst supporting point, (m_lo, m_hi), (n_lo, n_hi),
+    (k_lo, k_hi)) for each box of the half-octave lattice whose `count` nearest measured shapes within `radius`
+    octaves of its centre are at least `support`, were all won by some shape-generic kernel, and one kernel won at
+    least `share` and `support` of them and at shapes on both sides of the box along each axis (so the box lies
+    between its wins, never past them); per box the kernel that won most of them, then the best worst point."""
+    import itertools
+    import math
+    cache = {} if cache is None else cache
+    rows = [dict(r, spec=spec_text(r, cache)) if r.get("kernel") != "torch" else r for r in rows]
+    out = []
+    for group, points in measured_points(rows, protocol).items():
+        shapes = list(points)
+        logs = [(math.log2(m), math.log2(n), math.log2(k)) for m, n, k in shapes]
+        for sides in itertools.product(zip(NEAR_M_EDGES, NEAR_M_EDGES[1:]), zip(NEAR_NK_EDGES, NEAR_NK_EDGES[1:]),
+                                       zip(NEAR_NK_EDGES, NEAR_NK_EDGES[1:])):
+            centre = [(math.log2(lo) + math.log2(hi)) / 2 for lo, hi in sides]
+            nearest = sorted((sum((a - b) ** 2 for a, b in zip(p, centre)), i) for i, p in enumerate(logs))[:count]
+            near = [shapes[i] for d2, i in nearest if d2 <= radius * radius]
+            if len(near) < support or any(not points[at] for at in near):
+                continue
+            wins = {}
+            for at in near:
+                for text, r in points[at].items():
+                    wins.setdefault(text, []).append(r)
+            best = None
+            for won in wins.values():
+                if len(won) < support or len(won) < share * len(near) - 1e-9:
+                    continue
+                if any(min(r[axis] for r in won) > lo or max(r[axis] for r in won) < hi
+                       for axis, (lo, hi) in zip("mnk", sides)):
+                    continue   # the box reaches past where the kernel won: a step in tiles or waves may lie there
+                worst = min(won, key=lambda r: r["speedup"])
+                if best is None or (len(won), worst["speedup"]) > best[0]:
+                    best = ((len(won), worst["speedup"]), worst)
+            if best is not None:
+                out.append((best[1], *sides))
+    return out
+
+
+def near_rows(rows, protocol: str, cache=None):
+    """The neighbourhood cells `l2c table --near` writes: `near_boxes` with the module's constants, the boxes of one
+    kernel that touch joined into one (`_merged_boxes`: the same shapes served by fewer entries)."""
+    return _merged_boxes(near_boxes(rows, protocol, cache))
+
+
+def _merged_boxes(cells):
+    """The same cells in fewer boxes: two boxes of one kernel and group that share two sides and touch along the
+    third become one (its figures the worse box's); along M, N and K, twice over."""
+    cells = list(cells)
+    for axis in (0, 1, 2, 0, 1, 2):
+        def key(c):
+            sides = c[1:]
+            return (shape_key(c[0])[3:], c[0]["spec"], tuple(sides[i] for i in range(3) if i != axis), sides[axis])
+        merged = []
+        for c in sorted(cells, key=key):
+            last = merged[-1] if merged else None
+            if last is not None and key(last)[:3] == key(c)[:3] and last[1 + axis][1] == c[1 + axis][0]:
+                sides = list(last[1:])
+                sides[axis] = (last[1 + axis][0], c[1 + axis][1])
+                worse = min(last[0], c[0], key=lambda r: r["speedup"])
+                merged[-1] = (worse, *sides)
+            else:
+                merged.append(c)
+        cells = merged
+    return cells
+
+
 def won_again(rows, protocols):
     """(shape, dtype, layout, spec) -> True for each spec with at least one row in `rows` on that shape in
     `protocols`, all of them verified wins (speedup >= 1.0); False where any lost or failed."""
@@ -427,6 +554,7 @@ def merged(base: dict, new: dict, error) -> dict:
     margins = [m for m in (base.get("min_speedup"), new["min_speedup"]) if m is not None]
     return dict(base, gpu=base.get("gpu") or new["gpu"], min_speedup=min(margins) if margins else None,
                 sources=list(base.get("sources", [])) + new["sources"],
+                near=list(base.get("near", [])) + new.get("near", []),
                 confirmed_by=list(base.get("confirmed_by", [])) + new["confirmed_by"],
                 entries=kept + new["entries"])
 
@@ -435,8 +563,10 @@ def run(args) -> int:
     from ..results_file import read_rows
     from ..cli import UsageError
     rows, gpus, sm_counts = [], set(), set()
-    for path in args.results:
+    for path in [*args.results, *args.near]:
         for r in read_rows(path):
+            if path not in args.results and r.get("type") == "result":
+                continue   # points of neighbourhood cells only: at lattice corners they would split the cells' boxes
             rows.append(r)
             if r.get("type") == "env" and r.get("gpu"):
                 gpus.add(r["gpu"])
@@ -503,9 +633,18 @@ def run(args) -> int:
         entries += [dict(entry(r), m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"])
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
+    if args.near:
+        points = as_candidates([r for path in args.near for r in read_rows(path)], cache)
+        if len(protocols) > 1:
+            points = combined_rows(points, protocols, args.min_speedup, cache)
+        near = near_rows(points, protocol, cache)
+        entries += [dict(entry(r), m=ms[0], n=ns[0], k=ks[0], m_range=list(ms), n_range=list(ns), k_range=list(ks),
+                         range_min_speedup=r["speedup"])   # placed at the box's first corner, its figures its worst point's
+                    for r, ms, ns, ks in sorted(near, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
              "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
-             "sources": [str(p) for p in args.results], "confirmed_by": [str(p) for p in args.confirmed_by],
+             "sources": [str(p) for p in args.results], "near": [str(p) for p in args.near],
+             "confirmed_by": [str(p) for p in args.confirmed_by],
              "entries": entries}
     if args.only_faster is not None and not args.into:
         raise UsageError("--only-faster compares with the table of --into")
