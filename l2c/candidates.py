@@ -181,7 +181,7 @@ class DispatchKernel:
         fields = {"served_by": kernel.valid.name}
         if entry is not None:
             fields.update(served_spec=entry.spec_text, served_target=entry.target)
-        else:   # online tuning's choice: its kernel is the entry `l2c table` may make of this row
+        elif self.dispatcher.online:   # online tuning's choice: its kernel is the entry `l2c table` may make of it
             fields.update(served_spec=kernel.valid.spec.to_l2(), served_target=kernel.valid.target,
                           served_via="online")
         return fields

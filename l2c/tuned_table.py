@@ -9,11 +9,13 @@ A table is measurements, and the dispatcher serves a kernel only where a measure
   for the same N, K, batch, dtype and layouts; it serves any M in [lo, hi];
 - a cell: an entry with ``"m_range"``, ``"n_range"`` and ``"k_range"`` says its shape-generic kernel was measured
   faster than torch at each of the box's eight corners (same batch, dtype and layouts; `l2c table --cells`); it
-  serves any (M, N, K) inside the box. How often such a kernel loses inside a box is measured on held-out shapes
-  (docs/CONTRACTS.md, the dispatch rule).
+  serves any (M, N, K) inside the box;
+- a neighbourhood cell (the same keys and ``"near": true``): the shapes measured nearest the box's centre were all
+  won by some kernel, most of them by this one, with its wins on both sides of the box (`l2c table --near`). It
+  serves where no exact entry, range or corner cell does.
 
-Nothing else: no nearest shape, no interpolation past measured corners. An entry measured at or below torch's speed
-never serves.
+How often a cell's kernel loses inside its box is measured on held-out shapes (docs/CONTRACTS.md, the dispatch rule).
+Nothing else: no interpolation past measured shapes. An entry measured at or below torch's speed never serves.
 
 A gated entry (``"gate": "silu"`` or ``"gelu_tanh"``: a kernel with that gated epilogue, measured against torch's
 gated MLP projection on a B of K x 2N, N being the output's) is evidence for that gated problem only: it serves
@@ -65,6 +67,7 @@ class TunedEntry:
     n_hi: Optional[int] = None
     k_lo: Optional[int] = None
     k_hi: Optional[int] = None
+    near: bool = False     # a neighbourhood cell: decided by the measured shapes nearest its box, not by corners
 
     @property
     def speedup(self) -> float:
@@ -97,6 +100,8 @@ class TunedEntry:
                 row["n_range"], row["k_range"] = [self.n_lo, self.n_hi], [self.k_lo, self.k_hi]
             if self.range_min_speedup is not None:
                 row["range_min_speedup"] = self.range_min_speedup
+        if self.near:
+            row["near"] = True
         if self.gate != "none":
             row["gate"] = self.gate
         return row
@@ -140,6 +145,9 @@ def entry_from_row(row) -> TunedEntry:
     n_range, k_range = row.get("n_range"), row.get("k_range")
     if (n_range is None) != (k_range is None) or (n_range is not None and row.get("m_range") is None):
         raise ValueError("a cell has all three of m_range, n_range and k_range")
+    near = row.get("near", False)
+    if near not in (True, False) or (near and n_range is None):
+        raise ValueError(f"near must be true or false, and true only on a cell, got {near!r}")
     n_lo = n_hi = k_lo = k_hi = None
     if n_range is not None:
         n_lo, n_hi = _span(n_range, n, "n")
@@ -153,7 +161,7 @@ def entry_from_row(row) -> TunedEntry:
     return TunedEntry(m=m, n=n, k=k, batch=_whole(row.get("batch", 1), "batch"), dtype=dtype, layout=layout,
                       target=target, spec_text=spec, tflops=_rate(row["tflops"], "tflops"),
                       baseline_tflops=_rate(row["baseline_tflops"], "baseline_tflops"), m_lo=m_lo, m_hi=m_hi,
-                      range_min_speedup=worst, gate=gate, n_lo=n_lo, n_hi=n_hi, k_lo=k_lo, k_hi=k_hi)
+                      range_min_speedup=worst, gate=gate, n_lo=n_lo, n_hi=n_hi, k_lo=k_lo, k_hi=k_hi, near=near)
 
 
 def _span(rng, value: int, axis: str) -> Tuple[int, int]:
@@ -280,8 +288,8 @@ class TunedTable:
             if best is None or e.speedup > best.speedup:
                 self.exact[key + (e.m,)] = e
         for group in list(self.ranges.values()) + list(self.cells.values()):
-            # the best worst-case first, then the narrowest
-            group.sort(key=lambda e: (-(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
+            # corner cells before neighbourhood cells, then the best worst case, then the narrowest
+            group.sort(key=lambda e: (e.near, -(e.range_min_speedup or e.speedup), e.m_hi - e.m_lo))
         self._served: Dict[Tuple, ServedShapes] = {}
         self.gated: Dict[str, "TunedTable"] = {g: TunedTable(group, arch, source, gate=g, serve_all=serve_all)
                                                for g, group in gated.items()}
@@ -419,9 +427,10 @@ def evidence_ms(entry: TunedEntry) -> List[int]:
 def served_problem_shapes(table: "TunedTable", dtype: str, layout: str) -> List[Tuple[int, int, int, int]]:
     """(M, N, K, batch) of every plain (ungated) call `table` serves in this dtype and layouts, at `evidence_ms`:
     what `l2c bench dispatch:TABLE --shapes served` measures, the evidence `l2c table --protocol kernel,call`
-    makes a table from."""
+    makes a table from. Neighbourhood cells are left out: their evidence is the points `l2c table --near` reads,
+    and rows at their boxes' corners would cut the corner cells' boxes."""
     shapes = {(m, e.n, e.k, e.batch) for e in served_entries(table) if e.gate == "none" and e.dtype == dtype
-              and e.layout == layout for m in evidence_ms(e)}
+              and e.layout == layout and not e.near for m in evidence_ms(e)}   # a neighbourhood cell's: its points
     return sorted(shapes)
 
 

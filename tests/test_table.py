@@ -498,22 +498,50 @@ def test_a_neighbourhood_cell_lies_between_wins_of_its_kernel_and_near_no_loss(p
     wins."""
     from l2c.commands import table as T
     specs = {name: KernelSpec(name=name, tile_m=16 if name == "g" else 32, tile_n=16).to_l2() for name in "gh"}
-    rows = []
+    rows, won_by = [], {}
     for m, n8, k8, who, speedup in points:
         at = (m, 8 * n8, 8 * k8)
         rows.append(_at(who, *at, 1.0 if who == "torch" else speedup, specs.get(who)))
-    for worst, ms, ns, ks in T.near_boxes(rows, "kernel"):
+        won_by[at] = 0.0 if who == "torch" else speedup
+    for worst, ms, ns, ks in T.near_boxes(rows, ["kernel"], 1.05):
         centre = [(math.log2(lo) + math.log2(hi)) / 2 for lo, hi in (ms, ns, ks)]
         shapes = sorted((sum((math.log2(x) - c) ** 2 for x, c in zip((m, 8 * n8, 8 * k8), centre)), i,
                          (m, 8 * n8, 8 * k8), who) for i, (m, n8, k8, who, _) in enumerate(points))
         near = [(at, who) for d2, _, at, who in shapes[:T.NEAR_COUNT] if d2 <= T.NEAR_RADIUS ** 2]
         assert len(near) >= T.NEAR_SUPPORT and all(who != "torch" for _, who in near)
+        assert all(won_by[at] >= 1.05 for at, _ in near)     # a win by the margin, never a tie
         won = [at for at, who in near if specs[who] == worst["spec"]]
         assert len(won) >= T.NEAR_SUPPORT and 3 * len(won) >= 2 * len(near)
         for axis, (lo, hi) in enumerate((ms, ns, ks)):
             assert min(at[axis] for at in won) <= lo and max(at[axis] for at in won) >= hi
         assert worst["speedup"] == min(r["speedup"] for r in rows if r["spec"] == worst["spec"]
                                        and (r["m"], r["n"], r["k"]) in won)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 24), st.integers(8, 20), st.integers(8, 20)), min_size=3, max_size=40,
+                unique=True))
+def test_where_one_kernel_won_every_point_each_box_between_its_wins_is_served(points):
+    """--near, the other way round: with every measured shape won by one kernel, each lattice box that lies between
+    its wins along M, N and K and has at least NEAR_SUPPORT of its NEAR_COUNT nearest within NEAR_RADIUS is a
+    cell."""
+    from l2c.commands import table as T
+    spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    shapes = [(m, 8 * n8, 8 * k8) for m, n8, k8 in points]
+    boxes = {tuple(sides) for _, *sides in T.near_boxes([_at("g", *at, 1.2, spec) for at in shapes], ["kernel"], 1.05)}
+    for sides in itertools.product(zip(T.NEAR_M_EDGES, T.NEAR_M_EDGES[1:]), zip(T.NEAR_NK_EDGES, T.NEAR_NK_EDGES[1:]),
+                                   zip(T.NEAR_NK_EDGES, T.NEAR_NK_EDGES[1:])):
+        if sides[0][1] > 32 or sides[1][1] > 256 or sides[2][1] > 256:
+            continue
+        centre = [(math.log2(lo) + math.log2(hi)) / 2 for lo, hi in sides]
+        ranked = sorted((sum((math.log2(x) - c) ** 2 for x, c in zip(at, centre)), at) for at in shapes)
+        if len(ranked) > T.NEAR_COUNT and ranked[T.NEAR_COUNT][0] == ranked[T.NEAR_COUNT - 1][0]:
+            continue   # a tie at the cut: which shapes are nearest is the implementation's choice
+        near = [at for d2, at in ranked[:T.NEAR_COUNT] if d2 <= T.NEAR_RADIUS ** 2]
+        if len(near) < T.NEAR_SUPPORT or len(near) < min(len(ranked), T.NEAR_COUNT):
+            continue   # this check asks no more than: every one of the nearest within the radius
+        if all(min(at[i] for at in near) <= lo and max(at[i] for at in near) >= hi for i, (lo, hi) in enumerate(sides)):
+            assert sides in boxes
 
 
 _BOXES = st.lists(st.tuples(st.sampled_from("gh"), st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
@@ -540,18 +568,62 @@ def test_joined_neighbourhood_boxes_serve_the_same_shapes_with_the_same_kernel(b
 
 
 def test_near_points_make_neighbourhood_cells_and_no_other_entry(tmp_path):
-    """`l2c table R --near P`: P's shapes make neighbourhood cells the dispatcher serves, and no exact entry, range
-    or lattice cell; the table records P under `near` (and not under `sources`)."""
+    """`l2c table R --near P`: P's shapes make neighbourhood cells (marked `near`) the dispatcher serves, and no exact
+    entry, range or corner cell; the table records P under `near` (and not under `sources`); a corner cell serves
+    before a neighbourhood cell that overlaps it."""
     from l2c.commands.table import NEAR_M_EDGES, NEAR_NK_EDGES
     spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
     points = [_at("g", m, n, k, 1.2, spec) for m in (4, 8, 16) for n in (128, 256, 512) for k in (128, 256, 512)]
     near = tmp_path / "points.jsonl"
     near.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H200"}] + points) + "\n")
-    data = _table_run(tmp_path, [_at("g", 1, 64, 64, 1.2, spec)], "--near", str(near))
+    other = KernelSpec(name="c", tile_m=32, tile_n=8).to_l2()
+    corners = [_at("c", m, n, k, 1.1, other) for m in (8, 16) for n in (256, 512) for k in (256, 512)]
+    sources = [_at("g", 1, 64, 64, 1.2, spec)] + corners
+    without = _table_run(tmp_path, sources, "--ranges", "--cells")["entries"]
+    data = _table_run(tmp_path, sources, "--near", str(near), "--ranges", "--cells")
     assert data["near"] == [str(near)] and str(near) not in data["sources"]
-    cells = [e for e in data["entries"] if "n_range" in e]
-    assert cells and all(e["m_range"][0] in NEAR_M_EDGES and e["n_range"][0] in NEAR_NK_EDGES for e in cells)
-    assert [e["m"] for e in data["entries"] if "m_range" not in e] == [1]   # the points made no exact entry
+    near_cells = [e for e in data["entries"] if e.get("near")]
+    assert near_cells and all(e["m_range"][0] in NEAR_M_EDGES and e["n_range"][0] in NEAR_NK_EDGES
+                              and e["spec"] == spec for e in near_cells)
+    assert [e for e in data["entries"] if not e.get("near")] == without   # the points made no other entry
+    assert any("n_range" in e for e in without)
     table = TunedTable.load(tmp_path / "t.json")
-    assert table.lookup("f16", "row,row,row", 9, 300, 200).spec_text == spec
+    assert table.lookup("f16", "row,row,row", 5, 300, 200).spec_text == spec
+    assert table.lookup("f16", "row,row,row", 10, 300, 300).spec_text == other   # the corner cell first
     assert table.lookup("f16", "row,row,row", 40, 300, 200) is None   # past the wins along M
+
+
+def test_near_points_count_a_torch_served_or_failed_shape_as_lost_and_a_tie_as_no_win():
+    """measured_points: a shape where torch served a row, or a kernel failed one, holds no kernel; a kernel holds a
+    shape only where every row of it there won by the margin."""
+    from l2c.commands.table import measured_points
+    spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    rows = [_at("g", 1, 64, 64, 1.2, spec), _at("g", 2, 64, 64, 1.2, spec), _at("torch", 2, 64, 64, 1.0, spec),
+            _at("g", 3, 64, 64, 1.2, spec), dict(_at("g", 3, 64, 64, 1.2, spec), status="verify_failed"),
+            _at("g", 4, 64, 64, 1.2, spec), _at("g", 4, 64, 64, 0.9, spec), _at("g", 5, 64, 64, 1.02, spec)]
+    (points,) = measured_points(rows, ["kernel"], 1.05).values()
+    assert {at[0]: bool(won) for at, won in points.items()} == {1: True, 2: False, 3: False, 4: False, 5: False}
+
+
+def test_near_points_of_another_gpu_are_refused(tmp_path):
+    """The points of `--near` are checked like the sources: results of two GPUs make no table."""
+    spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    near = tmp_path / "points.jsonl"
+    near.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H100"},
+                                                      _at("g", 2, 64, 64, 1.2, spec)]) + "\n")
+    done = _table_command(tmp_path, [_at("g", 1, 64, 64, 1.2, spec)], "--near", str(near))
+    assert done.returncode == 2 and "different GPUs" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_near_is_a_flag_of_cells_only():
+    """The table format: `near` is true or false, and true only on a cell (docs/CONTRACTS.md)."""
+    import pytest
+    from l2c.tuned_table import entry_from_row
+    base = {"m": 4, "n": 128, "k": 128, "dtype": "f16", "layout": "row,row,row", "target": "cutlass",
+            "spec": KernelSpec(name="g", tile_m=16, tile_n=16).to_l2(), "tflops": 1.2, "baseline_tflops": 1.0}
+    cell = dict(base, m_range=[4, 6], n_range=[128, 184], k_range=[128, 184], range_min_speedup=1.1)
+    assert entry_from_row(dict(cell, near=True)).near and not entry_from_row(cell).near
+    assert entry_from_row(dict(cell, near=True)).to_row()["near"] is True
+    for bad in (dict(base, near=True), dict(cell, near="yes"), dict(base, m_range=[4, 6], near=True)):
+        with pytest.raises(ValueError, match="near"):
+            entry_from_row(bad)

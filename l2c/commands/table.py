@@ -25,8 +25,10 @@ figures are that worst corner's.
 prebuilt kernels that beat torch, or torch): the lattice of boxes half an octave wide along M, N and K
 (`NEAR_M_EDGES`, `NEAR_NK_EDGES`); a box is served by one shape-generic kernel where the NEAR_COUNT measured shapes
 nearest its centre (within NEAR_RADIUS octaves, at least NEAR_SUPPORT of them) were all won by some kernel, two in
-three of them by that one, at shapes on both sides of the box along each axis. Those rows make no other entry (at
-ragged shapes they would cut the lattice cells' boxes); the table records them under `near`.
+three of them by that one, at shapes on both sides of the box along each axis; a shape where torch served or a
+kernel failed counts as lost. Those rows make no other entry (among the sources their ragged shapes would cut the
+corner cells' boxes); the table records them under `near`, and marks the cells `near`, which serve only where no
+exact entry, range or corner cell does.
 
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
 every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in
@@ -70,7 +72,8 @@ def add_parser(sub) -> None:
                    help="also write cells: a kernel generic in M, N and K that won at all eight corners of a box "
                         "between consecutive measured M, N and K serves every shape inside it")
     p.add_argument("--near", nargs="+", default=[], metavar="RESULTS",
-                   help="also write neighbourhood cells from the shapes these results measured (they are sources too): "
+                   help="also write neighbourhood cells from the shapes these results measured (recorded as `near`, "
+                        "not as sources: they make no other entry): "
                         "a box of the half-octave lattice whose measured shapes within NEAR_RADIUS octaves of its "
                         "centre were all won by a kernel, at least NEAR_SUPPORT and two in three of them by one "
                         "shape-generic kernel, is served by that kernel")
@@ -394,8 +397,8 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
 
 
 def _half_octaves(lo: int, hi: int, step: int) -> list:
-    """Edges of the neighbourhood lattice along one axis: powers of sqrt(2) from `lo` to `hi`, rounded to `step`."""
-    import math
+    """Edges of the neighbourhood lattice along one axis: powers of sqrt(2) from `lo` to `hi`, rounded to `step`
+    (so, along M, 1 to 2 is one box: no whole number lies between)."""
     out, i = [], 0
     while True:
         edge = max(step, step * round(lo * 2 ** (i / 2) / step))
@@ -418,39 +421,49 @@ NEAR_M_EDGES = _half_octaves(1, 16384, 1)
 NEAR_NK_EDGES = _half_octaves(64, 16384, 8)
 
 
-def measured_points(rows, protocol: str):
-    """(batch, dtype, layout) -> {(m, n, k): {spec text: worst row}}: every shape measured in `protocol`, with the
-    shape-generic kernels that won there (speedup > 1.0: with several protocols, `combined_rows` has already marked
-    a loss in any of them); a shape where torch or only a kernel that cannot serve other shapes won holds none."""
-    points = {}
+def measured_points(rows, protocols, min_speedup: float, cache=None):
+    """(batch, dtype, layout) -> {(m, n, k): {spec text: worst row}}: every shape `rows` measured, with the
+    shape-generic kernels that won there: by `min_speedup` (with several protocols, `combined_rows`: by it in one and
+    slower in none), in every row of theirs at that shape. A shape holds none where torch served a row of it (what
+    online choice measured no kernel beating), where a kernel failed a row (verification, a build), or where only
+    kernels that cannot serve other shapes won."""
+    cache = {} if cache is None else cache
+    vetoed = {(shape_key(r)[3:], (r["m"], r["n"], r["k"])) for r in rows if r.get("type") == "result"
+              and r.get("gate", "none") == "none" and (r.get("kernel") == "torch" or r.get("status") != "ok")}
+    joined = ",".join(protocols)
+    if len(protocols) > 1:
+        rows, min_speedup = combined_rows(rows, protocols, min_speedup, cache), 1.0
+    worst: dict = {}
     for r in rows:
-        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
+        if r.get("type") != "result" or r.get("protocol") != joined or r.get("status") != "ok":
             continue
         if r.get("gate", "none") != "none":
             continue
-        won = points.setdefault(shape_key(r)[3:], {}).setdefault((r["m"], r["n"], r["k"]), {})
-        if r.get("kernel") == "torch" or r.get("speedup") is None or not r.get("spec"):
+        group, at = shape_key(r)[3:], (r["m"], r["n"], r["k"])
+        kernels = worst.setdefault(group, {}).setdefault(at, {})
+        text = spec_text(r, cache) if r.get("kernel") != "torch" else ""
+        if not text or r.get("speedup") is None or _cell_tiling(text) is None:
             continue
-        if _cell_tiling(r["spec"]) is None or r["speedup"] <= 1.0:
-            continue
-        if r["spec"] not in won or r["speedup"] < won[r["spec"]]["speedup"]:
-            won[r["spec"]] = r
-    return points
+        if text not in kernels or r["speedup"] < kernels[text]["speedup"]:
+            kernels[text] = dict(r, spec=text)
+    return {group: {at: ({} if (group, at) in vetoed else
+                         {t: r for t, r in kernels.items() if r["speedup"] >= min_speedup and r["speedup"] > 1.0})
+                    for at, kernels in points.items()}
+            for group, points in worst.items()}
 
 
-def near_boxes(rows, protocol: str, cache=None, count: int = NEAR_COUNT, radius: float = NEAR_RADIUS,
-               support: int = NEAR_SUPPORT, share: float = NEAR_SHARE):
-    """Neighbourhood cells (module docstring): (row of the worst supporting point, (m_lo, m_hi), (n_lo, n_hi),
-    (k_lo, k_hi)) for each box of the half-octave lattice whose `count` nearest measured shapes within `radius`
-    octaves of its centre are at least `support`, were all won by some shape-generic kernel, and one kernel won at
-    least `share` and `support` of them and at shapes on both sides of the box along each axis (so the box lies
-    between its wins, never past them); per box the kernel that won most of them, then the best worst point."""
+def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEAR_COUNT,
+               radius: float = NEAR_RADIUS, support: int = NEAR_SUPPORT, share: float = NEAR_SHARE):
+    """Neighbourhood cells (module docstring) of the points `rows` measured (`measured_points`): (row of the worst
+    supporting point, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box of the lattice whose `count` nearest
+    measured shapes within `radius` octaves of its centre are at least `support`, were all won by some
+    shape-generic kernel, and one kernel won at least `share` and `support` of them and at shapes on both sides of
+    the box along each axis (so the box lies between its wins, never past them); per box the kernel that won most
+    of them, then the best worst point."""
     import itertools
     import math
-    cache = {} if cache is None else cache
-    rows = [dict(r, spec=spec_text(r, cache)) if r.get("kernel") != "torch" else r for r in rows]
     out = []
-    for group, points in measured_points(rows, protocol).items():
+    for group, points in measured_points(rows, protocols, min_speedup, cache).items():
         shapes = list(points)
         logs = [(math.log2(m), math.log2(n), math.log2(k)) for m, n, k in shapes]
         for sides in itertools.product(zip(NEAR_M_EDGES, NEAR_M_EDGES[1:]), zip(NEAR_NK_EDGES, NEAR_NK_EDGES[1:]),
@@ -479,10 +492,10 @@ def near_boxes(rows, protocol: str, cache=None, count: int = NEAR_COUNT, radius:
     return out
 
 
-def near_rows(rows, protocol: str, cache=None):
+def near_rows(rows, protocols, min_speedup: float, cache=None):
     """The neighbourhood cells `l2c table --near` writes: `near_boxes` with the module's constants, the boxes of one
     kernel that touch joined into one (`_merged_boxes`: the same shapes served by fewer entries)."""
-    return _merged_boxes(near_boxes(rows, protocol, cache))
+    return _merged_boxes(near_boxes(rows, protocols, min_speedup, cache))
 
 
 def _merged_boxes(cells):
@@ -523,9 +536,9 @@ def won_again(rows, protocols):
 def problem_key(entry) -> tuple:
     """What one entry serves: two entries with the same key answer the same calls, so a merge keeps one."""
     served_m = tuple(entry["m_range"]) if "m_range" in entry else entry["m"]
-    if "n_range" in entry:   # a cell: its box
+    if "n_range" in entry:   # a cell: its box, and whether its neighbours or its corners made it
         return (entry["dtype"], entry["layout"], tuple(entry["n_range"]), tuple(entry["k_range"]),
-                entry.get("batch", 1), entry.get("gate", "none"), served_m)
+                entry.get("batch", 1), entry.get("gate", "none"), served_m, entry.get("near", False))
     return (entry["dtype"], entry["layout"], entry["n"], entry["k"], entry.get("batch", 1),
             entry.get("gate", "none"), served_m)
 
@@ -563,11 +576,10 @@ def run(args) -> int:
     from ..results_file import read_rows
     from ..cli import UsageError
     rows, gpus, sm_counts = [], set(), set()
+    near_points = []   # rows of neighbourhood cells only: among the sources, ragged shapes would cut the cells' boxes
     for path in [*args.results, *args.near]:
         for r in read_rows(path):
-            if path not in args.results and r.get("type") == "result":
-                continue   # points of neighbourhood cells only: at lattice corners they would split the cells' boxes
-            rows.append(r)
+            (rows if path in args.results or r.get("type") != "result" else near_points).append(r)
             if r.get("type") == "env" and r.get("gpu"):
                 gpus.add(r["gpu"])
                 if r.get("sm_count"):
@@ -581,12 +593,12 @@ def run(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     cache = {}
-    rows = as_candidates(rows, cache)
+    rows, near_points = as_candidates(rows, cache), as_candidates(near_points, cache)
     protocols = [p for p in args.protocol.split(",") if p]
     if not protocols or len(set(protocols)) != len(protocols):
         raise UsageError(f"--protocol {args.protocol!r}: name each protocol once, e.g. kernel or kernel,call")
     protocol, margin = args.protocol, args.min_speedup
-    unresolved = sorted({(r.get("source", ""), r.get("name", "")) for r in rows
+    unresolved = sorted({(r.get("source", ""), r.get("name", "")) for r in rows + near_points
                          if r.get("type") == "result" and r.get("status") == "ok" and r.get("kernel") != "torch"
                          and not spec_text(r, cache)})
     if unresolved:   # a silently skipped row would make the table "best" of fewer candidates than measured
@@ -634,12 +646,9 @@ def run(args) -> int:
                          range_min_speedup=r["speedup"])
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     if args.near:
-        points = as_candidates([r for path in args.near for r in read_rows(path)], cache)
-        if len(protocols) > 1:
-            points = combined_rows(points, protocols, args.min_speedup, cache)
-        near = near_rows(points, protocol, cache)
+        near = near_rows(near_points, protocols, args.min_speedup, cache)
         entries += [dict(entry(r), m=ms[0], n=ns[0], k=ks[0], m_range=list(ms), n_range=list(ns), k_range=list(ks),
-                         range_min_speedup=r["speedup"])   # placed at the box's first corner, its figures its worst point's
+                         range_min_speedup=r["speedup"], near=True)   # at the box's first corner; its worst point's figures
                     for r, ms, ns, ks in sorted(near, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
              "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
