@@ -103,6 +103,25 @@ def _points(a):
             for dtype in ("f16", "bf16")]
 
 
+def _overlap(a):
+    """Does an overlapped launch (programmatic dependent launch, `L2C_OVERLAP`) pay where a GEMM follows another
+    library's kernel? The grid through l2c.matmul in `kernel` and `kernel_apart`, replayed in CUDA graphs and launched
+    eagerly, with the launch overlapped and not; a Llama-8B decoding step's linears both ways; then the six corner-cell
+    kernels around the shape where a neighbourhood cell lost (benchmarks/near_false_win.txt)."""
+    out = []
+    for overlap in ("1", "0"):
+        env = ["env", f"L2C_OVERLAP={overlap}"]
+        for mode, flags in (("graphs", []), ("eager", ["--no-graphs"])):
+            out.append(env + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "grid", "--protocol",
+                                 "kernel,kernel_apart", "--reps", "5", *flags, "-o",
+                                 f"{a.out}/overlap{overlap}_grid_{mode}.jsonl"))
+        out.append(env + script("examples/decode_step.py", "--out", f"{a.out}/overlap{overlap}_decode_step_f16.json"))
+    out.append(l2c("bench", f"serving:{ROOT / 'benchmarks' / 'cell_specs_f16.l2'}", "--shapes",
+                   str(ROOT / "benchmarks" / "near_false_win.txt"), "--protocol", "kernel,kernel_apart", "--reps", "5",
+                   "-o", f"{a.out}/near_false_win.jsonl"))
+    return out
+
+
 def _evidence(a):
     """Every entry of both tables through the dispatcher at its own shapes, in `kernel` and `call`: what
     `l2c table --protocol kernel,call` makes the default table from (README, "Two tables ship"); each row records
@@ -232,6 +251,9 @@ STAGES: Dict[str, Stage] = {
                     "bf16, and the first calls while tuning", _online),
     "points": Stage("the measured points of neighbourhood cells: the `points` shapes through l2c.matmul with online "
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
+    "overlap": Stage("the overlapped launch where a GEMM follows another library's kernel: the grid in kernel and "
+                     "kernel_apart, graphs and eager, L2C_OVERLAP 1 and 0; a decoding step both ways; the corner-cell "
+                     "kernels around the neighbourhood cells' false win", _overlap),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "
