@@ -74,9 +74,10 @@ def add_parser(sub) -> None:
     p.add_argument("--near", nargs="+", default=[], metavar="RESULTS",
                    help="also write neighbourhood cells from the shapes these results measured (recorded as `near`, "
                         "not as sources: they make no other entry): "
-                        "a box of the half-octave lattice whose measured shapes within NEAR_RADIUS octaves of its "
-                        "centre were all won by a kernel, at least NEAR_SUPPORT and two in three of them by one "
-                        "shape-generic kernel, is served by that kernel")
+                        "a box of the half-octave lattice whose NEAR_COUNT nearest measured shapes (within "
+                        "NEAR_RADIUS octaves of its centre, at least NEAR_SUPPORT) were all won by a kernel, two in "
+                        "three of them by one shape-generic kernel that won on both sides of the box, is served by "
+                        "that kernel after any exact entry, range or corner cell")
     p.add_argument("--every-shape", action="store_true",
                    help="keep each shape's best candidate even where it loses to torch.matmul: a table for measuring "
                         "the kernels alone (l2c bench TABLE.json), not for dispatch")
