@@ -103,6 +103,15 @@ def _points(a):
             for dtype in ("f16", "bf16")]
 
 
+def _points_linear(a):
+    """The `points` stage through l2c.nn.Linear (B the weight, column-major): the points of nn.Linear's
+    neighbourhood cells, which the shipped table has none of yet."""
+    return [["env", "L2C_TUNE=online"] + l2c("bench", f"linear:{a.eager_table}", "--shapes", "points", "--dtype", dtype,
+                                             "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
+                                             f"{a.out}/points_linear_{dtype}.jsonl", "--resume")
+            for dtype in ("f16", "bf16")]
+
+
 def _overlap(a):
     """Does an overlapped launch (programmatic dependent launch, `L2C_OVERLAP`) pay where a GEMM follows another
     library's kernel? The grid through l2c.matmul in `kernel` and `kernel_apart`, replayed in CUDA graphs and launched
@@ -251,6 +260,8 @@ STAGES: Dict[str, Stage] = {
                     "bf16, and the first calls while tuning", _online),
     "points": Stage("the measured points of neighbourhood cells: the `points` shapes through l2c.matmul with online "
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
+    "points_linear": Stage("the same points through l2c.nn.Linear (nn.Linear's layout), kernel and call, f16 and bf16",
+                           _points_linear),
     "overlap": Stage("the overlapped launch where a GEMM follows another library's kernel: the grid in kernel and "
                      "kernel_apart, graphs and eager, L2C_OVERLAP 1 and 0; a decoding step both ways; the corner-cell "
                      "kernels around the neighbourhood cells' false win", _overlap),
