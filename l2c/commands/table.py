@@ -411,7 +411,7 @@ def _half_octaves(lo: int, hi: int, step: int) -> list:
 
 
 # The neighbourhood rule's constants, chosen by two-fold cross-validation on the `points` measurements (each half's
-# cells checked on the other half's shapes; benchmarks/NOTES.md, session 29): of 2,018 shapes under 1 GFLOP, 268
+# cells checked on the other half's shapes; benchmarks/NOTES.md, "neighbourhood cells"): of 2,018 shapes under 1 GFLOP, 268
 # fell in a cell, 237 of them measured wins of its kernel (worst 1.05x in `kernel`), 31 won by another kernel, none
 # where every kernel tried lost.
 NEAR_COUNT = 12        # the measured shapes nearest a box's centre that decide it
