@@ -272,7 +272,8 @@ SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes, "offgri
 
 
 def load_shapes(name: str) -> List[Shape]:
-    """A named set (grid, llm, square, offgrid, between, heldout, serve, points) or, for anything else, a file of shapes.
+    """A named set (grid, llm, square, offgrid, between, heldout, serve, points) or, for anything else, a file of
+    shapes.
     Duplicates are dropped."""
     shapes = SETS[name]() if name in SETS else read_shape_file(name)
     seen, unique = set(), []

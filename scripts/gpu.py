@@ -97,8 +97,8 @@ def _points(a):
     distribution under 2 GFLOP, another seed) through l2c.matmul with online choice on, so each point is the
     table's own entry, the best of the table's nearest prebuilt kernels that beat torch, or torch; f16 then bf16.
     A file already under --out is continued (`--resume`): its shapes are not measured again."""
-    return [["env", "L2C_TUNE=online"] + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "points", "--dtype", dtype,
-                                             "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
+    return [["env", "L2C_TUNE=online"] + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "points", "--dtype",
+                                             dtype, "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
                                              f"{a.out}/points_{dtype}.jsonl", "--resume")
             for dtype in ("f16", "bf16")]
 
@@ -106,8 +106,8 @@ def _points(a):
 def _points_linear(a):
     """The `points` stage through l2c.nn.Linear (B the weight, column-major): the points of nn.Linear's
     neighbourhood cells, which the shipped table has none of yet."""
-    return [["env", "L2C_TUNE=online"] + l2c("bench", f"linear:{a.eager_table}", "--shapes", "points", "--dtype", dtype,
-                                             "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
+    return [["env", "L2C_TUNE=online"] + l2c("bench", f"linear:{a.eager_table}", "--shapes", "points", "--dtype",
+                                             dtype, "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
                                              f"{a.out}/points_linear_{dtype}.jsonl", "--resume")
             for dtype in ("f16", "bf16")]
 

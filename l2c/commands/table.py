@@ -411,9 +411,9 @@ def _half_octaves(lo: int, hi: int, step: int) -> list:
 
 
 # The neighbourhood rule's constants, chosen by two-fold cross-validation on the `points` measurements (each half's
-# cells checked on the other half's shapes; benchmarks/NOTES.md, "neighbourhood cells"): of 2,018 shapes under 1 GFLOP, 268
-# fell in a cell, 237 of them measured wins of its kernel (worst 1.05x in `kernel`), 31 won by another kernel, none
-# where every kernel tried lost.
+# cells checked on the other half's shapes; benchmarks/NOTES.md, "neighbourhood cells"): of 2,018 shapes under
+# 1 GFLOP, 268 fell in a cell, 237 of them measured wins of its kernel (worst 1.05x in `kernel`), 31 won by another
+# kernel, none where every kernel tried lost.
 NEAR_COUNT = 12        # the measured shapes nearest a box's centre that decide it
 NEAR_RADIUS = 2.0      # ... those of them within this many octaves (Euclidean over log2 M, N and K)
 NEAR_SUPPORT = 3       # at least this many, and at least this many won by the kernel that serves the box
@@ -648,8 +648,9 @@ def run(args) -> int:
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     if args.near:
         near = near_rows(near_points, protocols, args.min_speedup, cache)
+        # each at its box's first corner, with the figures of its worst supporting point
         entries += [dict(entry(r), m=ms[0], n=ns[0], k=ks[0], m_range=list(ms), n_range=list(ns), k_range=list(ks),
-                         range_min_speedup=r["speedup"], near=True)   # at the box's first corner; its worst point's figures
+                         range_min_speedup=r["speedup"], near=True)
                     for r, ms, ns, ks in sorted(near, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
              "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
