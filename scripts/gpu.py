@@ -92,24 +92,26 @@ def _online(a):
         [script("scripts/online_first_call.py", "--count", "40", "--out", f"{a.out}/online_first_call_f16.json")]
 
 
-def _points(a):
-    """The measured points of neighbourhood cells (`l2c table --near`): the `points` set (shapes of `offgrid`'s
-    distribution under 2 GFLOP, another seed) through l2c.matmul with online choice on, so each point is the
-    table's own entry, the best of the table's nearest prebuilt kernels that beat torch, or torch; f16 then bf16.
-    A file already under --out is continued (`--resume`): its shapes are not measured again."""
-    return [["env", "L2C_TUNE=online"] + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "points", "--dtype",
+def _points_through(a, via: str, name: str):
+    """The `points` set through `via` (`dispatch`: l2c.matmul, `linear`: l2c.nn.Linear) with online choice on, so each
+    point is the table's own entry, the best of the table's nearest prebuilt kernels that beat torch, or torch; f16
+    then bf16. A file already under --out is continued (`--resume`): its shapes are not measured again."""
+    return [["env", "L2C_TUNE=online"] + l2c("bench", f"{via}:{a.eager_table}", "--shapes", "points", "--dtype",
                                              dtype, "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
-                                             f"{a.out}/points_{dtype}.jsonl", "--resume")
+                                             f"{a.out}/{name}_{dtype}.jsonl", "--resume")
             for dtype in ("f16", "bf16")]
+
+
+def _points(a):
+    """The measured points of neighbourhood cells (`l2c table --near`) in `a @ b`: the `points` set (shapes of
+    `offgrid`'s distribution under 2 GFLOP, another seed) through l2c.matmul."""
+    return _points_through(a, "dispatch", "points")
 
 
 def _points_linear(a):
-    """The `points` stage through l2c.nn.Linear (B the weight, column-major): the points of nn.Linear's
-    neighbourhood cells, which the shipped table has none of yet."""
-    return [["env", "L2C_TUNE=online"] + l2c("bench", f"linear:{a.eager_table}", "--shapes", "points", "--dtype",
-                                             dtype, "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
-                                             f"{a.out}/points_linear_{dtype}.jsonl", "--resume")
-            for dtype in ("f16", "bf16")]
+    """The same through l2c.nn.Linear (B the weight, column-major): the points of nn.Linear's neighbourhood cells,
+    which the shipped table has none of yet."""
+    return _points_through(a, "linear", "points_linear")
 
 
 def _overlap(a):
