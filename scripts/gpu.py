@@ -116,17 +116,21 @@ def _points_linear(a):
 
 def _overlap(a):
     """Does an overlapped launch (programmatic dependent launch, `L2C_OVERLAP`) pay where a GEMM follows another
-    library's kernel? The grid through l2c.matmul in `kernel` and `kernel_apart`, replayed in CUDA graphs and launched
-    eagerly, with the launch overlapped and not; a Llama-8B decoding step's linears both ways; then the six corner-cell
-    kernels around the shape where a neighbourhood cell lost (benchmarks/near_false_win.txt)."""
+    library's kernel? The grid shapes the table serves, through l2c.matmul in `kernel` and `kernel_apart`, replayed
+    in CUDA graphs and launched eagerly, with the launch overlapped and not; a Llama-8B-shaped Hugging Face model's
+    prefill and decoding step (its GEMMs follow norms, attention and activations) against torch eager both ways;
+    then the six corner-cell kernels around the shape where a neighbourhood cell lost
+    (benchmarks/near_false_win.txt)."""
     out = []
     for overlap in ("1", "0"):
         env = ["env", f"L2C_OVERLAP={overlap}"]
         for mode, flags in (("graphs", []), ("eager", ["--no-graphs"])):
-            out.append(env + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "grid", "--protocol",
-                                 "kernel,kernel_apart", "--reps", "5", *flags, "-o",
+            out.append(env + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "grid", "--only-served",
+                                 "--protocol", "kernel,kernel_apart", "--reps", "5", *flags, "-o",
                                  f"{a.out}/overlap{overlap}_grid_{mode}.jsonl"))
-        out.append(env + script("examples/decode_step.py", "--out", f"{a.out}/overlap{overlap}_decode_step_f16.json"))
+        out.append(env + script("examples/llama_e2e.py", "--out", f"{a.out}/overlap{overlap}_model_f16.json",
+                                "--table", a.eager_table, "--dtypes", "fp16", "--sides", "torch_eager,l2c",
+                                "--mlp-tokens", "", "--prefill", "128,512,2048", "--decode-batch", "1,8,32,128"))
     out.append(l2c("bench", f"serving:{ROOT / 'benchmarks' / 'cell_specs_f16.l2'}", "--shapes",
                    str(ROOT / "benchmarks" / "near_false_win.txt"), "--protocol", "kernel,kernel_apart", "--reps", "5",
                    "-o", f"{a.out}/near_false_win.jsonl"))
@@ -264,9 +268,10 @@ STAGES: Dict[str, Stage] = {
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
     "points_linear": Stage("the same points through l2c.nn.Linear (nn.Linear's layout), kernel and call, f16 and bf16",
                            _points_linear),
-    "overlap": Stage("the overlapped launch where a GEMM follows another library's kernel: the grid in kernel and "
-                     "kernel_apart, graphs and eager, L2C_OVERLAP 1 and 0; a decoding step both ways; the corner-cell "
-                     "kernels around the neighbourhood cells' false win", _overlap),
+    "overlap": Stage("the overlapped launch where a GEMM follows another library's kernel: the grid's served shapes "
+                     "in kernel and kernel_apart, graphs and eager, L2C_OVERLAP 1 and 0; a Llama-shaped model's "
+                     "prefill and decode both ways; the corner-cell kernels around the neighbourhood cells' false "
+                     "win", _overlap),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "

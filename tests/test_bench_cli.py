@@ -267,6 +267,29 @@ def test_served_shapes_are_what_the_dispatch_table_serves_and_become_its_evidenc
     assert main(["bench", "torch", "--shapes", "served", "-o", str(tmp_path / "x.jsonl")]) == 2
 
 
+def test_only_served_keeps_the_shapes_the_table_serves(tmp_path):
+    """`--only-served`: of a shape set, only the shapes the one dispatch table serves in --dtype and --layout
+    are measured; without a shape set, or without a dispatch table, it is a usage error."""
+    spec = ("kernel t32 {\n  target triton\n  problem m=any n=48 k=40\n  layout a=row b=row c=row\n"
+            "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
+        {"m": 8, "m_range": [4, 12], "n": 48, "k": 40, "batch": 1, "dtype": "f16", "layout": "row,row,row",
+         "target": "triton", "spec": spec, "tflops": 2.0, "baseline_tflops": 1.0}]}))
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("3 48 40\n4 48 40\n12 48 40\n13 48 40\n8 56 40\n")
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", f"dispatch:{table}", "--shapes", str(shapes), "--only-served", "-o", str(out),
+                 *FAST]) == 0
+    rows = [r for r in read_rows(out) if r.get("type") == "result"]
+    assert sorted((r["m"], r["n"]) for r in rows) == [(4, 48), (12, 48)]
+    assert all(r["served_by"] == "t32" for r in rows)
+    assert main(["bench", f"dispatch:{table}", "--shapes", str(shapes), "--only-served", "--dtype", "bf16",
+                 "-o", str(tmp_path / "b.jsonl"), *FAST]) == 2   # it serves no bf16 call: nothing to measure
+    assert main(["bench", f"dispatch:{table}", "--only-served", "-o", str(tmp_path / "x.jsonl")]) == 2
+    assert main(["bench", "torch", "--shapes", str(shapes), "--only-served", "-o", str(tmp_path / "y.jsonl")]) == 2
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_serving_measures_each_spec_through_the_dispatcher_at_every_shape(tmp_path, capsys):
     """`serving:FILE.l2`: l2c.matmul serves each shape-generic spec at every shape of the set, in the spec's layouts

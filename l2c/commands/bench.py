@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
     p.add_argument("--no-rotate", action="store_true",
                    help="kernel protocol: do not rotate buffers for shapes that fit in L2")
     p.add_argument("--limit", type=int, default=None, help="measure only the first N shapes of the plan")
+    p.add_argument("--only-served", action="store_true",
+                   help="keep only the --shapes the one dispatch:/linear: table serves in --dtype and --layout "
+                        "(what a change to served kernels can move; torch's own calls measure the noise floor)")
     p.set_defaults(func=run)
 
 
@@ -100,6 +103,13 @@ def run(args) -> int:
             shape_set = _served_shapes(candidates, args.dtype, layout)
         else:
             shape_set = load_shapes(args.shapes) if args.shapes else None
+        if args.only_served:
+            if shape_set is None:
+                raise UsageError("--only-served filters --shapes: name a shape set")
+            path, table = _one_table(candidates)
+            shape_set = [s for s in shape_set if table.lookup(args.dtype, layout, s.m, s.n, s.k, s.batch) is not None]
+            if not shape_set:
+                raise UsageError(f"{path} serves none of --shapes {args.shapes} in {args.dtype}, layout {layout}")
         shapes, jobs, skipped = plan(candidates, shape_set)
         if args.limit is not None:
             shapes = shapes[: args.limit]
@@ -147,16 +157,23 @@ def run(args) -> int:
     return 0
 
 
+def _one_table(candidates):
+    """(path, table) of the one dispatch:/linear: candidate: what `--shapes served` and `--only-served` read."""
+    from ..cli import UsageError
+    tables = {c._kernel.table_path: c._kernel.dispatcher.table for c in candidates if c.target == "dispatch"}
+    if len(tables) != 1 or None in tables.values():
+        raise UsageError("--shapes served and --only-served need exactly one dispatch:TABLE or linear:TABLE "
+                         "candidate with a table")
+    return next(iter(tables.items()))
+
+
 def _served_shapes(candidates, dtype: str, layout: str):
     """`--shapes served`: the plain calls the one table of the dispatch:/linear: candidates serves in this dtype and
     layout (tuned_table.served_problem_shapes)."""
     from ..cli import UsageError
     from ..shapes import Shape
     from ..tuned_table import served_problem_shapes
-    tables = {c._kernel.table_path: c._kernel.dispatcher.table for c in candidates if c.target == "dispatch"}
-    if len(tables) != 1 or None in tables.values():
-        raise UsageError("--shapes served needs exactly one dispatch:TABLE or linear:TABLE candidate with a table")
-    (path, table), = tables.items()
+    path, table = _one_table(candidates)
     shapes = [Shape(m, n, k, batch, label="served") for m, n, k, batch in served_problem_shapes(table, dtype, layout)]
     if not shapes:
         raise UsageError(f"{path} serves no {dtype} call in layout {layout}")
