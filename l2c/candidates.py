@@ -159,7 +159,8 @@ class DispatchKernel:
         of its rows: what serves the call from now on (`served_by`: the kernel's name, or `torch`) and, where a table
         entry does, that entry's spec and target (`served_spec`, `served_target`: what `l2c table` makes an entry
         of, whatever later becomes of the table file); a kernel online tuning chose is recorded the same way, with
-        `served_via: online`."""
+        `served_via: online`, and with online tuning on, every candidate it timed at the shape (`online_timings`:
+        spec text -> device-time speedup)."""
         import torch
         from .verify import make_inputs
         gen = torch.Generator(device=device.torch_device).manual_seed(0)
@@ -173,12 +174,17 @@ class DispatchKernel:
         self.dispatcher.wait(timeout)   # what that call asked for (an online decision's kernel, prepared now)
         self(a, b, bias=bias)
         kernel = self.dispatcher.resolve(a, b, bias, self.activation or "none")
-        if kernel is None:
-            return {"served_by": "torch"}
         spec, table = self.valid.spec, self.dispatcher.table
+        layout = f"{spec.layout_a},{spec.layout_b},{spec.layout_c}"
+        timed = {}
+        if self.dispatcher.online:   # what online tuning measured at this shape: evidence for `l2c table --near`
+            timed = self.dispatcher.decisions.timings(self.dispatcher.decisions.signature(
+                spec.types_a, layout, shape.m, shape.n, shape.k, bias is not None, self.activation or "none"))
+        if kernel is None:
+            return {"served_by": "torch", **({"online_timings": timed} if timed else {})}
         entry = None if table is None else table.lookup(    # None too for a kernel online tuning chose
-            spec.types_a, f"{spec.layout_a},{spec.layout_b},{spec.layout_c}", shape.m, shape.n, shape.k, shape.batch)
-        fields = {"served_by": kernel.valid.name}
+            spec.types_a, layout, shape.m, shape.n, shape.k, shape.batch)
+        fields = {"served_by": kernel.valid.name, **({"online_timings": timed} if timed else {})}
         if entry is not None:
             fields.update(served_spec=entry.spec_text, served_target=entry.target)
         elif self.dispatcher.online:   # online tuning's choice: its kernel is the entry `l2c table` may make of it

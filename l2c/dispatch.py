@@ -440,7 +440,7 @@ class Dispatcher:
         if state == QUEUED:
             return None, False
         reply = self.preparer.reply(job) if state == READY else {}
-        self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
+        self.decisions.record(key, reply.get("spec"), reply.get("speedup"), reply.get("timings"))
         if reply.get("spec") is not None:   # the worker verified the winner at this shape on this GPU
             self._verified_kernels().record(self._decided_job(reply["spec"], m, n, k, device))
         return self._resolve_online(sig)

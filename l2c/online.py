@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from . import settings
 from . import cache
@@ -206,14 +206,28 @@ class Decisions:
         entry = self.entries[signature]
         return True, (entry or {}).get("spec")
 
-    def record(self, signature: str, spec: Optional[str], speedup: Optional[float]) -> None:
+    def timings(self, signature: str) -> Dict[str, float]:
+        """What the decision measured: each verified candidate's speedup (empty for none, or an older record)."""
+        return dict((self.entries.get(signature) or {}).get("timings") or {})
+
+    def record(self, signature: str, spec: Optional[str], speedup: Optional[float],
+               timings: Optional[Dict[str, float]] = None) -> None:
         """Persist one decision; concurrent processes merge theirs under the file lock."""
-        self.records.put(signature, {"spec": spec, "speedup": speedup})
+        self.records.put(signature, {"spec": spec, "speedup": speedup, "timings": timings or {}})
+
+
+class OnlineChoice(NamedTuple):
+    """What online tuning decided for one shape, and what it measured on the way."""
+    spec: Optional[str]          # the winning spec text, or None: torch serves
+    speedup: Optional[float]     # the winner's (or, with none, the best candidate's) device-time speedup over torch
+    note: str
+    timings: Dict[str, float]    # every verified candidate's speedup (spec text -> the lower of its timings)
 
 
 def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activation: str, device_kind: str,
-             budget_s: float = BUDGET_S) -> Tuple[Optional[str], Optional[float], str]:
-    """What the worker does for an online job: (winning spec text or None, its speedup, a note). Each candidate
+             budget_s: float = BUDGET_S) -> OnlineChoice:
+    """What the worker does for an online job (`OnlineChoice`: the winner, and every candidate's timing, which
+    `l2c bench` records as evidence for `l2c table --near`). Each candidate
     is built, verified at the shape, then timed against torch, twice where the first timing beat the margin and
     the best so far (the lower speedup counts); a candidate that fails is skipped, and so is one
     whose build would run a compiler other than Triton's JIT (a CUTLASS kernel neither cached nor prebuilt).
@@ -233,7 +247,7 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
     from .verify import verify
     device = get_device(device_kind)
     deadline = time.monotonic() + budget_s
-    best, best_speedup, tried, lost_eager = None, 0.0, 0, 0
+    best, best_speedup, tried, lost_eager, timings = None, 0.0, 0, 0, {}
     for text in candidates:
         if time.monotonic() > deadline:
             break
@@ -256,14 +270,15 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
         tried += 1
         if measured > best_speedup and measured >= margin():
             measured = min(measured, speedup())   # a winner is timed twice: one lucky timing must not serve it
-            if measured > best_speedup and measured >= margin() and spec.target == "triton" and \
-                    measure_call(kernel, TorchMatmul(problem), problem, device, iters=EAGER_ITERS,
-                                 warmup=2).speedup < eager_margin():
-                lost_eager += 1
-                continue
+        timings[spec.to_l2()] = measured          # its device time, whatever its eager call does below
+        if measured > best_speedup and measured >= margin() and spec.target == "triton" and \
+                measure_call(kernel, TorchMatmul(problem), problem, device, iters=EAGER_ITERS,
+                             warmup=2).speedup < eager_margin():
+            lost_eager += 1
+            continue
         if measured > best_speedup:
             best, best_speedup = spec.to_l2(), measured
     note = f"{tried} timed" + (f", {lost_eager} lost an eager call" if lost_eager else "")
     if best is not None and best_speedup >= margin():
-        return best, best_speedup, note
-    return None, (best_speedup or None), f"{note}; none beat torch by {margin()}x"
+        return OnlineChoice(best, best_speedup, note, timings)
+    return OnlineChoice(None, best_speedup or None, f"{note}; none beat torch by {margin()}x", timings)

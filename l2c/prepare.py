@@ -196,9 +196,9 @@ def main() -> int:
             job = Job(**{**fields, "candidates": tuple(fields.get("candidates", ()))})
             if job.candidates:
                 from .online import tune_one
-                spec, speedup, reason = tune_one(list(job.candidates), job.m, job.n, job.k, job.bias,
-                                                 job.activation, job.device)
-                ok, reply = True, {"spec": spec, "speedup": speedup}
+                choice = tune_one(list(job.candidates), job.m, job.n, job.k, job.bias, job.activation, job.device)
+                ok, reason = True, choice.note
+                reply = {"spec": choice.spec, "speedup": choice.speedup, "timings": choice.timings}
             else:
                 ok, reason, _ = prepare_one(job)
         except Exception as err:  # noqa: BLE001 - every failure is a reply, never a dead worker

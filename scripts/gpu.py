@@ -122,7 +122,7 @@ def _overlap(a):
     then the six corner-cell kernels around the shape where a neighbourhood cell lost
     (benchmarks/near_false_win.txt)."""
     out = []
-    for overlap in ("1", "0"):
+    for overlap in ("measured", "0"):   # the default, and none
         env = ["env", f"L2C_OVERLAP={overlap}"]
         for mode, flags in (("graphs", []), ("eager", ["--no-graphs"])):
             out.append(env + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "grid", "--only-served",
@@ -243,6 +243,10 @@ def _grid(a):
             l2c("report", f"{a.out}/grid.jsonl", "-o", f"{a.out}/grid_report")]
 
 
+def _clusters(a):
+    return [script("scripts/cluster_occupancy.py", "--out", f"{a.out}/cluster_occupancy.json")]
+
+
 def _cublas(a):
     return [script("scripts/cublas_kernels.py", "--shapes", "llm", "--b-col", "--out", f"{a.out}/cublas_llm.json")]
 
@@ -296,6 +300,8 @@ STAGES: Dict[str, Stage] = {
     "model": Stage("a Llama-3.1-8B-shaped Hugging Face LlamaForCausalLM: MLP block, prefill and decode, torch eager, "
                    "max-autotune, l2c, l2c under torch.compile (examples/llama_e2e.py)", _model),
     "grid": Stage("the 1,000-shape grid: cuBLAS against itself (the noise floor) and the eager table", _grid),
+    "clusters": Stage("how many thread-block clusters of each size the GPU runs at once (a clustered kernel's waves)",
+                      _clusters),
     "cublas": Stage("which kernels cuBLAS runs on the decoding shapes (its tiles, split-K)", _cublas),
     "zerowait": Stage("issue #19 with empty caches: first calls of a prebuilt kernel (a first and a later process) "
                       "and of an unbuilt one against torch, CUTLASS build seconds per kernel, a one-shape l2c "

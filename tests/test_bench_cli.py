@@ -267,6 +267,27 @@ def test_served_shapes_are_what_the_dispatch_table_serves_and_become_its_evidenc
     assert main(["bench", "torch", "--shapes", "served", "-o", str(tmp_path / "x.jsonl")]) == 2
 
 
+def test_online_rows_record_what_online_tuning_timed(tmp_path, monkeypatch):
+    """With online choice on (`L2C_TUNE=online`; the Triton interpreter here, margins 0), a row through the
+    dispatcher names the kernel online tuning chose (`served_via: online`) and carries every candidate it timed at
+    that shape (`online_timings`), the chosen one among them: the evidence `l2c table --near` reads."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("L2C_TUNE", "online")
+    monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
+    monkeypatch.setenv("L2C_TUNE_EAGER_MARGIN", "0")
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "cutlass,triton")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": []}))
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("2 48 64\n")
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", f"linear:{table}", "--shapes", str(shapes), "-o", str(out), *FAST]) == 0
+    row, = [r for r in read_rows(out) if r.get("type") == "result"]
+    assert row["status"] == "ok" and row["served_via"] == "online" and "family=gemv" in row["served_spec"]
+    timed = row["online_timings"]
+    assert row["served_spec"] in timed and all(isinstance(v, float) and v > 0 for v in timed.values())
+
+
 def test_only_served_keeps_the_shapes_the_table_serves(tmp_path):
     """`--only-served`: of a shape set, only the shapes the one dispatch table serves in --dtype and --layout
     are measured; without a shape set, or without a dispatch table, it is a usage error."""

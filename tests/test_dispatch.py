@@ -498,8 +498,11 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
     assert dispatcher.wait(timeout=600)
     torch.testing.assert_close(l2c.matmul(a, w.t()).float(), expect, atol=2e-2, rtol=2e-2)
     assert dispatcher.stats == {"tuned": 1, "fallback": 1}
-    decided, spec = Decisions("cpu", "none").get(Decisions.signature("f16", "row,col,row", 2, 48, 64, False, "none"))
+    signature = Decisions.signature("f16", "row,col,row", 2, 48, 64, False, "none")
+    decided, spec = Decisions("cpu", "none").get(signature)
     assert decided and "family=gemv" in spec
+    timings = Decisions("cpu", "none").timings(signature)   # every verified candidate's speedup, the winner's too
+    assert spec in timings and all(isinstance(v, float) and v > 0 for v in timings.values())
     later = set_tuned_table(None, allow_cpu=True, online=True)          # a new process: the decision is on disk
     l2c.matmul(a, w.t())
     assert later.stats == {"tuned": 1, "fallback": 0} and not later.preparer.replies
@@ -629,11 +632,13 @@ def test_a_triton_candidate_that_loses_an_eager_call_is_not_chosen(tmp_path, mon
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
     candidates = candidate_specs("f16", "row,col,row", 2, 48, 64, targets=("triton",))[:1]
-    best, speedup, note = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
+    best, speedup, note, timings = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
     assert best is None and speedup is None and note.startswith("1 timed, 1 lost an eager call"), note
+    assert len(timings) == 1   # its device time was measured all the same
     monkeypatch.setenv("L2C_TUNE_EAGER_MARGIN", "0")
-    best, speedup, note = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
+    best, speedup, note, timings = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
     assert best is not None and "family=gemv" in best and speedup > 0 and note == "1 timed"
+    assert timings[best] == speedup
 
 
 def test_online_tuning_leaves_empty_products_to_torch(tmp_path, monkeypatch):
@@ -678,8 +683,8 @@ def test_online_tuning_never_compiles_a_cutlass_candidate(tmp_path, monkeypatch)
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_PACK", str(tmp_path / "no_pack.zip"))
     spec = KernelSpec(name="never_built", target="cutlass", tile_m=64, tile_n=64, tile_k=64, layout_b="col")
-    best, speedup, note = tune_one([spec.to_l2()], 64, 64, 64, False, "none", "cpu")
-    assert (best, speedup) == (None, None) and note.startswith("0 timed")
+    best, speedup, note, timings = tune_one([spec.to_l2()], 64, 64, 64, False, "none", "cpu")
+    assert (best, speedup, timings) == (None, None, {}) and note.startswith("0 timed")
     assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.cu"))
 
 
