@@ -397,6 +397,36 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
     return list(best.values())
 
 
+@functools.lru_cache(maxsize=None)
+def _launch(spec_text: str) -> tuple:
+    """(tile_m, tile_n, split-K slices, cluster size along M, along N) of a tensor-core GEMM spec, or () for a
+    kernel whose blocks are not its output tiles (the gemv family's blocks are K slices)."""
+    from ..parser import parse_one
+    spec = parse_one(spec_text)
+    if spec.launch_family != "gemm":
+        return ()
+    return (int(spec.tile_m), int(spec.tile_n), int(spec.split_k_slices), int(spec.cluster_m or 1),
+            int(spec.cluster_n or 1))
+
+
+def launch_waves(spec_text: str, m: int, n: int, arch: str = "sm_90") -> int:
+    """How many waves of blocks the kernel launches at M x N (0 where `_launch` has no tiling): its output tiles in
+    clusters, times the split-K slices, over the clusters of that size the GPU runs at once with one block per SM
+    (`Arch.max_active_clusters`; SMs / size where none was measured)."""
+    from ..arch import ARCHS
+    tiling = _launch(spec_text)
+    if not tiling:
+        return 0
+    tile_m, tile_n, slices, cluster_m, cluster_n = tiling
+
+    def ceil_div(a, b):
+        return -(-a // b)
+    size, info = cluster_m * cluster_n, ARCHS[arch]
+    capacity = info.max_active_clusters.get(size) or max(1, info.sm_count // size)
+    clusters = ceil_div(ceil_div(m, tile_m), cluster_m) * ceil_div(ceil_div(n, tile_n), cluster_n) * slices
+    return ceil_div(clusters, capacity)
+
+
 def _half_octaves(lo: int, hi: int, step: int) -> list:
     """Edges of the neighbourhood lattice along one axis: powers of sqrt(2) from `lo` to `hi`, rounded to `step`
     (so, along M, 1 to 2 is one box: no whole number lies between)."""
@@ -418,6 +448,7 @@ NEAR_COUNT = 12        # the measured shapes nearest a box's centre that decide 
 NEAR_RADIUS = 2.0      # ... those of them within this many octaves (Euclidean over log2 M, N and K)
 NEAR_SUPPORT = 3       # at least this many, and at least this many won by the kernel that serves the box
 NEAR_SHARE = 2 / 3     # the share of them that kernel must have won (every one of them won by some kernel)
+NEAR_TIMED_MARGIN = 1.05   # a kernel online tuning timed at a point won there from this speedup on (its own margin)
 NEAR_M_EDGES = _half_octaves(1, 16384, 1)
 NEAR_NK_EDGES = _half_octaves(64, 16384, 8)
 
@@ -425,7 +456,8 @@ NEAR_NK_EDGES = _half_octaves(64, 16384, 8)
 def measured_points(rows, protocols, min_speedup: float, cache=None):
     """(batch, dtype, layout) -> {(m, n, k): {spec text: worst row}}: every shape `rows` measured, with the
     shape-generic kernels that won there: by `min_speedup` (with several protocols, `combined_rows`: by it in one and
-    slower in none), in every row of theirs at that shape. A shape holds none where torch served a row of it (what
+    slower in none), in every row of theirs at that shape, and the candidates online tuning timed there
+    (`online_timings`) from NEAR_TIMED_MARGIN on. A shape holds none where torch served a row of it (what
     online choice measured no kernel beating), where a kernel failed a row (verification, a build), or where only
     kernels that cannot serve other shapes won."""
     cache = {} if cache is None else cache
@@ -447,6 +479,15 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
             continue
         if text not in kernels or r["speedup"] < kernels[text]["speedup"]:
             kernels[text] = dict(r, spec=text)
+    for r in rows:   # what online tuning timed there: each candidate's device time, a win from its margin on
+        if r.get("type") != "result" or r.get("protocol") != joined or r.get("status") != "ok":
+            continue
+        kernels = worst.get(shape_key(r)[3:], {}).get((r["m"], r["n"], r["k"]))
+        for text, speedup in (r.get("online_timings") or {}).items():
+            if kernels is None or speedup < NEAR_TIMED_MARGIN or _cell_tiling(text) is None:
+                continue
+            if text not in kernels or speedup < kernels[text]["speedup"]:
+                kernels[text] = dict(r, spec=text, speedup=speedup)
     return {group: {at: ({} if (group, at) in vetoed else
                          {t: r for t, r in kernels.items() if r["speedup"] >= min_speedup and r["speedup"] > 1.0})
                     for at, kernels in points.items()}
@@ -459,8 +500,9 @@ def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEA
     supporting point, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box of the lattice whose `count` nearest
     measured shapes within `radius` octaves of its centre are at least `support`, were all won by some
     shape-generic kernel, and one kernel won at least `share` and `support` of them and at shapes on both sides of
-    the box along each axis (so the box lies between its wins, never past them); per box the kernel that won most
-    of them, then the best worst point."""
+    the box along each axis (so the box lies between its wins, never past them), launching its blocks in one
+    number of waves over the whole box (`launch_waves`: tiles grow with M and N, so the two far corners decide);
+    per box the kernel that won most of them, then the best worst point."""
     import itertools
     import math
     out = []
@@ -485,6 +527,10 @@ def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEA
                 if any(min(r[axis] for r in won) > lo or max(r[axis] for r in won) < hi
                        for axis, (lo, hi) in zip("mnk", sides)):
                     continue   # the box reaches past where the kernel won: a step in tiles or waves may lie there
+                text = won[0]["spec"]
+                if launch_waves(text, sides[0][0], sides[1][0]) != launch_waves(text, sides[0][1], sides[1][1]):
+                    continue   # a step in waves inside the box: twice the time for a few more tiles, which the
+                    # points around it need not show (64x16 tiles in clusters of 4: 30 clusters in one wave)
                 worst = min(won, key=lambda r: r["speedup"])
                 if best is None or (len(won), worst["speedup"]) > best[0]:
                     best = ((len(won), worst["speedup"]), worst)
