@@ -605,6 +605,53 @@ def test_near_points_count_a_torch_served_or_failed_shape_as_lost_and_a_tie_as_n
     assert {at[0]: bool(won) for at, won in points.items()} == {1: True, 2: False, 3: False, 4: False, 5: False}
 
 
+def test_near_points_take_online_tunings_timings_as_wins_from_its_margin():
+    """measured_points: a candidate online tuning timed at a shape (`online_timings`) holds that shape where its
+    timing reached NEAR_TIMED_MARGIN, at the lower of its timing and any row of it; never at a shape torch served."""
+    from l2c.commands.table import NEAR_TIMED_MARGIN, measured_points
+    g, h, w = (KernelSpec(name=name, tile_m=16, tile_n=16).to_l2() for name in "ghw")
+    fixed = KernelSpec(name="f", tile_m=16, tile_n=16, problem_m=7).to_l2()   # serves one M: no neighbourhood
+    timed = {h: NEAR_TIMED_MARGIN, w: NEAR_TIMED_MARGIN - 0.01, g: 1.1, fixed: 1.5}
+    rows = [dict(_at("g", 1, 64, 64, 1.2, g), online_timings=timed),
+            dict(_at("torch", 2, 64, 64, 1.0, g), online_timings={h: 1.3})]
+    (points,) = measured_points(rows, ["kernel"], 1.03).values()
+    assert set(points[1, 64, 64]) == {g, h} and points[2, 64, 64] == {}
+    assert points[1, 64, 64][g]["speedup"] == 1.1 and points[1, 64, 64][h]["speedup"] == NEAR_TIMED_MARGIN
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([8, 16, 64, 128]), st.sampled_from([8, 16, 32, 64, 128]), st.sampled_from([1, 2, 4]),
+       st.sampled_from([(1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (2, 2)]), st.integers(1, 20000),
+       st.integers(1, 20000))
+def test_launch_waves_count_clusters_over_what_the_gpu_runs_at_once(tile_m, tile_n, slices, cluster, m, n):
+    """launch_waves: output tiles grouped in clusters, times the split-K slices, over the clusters of that size the
+    GPU runs at once; never fewer for a larger M or N."""
+    from l2c.arch import ARCHS
+    from l2c.commands.table import launch_waves
+    spec = KernelSpec(name="g", target="cutlass", tile_m=tile_m, tile_n=tile_n, split_k_slices=slices,
+                      cluster_m=cluster[0], cluster_n=cluster[1]).to_l2()
+    capacity = ARCHS["sm_90"].max_active_clusters[cluster[0] * cluster[1]]
+    clusters = math.ceil(math.ceil(m / tile_m) / cluster[0]) * math.ceil(math.ceil(n / tile_n) / cluster[1]) * slices
+    assert launch_waves(spec, m, n) == math.ceil(clusters / capacity)
+    assert launch_waves(spec, m + 1, n) >= launch_waves(spec, m, n) <= launch_waves(spec, m, n + 1)
+
+
+def test_no_neighbourhood_cell_holds_a_step_in_launch_waves():
+    """A 64x16 kernel in clusters of 4 (30 run at once: 120 blocks) won at every point around M = 32-128,
+    N = 512-1448: two M tiles from N = 961 launch 32 clusters, a second wave that doubles the time (0.72x of torch on
+    the H200 at 82x1000x680), so no box holds both sides of that step; with M in one tile the boxes stand."""
+    from l2c.commands.table import launch_waves, near_boxes
+    spec = KernelSpec(name="c", target="cutlass", tile_m=64, tile_n=16, cluster_n=4).to_l2()
+    assert launch_waves(spec, 64, 1100) == launch_waves(spec, 65, 960) == 1 and launch_waves(spec, 65, 961) == 2
+    rows = [_at("c", m, n, k, 1.2, spec) for m in (32, 45, 64, 91, 128) for n in (512, 728, 1024, 1448)
+            for k in (512, 728, 1024)]   # at the lattice's edges: each box's corners are among its nearest
+    boxes = near_boxes(rows, ["kernel"], 1.05)
+    assert any(ms[1] <= 64 and ns[0] <= 1000 <= ns[1] for _, ms, ns, _ in boxes)
+    for _, ms, ns, _ in boxes:
+        assert launch_waves(spec, ms[0], ns[0]) == launch_waves(spec, ms[1], ns[1])
+        assert not (ms[0] <= 82 <= ms[1] and ns[0] <= 1000 <= ns[1])
+
+
 def test_near_points_of_another_gpu_are_refused(tmp_path):
     """The points of `--near` are checked like the sources: results of two GPUs make no table."""
     spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
