@@ -126,8 +126,13 @@ class DispatchKernel:
 
     def __init__(self, spec, table_path: Optional[str], via: str, arch: str, table=None):
         from types import SimpleNamespace
+        from . import settings
         from .dispatch import Dispatcher, default_table_path
         from .tuned_table import TableError, load_table
+        try:
+            settings.overlap()   # a measurement under a malformed L2C_OVERLAP would measure the default
+        except ValueError as err:
+            raise BenchError(str(err)) from None
         if table is None:
             path = table_path or default_table_path(arch)
             try:

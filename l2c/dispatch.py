@@ -751,6 +751,10 @@ def default_dispatcher() -> Dispatcher:
                     major, minor = torch.cuda.get_device_capability()
                     table = table_for_arch(f"sm_{major}{minor}")
                 try:
+                    settings.overlap()
+                except ValueError as err:   # reported once here; every kernel then launches as by default
+                    log.warning("l2c: %s; using measured", err)
+                try:
                     online = tune_mode() == "online"
                     if online:
                         from .online import tuned_targets
@@ -766,6 +770,7 @@ def set_tuned_table(table: Optional[TunedTable], allow_cpu: bool = False, prepar
                     online: Optional[bool] = None) -> Dispatcher:
     """Use `table` (or none: always torch, unless online tuning) from now on in this process."""
     global _default
+    settings.overlap()   # a malformed L2C_OVERLAP is refused when asked for explicitly (the default warns)
     dispatcher = Dispatcher(table, allow_cpu=allow_cpu, prepare=prepare, online=online)
     with _default_lock:   # after a default being made by the warm start, never before it
         _default = dispatcher

@@ -46,3 +46,16 @@ def value(name: str) -> Optional[str]:
     if name not in SETTINGS:
         raise KeyError(f"{name} is not an l2c setting")
     return os.environ.get(name) or None
+
+
+OVERLAP_CHOICES = ("measured", "all", "0")
+
+
+def overlap() -> str:
+    """`L2C_OVERLAP` (default `measured`); another value is refused, naming the accepted ones, where it would
+    otherwise fail every CUTLASS kernel's construction and leave each call to torch."""
+    choice = value("L2C_OVERLAP") or "measured"
+    if choice not in OVERLAP_CHOICES:
+        raise ValueError(f"L2C_OVERLAP={choice!r}: expected {', '.join(OVERLAP_CHOICES[:-1])} or "
+                         f"{OVERLAP_CHOICES[-1]}")
+    return choice

@@ -606,6 +606,34 @@ def test_a_persisted_decision_of_a_target_not_timed_now_is_not_served(tmp_path, 
     set_tuned_table(None)
 
 
+def test_a_malformed_overlap_setting_is_reported_and_kernels_launch_as_by_default(monkeypatch, caplog, tmp_path):
+    """`L2C_OVERLAP` other than measured, all or 0: the default dispatcher warns once (a user's call never raises
+    for it), an explicit dispatcher and `l2c bench` through it refuse it, and a CUTLASS kernel launches as with
+    the default rather than failing its construction (which would leave every call to torch)."""
+    from l2c import dispatch
+    from l2c.cli import main
+    from l2c.rules import ValidSpec
+    from l2c.targets.cutlass.kernel import overlaps
+    from l2c.validate import validate
+    valid = validate(KernelSpec(name="b", target="cutlass", tile_m=64, tile_n=64, tile_k=64,
+                                launch_schedule="basic"), "cutlass")
+    assert isinstance(valid, ValidSpec) and overlaps(valid) is True
+    monkeypatch.setenv("L2C_OVERLAP", "1")
+    assert overlaps(valid) is True
+    monkeypatch.setattr(dispatch, "_default", None)
+    with caplog.at_level("WARNING", logger="l2c"):
+        dispatch.default_dispatcher()
+    assert "L2C_OVERLAP='1': expected measured, all or 0; using measured" in caplog.text
+    with pytest.raises(ValueError, match="expected measured, all or 0"):
+        set_tuned_table(None)
+    assert main(["bench", "dispatch", "--shapes", "offgrid", "--limit", "1", "--device", "cpu",
+                 "-o", str(tmp_path / "r.jsonl")]) == 2
+    monkeypatch.setenv("L2C_OVERLAP", "0")
+    assert overlaps(valid) is False
+    monkeypatch.delenv("L2C_OVERLAP")
+    set_tuned_table(None)
+
+
 def test_a_malformed_tune_targets_setting_turns_online_choice_off_with_a_warning(monkeypatch, caplog):
     """`L2C_TUNE_TARGETS` naming no target: the default dispatcher warns once and serves without online choice (a
     user's call never raises for it); an explicit dispatcher asking for online choice raises the same message."""
