@@ -4,6 +4,7 @@
     python scripts/gpu.py --list
     python scripts/gpu.py check dispatch serve --out out/          # stages in the order given
     python scripts/gpu.py serve --out out/ --graphs-table T.json --eager-table E.json --limit-s 300
+    python scripts/gpu.py points overlap --out /tmp/run --bundle $OUT/results.tar.xz   # one file comes back
 
 Every stage writes its results (JSON or JSON lines) under --out, its output to OUT/<stage>.log, and a line per
 command to OUT/stages.json (command, exit status, seconds), so a run cut short keeps what finished. A command that
@@ -319,6 +320,9 @@ def main(argv=None) -> int:
     p.add_argument("--limit-s", type=float, default=None, help="stop each command after this many seconds "
                                                                "(what it wrote so far stays)")
     p.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
+    p.add_argument("--bundle", default=None, help="after each command, write every file under --out into this "
+                                                  ".tar.xz (on the device machine: --out /tmp/run --bundle "
+                                                  "$OUT/results.tar.xz, one file to bring back)")
     args = p.parse_args(argv)
     if args.list or not args.stages:
         for name, stage in STAGES.items():
@@ -353,7 +357,21 @@ def main(argv=None) -> int:
             print(f"[{name}] exit {rc} after {seconds:.0f} s", flush=True)
             records.append({"stage": name, "command": shown, "rc": rc, "seconds": round(seconds, 1)})
             record_path.write_text(json.dumps(records, indent=1) + "\n")
+            if args.bundle:
+                bundle(out, Path(args.bundle))
     return 1 if failed else 0
+
+
+def bundle(out: Path, path: Path) -> None:
+    """Every file under `out` in one .tar.xz at `path`, rewritten after each command (so a run cut short keeps what
+    finished): the device machine returns a few files only."""
+    import tarfile
+    partial = path.with_name(path.name + ".partial")
+    with tarfile.open(partial, "w:xz") as tar:
+        for f in sorted(out.rglob("*")):
+            if f.is_file() and f.resolve() not in (path.resolve(), partial.resolve()):
+                tar.add(f, arcname=str(f.relative_to(out)))
+    partial.replace(path)
 
 
 if __name__ == "__main__":

@@ -233,6 +233,8 @@ def test_the_gpu_entry_point_lists_its_stages_and_every_command_names_a_file_tha
     """scripts/gpu.py, the supported way to run the GPU checks and benchmarks: each stage's commands are ordinary
     ones that name scripts and examples present in the repository (no GPU needed to print them)."""
     import shlex
+    from l2c import settings as l2c_settings
+    from l2c.dispatch import tune_mode
     root = Path(__file__).resolve().parent.parent
     listed = subprocess.run([sys.executable, "scripts/gpu.py", "--list"], capture_output=True, text=True, cwd=root)
     stages = [line.split()[0] for line in listed.stdout.splitlines()]
@@ -246,9 +248,34 @@ def test_the_gpu_entry_point_lists_its_stages_and_every_command_names_a_file_tha
         if command[0] == "env":   # `env NAME=value ... python ...`: the command after its settings
             command = command[1:]
             while "=" in command[0]:
+                name, value = command[0].split("=", 1)
+                with pytest.MonkeyPatch.context() as env:   # each setting a stage makes is one l2c accepts
+                    env.setenv(name, value)
+                    assert name in l2c_settings.SETTINGS and l2c_settings.overlap() and tune_mode()
                 command = command[1:]
         files = [a for a in command[1:] if a.endswith(".py")]
         assert command[1] == "-m" or files, command
         assert all(Path(f).is_file() for f in files), command
     bad = subprocess.run([sys.executable, "scripts/gpu.py", "nope"], capture_output=True, text=True, cwd=root)
     assert bad.returncode == 2 and "unknown stage" in bad.stderr
+
+
+def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path):
+    """gpu.py --bundle: after each command, every file under --out (results, logs, stages.json) in one .tar.xz,
+    rewritten whole, so that a run cut short still brings back what finished."""
+    import importlib.util
+    import tarfile
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("gpu_stages", root / "scripts" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_stages"] = gpu   # its dataclasses look their module up there
+    spec.loader.exec_module(gpu)
+    out, archive = tmp_path / "run", tmp_path / "results.tar.xz"
+    (out / "stage").mkdir(parents=True)
+    (out / "a.jsonl").write_text("{}\n")
+    gpu.bundle(out, archive)
+    (out / "stage" / "b.log").write_text("done\n")
+    gpu.bundle(out, archive)
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["a.jsonl", "stage/b.log"]
+        assert tar.extractfile("stage/b.log").read() == b"done\n"
