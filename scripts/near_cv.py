@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Two-fold cross-validation of neighbourhood cells (`l2c table --near`) on measured points alone.
 
-    python scripts/near_cv.py benchmarks/results/s29/points_f16.jsonl.xz benchmarks/results/s30/points_f16_timed.jsonl.xz
+    python scripts/near_cv.py benchmarks/results/s29/points_f16.jsonl.xz \
+        benchmarks/results/s30/points_f16_timed.jsonl.xz
     python scripts/near_cv.py ... --plain            # the same without online tuning's timings as evidence
 
 The shapes of the points files are split in two by a hash of M x N x K. The cells made from one half (every row of
