@@ -164,8 +164,8 @@ class DispatchKernel:
         of its rows: what serves the call from now on (`served_by`: the kernel's name, or `torch`) and, where a table
         entry does, that entry's spec and target (`served_spec`, `served_target`: what `l2c table` makes an entry
         of, whatever later becomes of the table file); a kernel online tuning chose is recorded the same way, with
-        `served_via: online`, and with online tuning on, every candidate it timed at the shape (`online_timings`:
-        spec text -> device-time speedup)."""
+        `served_via: online`; with online tuning on, where no table entry serves, every candidate this process's
+        online tuning timed at the shape (`online_timings`: spec text -> device-time speedup)."""
         import torch
         from .verify import make_inputs
         gen = torch.Generator(device=device.torch_device).manual_seed(0)
@@ -181,14 +181,14 @@ class DispatchKernel:
         kernel = self.dispatcher.resolve(a, b, bias, self.activation or "none")
         spec, table = self.valid.spec, self.dispatcher.table
         layout = f"{spec.layout_a},{spec.layout_b},{spec.layout_c}"
-        timed = {}
-        if self.dispatcher.online:   # what online tuning measured at this shape: evidence for `l2c table --near`
-            timed = self.dispatcher.decisions.timings(self.dispatcher.decisions.signature(
-                spec.types_a, layout, shape.m, shape.n, shape.k, bias is not None, self.activation or "none"))
-        if kernel is None:
-            return {"served_by": "torch", **({"online_timings": timed} if timed else {})}
         entry = None if table is None else table.lookup(    # None too for a kernel online tuning chose
             spec.types_a, layout, shape.m, shape.n, shape.k, shape.batch)
+        timed = {}
+        if self.dispatcher.online and entry is None:   # what online tuning timed here: evidence for `--near`
+            timed = self.dispatcher.online_timings.get(self.dispatcher.decisions.signature(
+                spec.types_a, layout, shape.m, shape.n, shape.k, bias is not None, self.activation or "none"), {})
+        if kernel is None:
+            return {"served_by": "torch", **({"online_timings": timed} if timed else {})}
         fields = {"served_by": kernel.valid.name, **({"online_timings": timed} if timed else {})}
         if entry is not None:
             fields.update(served_spec=entry.spec_text, served_target=entry.target)

@@ -200,6 +200,9 @@ class Dispatcher:
         self.table = table
         self.online = tune_mode() == "online" if online is None else online
         self.decisions = None
+        # what this process's online tuning timed per decided signature (spec text -> speedup): `l2c bench` records
+        # it as evidence; kept in memory, since the persisted decisions need only the winner
+        self.online_timings: Dict[str, Dict[str, float]] = {}
         self.tune_targets: Tuple[str, ...] = ()
         if self.online:
             from .devices import gpu_identity
@@ -440,7 +443,8 @@ class Dispatcher:
         if state == QUEUED:
             return None, False
         reply = self.preparer.reply(job) if state == READY else {}
-        self.decisions.record(key, reply.get("spec"), reply.get("speedup"), reply.get("timings"))
+        self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
+        self.online_timings[key] = dict(reply.get("timings") or {})
         if reply.get("spec") is not None:   # the worker verified the winner at this shape on this GPU
             self._verified_kernels().record(self._decided_job(reply["spec"], m, n, k, device))
         return self._resolve_online(sig)

@@ -206,14 +206,9 @@ class Decisions:
         entry = self.entries[signature]
         return True, (entry or {}).get("spec")
 
-    def timings(self, signature: str) -> Dict[str, float]:
-        """What the decision measured: each verified candidate's speedup (empty for none, or an older record)."""
-        return dict((self.entries.get(signature) or {}).get("timings") or {})
-
-    def record(self, signature: str, spec: Optional[str], speedup: Optional[float],
-               timings: Optional[Dict[str, float]] = None) -> None:
+    def record(self, signature: str, spec: Optional[str], speedup: Optional[float]) -> None:
         """Persist one decision; concurrent processes merge theirs under the file lock."""
-        self.records.put(signature, {"spec": spec, "speedup": speedup, "timings": timings or {}})
+        self.records.put(signature, {"spec": spec, "speedup": speedup})
 
 
 class OnlineChoice(NamedTuple):
@@ -221,15 +216,15 @@ class OnlineChoice(NamedTuple):
     spec: Optional[str]          # the winning spec text, or None: torch serves
     speedup: Optional[float]     # the winner's (or, with none, the best candidate's) device-time speedup over torch
     note: str
-    timings: Dict[str, float]    # every verified candidate's speedup (spec text -> the lower of its timings)
+    timings: Dict[str, float]    # spec text -> speedup of each candidate timed (twice from the margin on: the lower)
 
 
 def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activation: str, device_kind: str,
              budget_s: float = BUDGET_S) -> OnlineChoice:
     """What the worker does for an online job (`OnlineChoice`: the winner, and every candidate's timing, which
-    `l2c bench` records as evidence for `l2c table --near`). Each candidate
-    is built, verified at the shape, then timed against torch, twice where the first timing beat the margin and
-    the best so far (the lower speedup counts); a candidate that fails is skipped, and so is one
+    `l2c bench` records as evidence for `l2c table --near`; a Triton candidate that lost its eager call has none).
+    Each candidate is built, verified at the shape, then timed against torch, twice where the first timing beat the
+    margin (the lower speedup counts); a candidate that fails is skipped, and so is one
     whose build would run a compiler other than Triton's JIT (a CUTLASS kernel neither cached nor prebuilt).
     A Triton candidate that would win must also not lose an eager call (`call` protocol, `EAGER_ITERS` synchronized
     calls a side, against `eager_margin`): its launch is Python's, dearer than torch.matmul's, where a CUTLASS
@@ -268,14 +263,14 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
                                   target_rep_s=2e-4, cold=True).speedup
         measured = speedup()
         tried += 1
-        if measured > best_speedup and measured >= margin():
-            measured = min(measured, speedup())   # a winner is timed twice: one lucky timing must not serve it
-        timings[spec.to_l2()] = measured          # its device time, whatever its eager call does below
+        if measured >= margin():
+            measured = min(measured, speedup())   # timed twice: one lucky timing must not serve it, nor be evidence
         if measured > best_speedup and measured >= margin() and spec.target == "triton" and \
                 measure_call(kernel, TorchMatmul(problem), problem, device, iters=EAGER_ITERS,
                              warmup=2).speedup < eager_margin():
             lost_eager += 1
             continue
+        timings[spec.to_l2()] = measured
         if measured > best_speedup:
             best, best_speedup = spec.to_l2(), measured
     note = f"{tried} timed" + (f", {lost_eager} lost an eager call" if lost_eager else "")

@@ -274,9 +274,9 @@ STAGES: Dict[str, Stage] = {
     "points_linear": Stage("the same points through l2c.nn.Linear (nn.Linear's layout), kernel and call, f16 and bf16",
                            _points_linear),
     "overlap": Stage("the overlapped launch where a GEMM follows another library's kernel: the grid's served shapes "
-                     "in kernel and kernel_apart, graphs and eager, L2C_OVERLAP 1 and 0; a Llama-shaped model's "
-                     "prefill and decode both ways; the corner-cell kernels around the neighbourhood cells' false "
-                     "win", _overlap),
+                     "in kernel and kernel_apart, graphs and eager, L2C_OVERLAP measured and 0; a Llama-shaped "
+                     "model's prefill and decode both ways; the corner-cell kernels around the neighbourhood cells' "
+                     "false win", _overlap),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "

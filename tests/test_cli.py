@@ -234,7 +234,8 @@ def test_the_gpu_entry_point_lists_its_stages_and_every_command_names_a_file_tha
     ones that name scripts and examples present in the repository (no GPU needed to print them)."""
     import shlex
     from l2c import settings as l2c_settings
-    from l2c.dispatch import tune_mode
+    from l2c.dispatch import prepare_mode, tune_mode
+    from l2c.online import tuned_targets
     root = Path(__file__).resolve().parent.parent
     listed = subprocess.run([sys.executable, "scripts/gpu.py", "--list"], capture_output=True, text=True, cwd=root)
     stages = [line.split()[0] for line in listed.stdout.splitlines()]
@@ -252,6 +253,7 @@ def test_the_gpu_entry_point_lists_its_stages_and_every_command_names_a_file_tha
                 with pytest.MonkeyPatch.context() as env:   # each setting a stage makes is one l2c accepts
                     env.setenv(name, value)
                     assert name in l2c_settings.SETTINGS and l2c_settings.overlap() and tune_mode()
+                    assert prepare_mode() and tuned_targets()
                 command = command[1:]
         files = [a for a in command[1:] if a.endswith(".py")]
         assert command[1] == "-m" or files, command
@@ -260,7 +262,7 @@ def test_the_gpu_entry_point_lists_its_stages_and_every_command_names_a_file_tha
     assert bad.returncode == 2 and "unknown stage" in bad.stderr
 
 
-def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path):
+def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path, monkeypatch):
     """gpu.py --bundle: after each command, every file under --out (results, logs, stages.json) in one .tar.xz,
     rewritten whole, so that a run cut short still brings back what finished."""
     import importlib.util
@@ -268,7 +270,7 @@ def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path):
     root = Path(__file__).resolve().parent.parent
     spec = importlib.util.spec_from_file_location("gpu_stages", root / "scripts" / "gpu.py")
     gpu = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_stages"] = gpu   # its dataclasses look their module up there
+    monkeypatch.setitem(sys.modules, "gpu_stages", gpu)   # its dataclasses look their module up there
     spec.loader.exec_module(gpu)
     out, archive = tmp_path / "run", tmp_path / "results.tar.xz"
     (out / "stage").mkdir(parents=True)

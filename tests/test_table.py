@@ -405,11 +405,12 @@ def test_a_wide_cell_fits_exactly_where_its_box_holds_one_wave_count_32_tiles_al
     from l2c.commands.table import WIDE_CELL_MIN_K, WIDE_CELL_MIN_TILES, cell_fits
     tiling, ms, ns, ks, (m, n) = box
     tile_m, tile_n, slices = tiling
+    spec = KernelSpec(name="w", tile_m=tile_m, tile_n=tile_n, split_k_slices=slices).to_l2()
 
     def waves(m, n):
         return math.ceil(math.ceil(m / tile_m) * math.ceil(n / tile_n) * slices / 132)
     floors = ns[0] >= WIDE_CELL_MIN_TILES * tile_n and ks[0] >= WIDE_CELL_MIN_K
-    if cell_fits(tiling, ms, ns, ks, 132):
+    if cell_fits(spec, ms, ns, ks, 132):
         assert floors and waves(m, n) == waves(ms[0], ns[0]) == waves(ms[1], ns[1])
     else:
         assert not floors or waves(ms[0], ns[0]) != waves(ms[1], ns[1])
@@ -607,9 +608,11 @@ def test_near_points_count_a_torch_served_or_failed_shape_as_lost_and_a_tie_as_n
 
 def test_near_points_take_online_tunings_timings_as_wins_from_its_margin():
     """measured_points: a candidate online tuning timed at a shape (`online_timings`) holds that shape where its
-    timing reached NEAR_TIMED_MARGIN, at the lower of its timing and any row of it; never at a shape torch served."""
+    timing reached NEAR_TIMED_MARGIN, at the lower of its timing and any row of it, with its own target and figures
+    (device time only); never at a shape torch served."""
     from l2c.commands.table import NEAR_TIMED_MARGIN, measured_points
-    g, h, w = (KernelSpec(name=name, tile_m=16, tile_n=16).to_l2() for name in "ghw")
+    g, w = (KernelSpec(name=name, tile_m=16, tile_n=16).to_l2() for name in "gw")
+    h = KernelSpec(name="h", target="cutlass", tile_m=64, tile_n=16).to_l2()
     fixed = KernelSpec(name="f", tile_m=16, tile_n=16, problem_m=7).to_l2()   # serves one M: no neighbourhood
     timed = {h: NEAR_TIMED_MARGIN, w: NEAR_TIMED_MARGIN - 0.01, g: 1.1, fixed: 1.5}
     rows = [dict(_at("g", 1, 64, 64, 1.2, g), online_timings=timed),
@@ -617,6 +620,9 @@ def test_near_points_take_online_tunings_timings_as_wins_from_its_margin():
     (points,) = measured_points(rows, ["kernel"], 1.03).values()
     assert set(points[1, 64, 64]) == {g, h} and points[2, 64, 64] == {}
     assert points[1, 64, 64][g]["speedup"] == 1.1 and points[1, 64, 64][h]["speedup"] == NEAR_TIMED_MARGIN
+    timed_win = points[1, 64, 64][h]   # its own figures, not those of the row's served kernel
+    assert timed_win["target"] == "cutlass" and timed_win["speedups"] == {"kernel": NEAR_TIMED_MARGIN}
+    assert timed_win["candidate_tflops"] == timed_win["baseline_tflops"] * NEAR_TIMED_MARGIN
 
 
 @settings(max_examples=200, deadline=None)
@@ -634,6 +640,24 @@ def test_launch_waves_count_clusters_over_what_the_gpu_runs_at_once(tile_m, tile
     clusters = math.ceil(math.ceil(m / tile_m) / cluster[0]) * math.ceil(math.ceil(n / tile_n) / cluster[1]) * slices
     assert launch_waves(spec, m, n) == math.ceil(clusters / capacity)
     assert launch_waves(spec, m + 1, n) >= launch_waves(spec, m, n) <= launch_waves(spec, m, n + 1)
+
+
+def test_launch_waves_at_known_shapes():
+    """Measured on the H200 (benchmarks/NOTES.md, session 30): 30 clusters of 4 run at once, so a 64x16 kernel in
+    clusters of 1x4 launches 82x1000 (2 x 16 clusters) in two waves and 76x936 (2 x 15) in one; unclustered, 132
+    tiles are one wave and 133 two; 114 SMs count 114 tiles; stream-K's slices are not launched as slices; the gemv
+    family's blocks are no output tiles."""
+    from l2c.commands.table import launch_waves
+    clustered = KernelSpec(name="c", target="cutlass", tile_m=64, tile_n=16, cluster_n=4).to_l2()
+    assert (launch_waves(clustered, 82, 1000), launch_waves(clustered, 76, 936)) == (2, 1)
+    plain = KernelSpec(name="p", target="cutlass", tile_m=64, tile_n=64).to_l2()
+    assert (launch_waves(plain, 64, 132 * 64), launch_waves(plain, 128, 66 * 64 + 1)) == (1, 2)
+    assert (launch_waves(plain, 64, 114 * 64, 114), launch_waves(plain, 64, 115 * 64, 114)) == (1, 2)
+    stream_k = KernelSpec(name="s", target="cutlass", tile_m=64, tile_n=64, split_k_slices=4,
+                          split_k_mode="stream_k").to_l2()
+    assert launch_waves(stream_k, 64, 132 * 64) == 1
+    gemv = KernelSpec(name="g", target="cutlass", launch_family="gemv", tile_m=1, tile_n=8, tile_k=256).to_l2()
+    assert launch_waves(gemv, 1, 4096) == 0
 
 
 def test_no_neighbourhood_cell_holds_a_step_in_launch_waves():

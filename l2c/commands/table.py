@@ -318,7 +318,7 @@ MAX_CELL_TILE_N = 16
 # most 1/32 of the tiles along N (the swapped decoding kernels, 64 wide along N, from N = 2048), and where every
 # shape of the box launches its tiles in the same number of waves over the GPU's SMs: a step in waves inside the box
 # (with M in one tile, N = 8192 is 128 tiles of 64, one wave on 132 SMs; N = 12288 two) is a step in time no corner
-# shows. One block per SM and no cluster is assumed: a clustered kernel's waves may come sooner.
+# shows (`launch_waves`: one block per SM, a clustered kernel's waves counted in the clusters the GPU runs at once).
 WIDE_CELL_MIN_TILES = 32
 # ... and where the box's K starts here: below it a few tokens against the weight take under about 6 us, latency-
 # bound, where the wide kernels tie cuBLAS, a few percent either way from one ragged shape to the next (on the
@@ -339,26 +339,18 @@ def _cell_tiling(spec_text: str) -> Optional[tuple]:
     return int(spec.tile_m), int(spec.tile_n), int(spec.split_k_slices)
 
 
-def cell_fits(tiling: tuple, ms: tuple, ns: tuple, ks: tuple, sm_count: int) -> bool:
-    """Whether a kernel tiled `tiling` (tile_m, tile_n, split-K slices) may make the cell of M in `ms`, N in `ns`, K
-    in `ks`: at most MAX_CELL_TILE_N wide, or N from WIDE_CELL_MIN_TILES of its tiles on, K from WIDE_CELL_MIN_K on
-    and one wave count over `sm_count` SMs at every shape of the box (tiles grow with M and N, so the two far
-    corners decide)."""
-    tile_m, tile_n, slices = tiling
-    if tile_n <= MAX_CELL_TILE_N:
-        return True
-    if ns[0] < WIDE_CELL_MIN_TILES * tile_n or ks[0] < WIDE_CELL_MIN_K:
+def cell_fits(spec_text: str, ms: tuple, ns: tuple, ks: tuple, sm_count: int, arch: str = "sm_90") -> bool:
+    """Whether a kernel (a shape-generic spec) may make the cell of M in `ms`, N in `ns`, K in `ks`: one number of
+    launch waves over `sm_count` SMs at every shape of the box (`launch_waves`: tiles grow with M and N, so the two
+    far corners decide), and at most MAX_CELL_TILE_N wide, or N from WIDE_CELL_MIN_TILES of its tiles on and K from
+    WIDE_CELL_MIN_K on."""
+    if launch_waves(spec_text, ms[0], ns[0], sm_count, arch) != launch_waves(spec_text, ms[1], ns[1], sm_count, arch):
         return False
-
-    def ceil_div(a, b):
-        return -(-a // b)
-
-    def waves(m, n):
-        return ceil_div(ceil_div(m, tile_m) * ceil_div(n, tile_n) * slices, sm_count)
-    return waves(ms[0], ns[0]) == waves(ms[1], ns[1])
+    tile_n = _cell_tiling(spec_text)[1]
+    return tile_n <= MAX_CELL_TILE_N or (ns[0] >= WIDE_CELL_MIN_TILES * tile_n and ks[0] >= WIDE_CELL_MIN_K)
 
 
-def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None):
+def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None, arch: str = "sm_90"):
     """Cells (module docstring): (row of the worst corner, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box
     whose eight corners one shape-generic spec won by `min_speedup`, between consecutive values of each axis at which
     that spec was measured in its (batch, dtype, layout), where the spec's tiling fits the box (`cell_fits`, over
@@ -380,10 +372,9 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
             slot[at] = dict(r, spec=text)
     best = {}
     for (group, text), measured in points.items():
-        tiling = _cell_tiling(text)
         axes = [sorted({at[i] for at in measured}) for i in range(3)]
         for sides in itertools.product(*(list(zip(a, a[1:])) for a in axes)):
-            if not cell_fits(tiling, *sides, sm_count):
+            if not cell_fits(text, *sides, sm_count, arch):
                 continue
             corners = [measured.get(at) for at in itertools.product(*sides)]
             if any(c is None or c["speedup"] < min_speedup for c in corners):
@@ -398,21 +389,29 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
 
 
 @functools.lru_cache(maxsize=None)
+def _target(spec_text: str) -> str:
+    from ..parser import parse_one
+    return parse_one(spec_text).target
+
+
+@functools.lru_cache(maxsize=None)
 def _launch(spec_text: str) -> tuple:
     """(tile_m, tile_n, split-K slices, cluster size along M, along N) of a tensor-core GEMM spec, or () for a
-    kernel whose blocks are not its output tiles (the gemv family's blocks are K slices)."""
+    kernel whose blocks are not its output tiles (the gemv family's blocks are K slices); stream-K counts one
+    slice (it divides the work among the SMs itself)."""
     from ..parser import parse_one
     spec = parse_one(spec_text)
     if spec.launch_family != "gemm":
         return ()
-    return (int(spec.tile_m), int(spec.tile_n), int(spec.split_k_slices), int(spec.cluster_m or 1),
-            int(spec.cluster_n or 1))
+    slices = 1 if spec.split_k_mode == "stream_k" else int(spec.split_k_slices)   # stream-K: its own work split
+    return (int(spec.tile_m), int(spec.tile_n), slices, int(spec.cluster_m or 1), int(spec.cluster_n or 1))
 
 
-def launch_waves(spec_text: str, m: int, n: int, arch: str = "sm_90") -> int:
+def launch_waves(spec_text: str, m: int, n: int, sm_count: Optional[int] = None, arch: str = "sm_90") -> int:
     """How many waves of blocks the kernel launches at M x N (0 where `_launch` has no tiling): its output tiles in
     clusters, times the split-K slices, over the clusters of that size the GPU runs at once with one block per SM
-    (`Arch.max_active_clusters`; SMs / size where none was measured)."""
+    (`Arch.max_active_clusters` of `arch` with its SM count; SMs / size on a GPU with another count, or where none
+    was measured)."""
     from ..arch import ARCHS
     tiling = _launch(spec_text)
     if not tiling:
@@ -421,8 +420,9 @@ def launch_waves(spec_text: str, m: int, n: int, arch: str = "sm_90") -> int:
 
     def ceil_div(a, b):
         return -(-a // b)
-    size, info = cluster_m * cluster_n, ARCHS[arch]
-    capacity = info.max_active_clusters.get(size) or max(1, info.sm_count // size)
+    size, info = cluster_m * cluster_n, ARCHS.get(arch)
+    measured = info.max_active_clusters.get(size) if info and sm_count in (None, info.sm_count) else None
+    capacity = measured or max(1, (sm_count or info.sm_count) // size)
     clusters = ceil_div(ceil_div(m, tile_m), cluster_m) * ceil_div(ceil_div(n, tile_n), cluster_n) * slices
     return ceil_div(clusters, capacity)
 
@@ -486,8 +486,10 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
         for text, speedup in (r.get("online_timings") or {}).items():
             if kernels is None or speedup < NEAR_TIMED_MARGIN or _cell_tiling(text) is None:
                 continue
-            if text not in kernels or speedup < kernels[text]["speedup"]:
-                kernels[text] = dict(r, spec=text, speedup=speedup)
+            if text not in kernels or speedup < kernels[text]["speedup"]:   # its own figures, device time only
+                kernels[text] = dict({k: v for k, v in r.items() if k != "speedups"}, spec=text,
+                                     target=_target(text), speedup=speedup, speedups={"kernel": speedup},
+                                     candidate_tflops=r["baseline_tflops"] * speedup)
     return {group: {at: ({} if (group, at) in vetoed else
                          {t: r for t, r in kernels.items() if r["speedup"] >= min_speedup and r["speedup"] > 1.0})
                     for at, kernels in points.items()}
@@ -495,7 +497,8 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
 
 
 def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEAR_COUNT,
-               radius: float = NEAR_RADIUS, support: int = NEAR_SUPPORT, share: float = NEAR_SHARE):
+               radius: float = NEAR_RADIUS, support: int = NEAR_SUPPORT, share: float = NEAR_SHARE,
+               sm_count: Optional[int] = None, arch: str = "sm_90"):
     """Neighbourhood cells (module docstring) of the points `rows` measured (`measured_points`): (row of the worst
     supporting point, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box of the lattice whose `count` nearest
     measured shapes within `radius` octaves of its centre are at least `support`, were all won by some
@@ -528,7 +531,8 @@ def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEA
                        for axis, (lo, hi) in zip("mnk", sides)):
                     continue   # the box reaches past where the kernel won: a step in tiles or waves may lie there
                 text = won[0]["spec"]
-                if launch_waves(text, sides[0][0], sides[1][0]) != launch_waves(text, sides[0][1], sides[1][1]):
+                if launch_waves(text, sides[0][0], sides[1][0], sm_count, arch) != \
+                        launch_waves(text, sides[0][1], sides[1][1], sm_count, arch):
                     continue   # a step in waves inside the box: twice the time for a few more tiles, which the
                     # points around it need not show (64x16 tiles in clusters of 4: 30 clusters in one wave)
                 worst = min(won, key=lambda r: r["speedup"])
@@ -539,10 +543,10 @@ def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEA
     return out
 
 
-def near_rows(rows, protocols, min_speedup: float, cache=None):
+def near_rows(rows, protocols, min_speedup: float, cache=None, sm_count: Optional[int] = None, arch: str = "sm_90"):
     """The neighbourhood cells `l2c table --near` writes: `near_boxes` with the module's constants, the boxes of one
     kernel that touch joined into one (`_merged_boxes`: the same shapes served by fewer entries)."""
-    return _merged_boxes(near_boxes(rows, protocols, min_speedup, cache))
+    return _merged_boxes(near_boxes(rows, protocols, min_speedup, cache, sm_count=sm_count, arch=arch))
 
 
 def _merged_boxes(cells):
@@ -681,19 +685,20 @@ def run(args) -> int:
         ranges = range_rows(rows, protocol, margin, cache, admit_range)
         entries += [dict(entry(r), m_range=[lo, hi], range_min_speedup=worst)
                     for r, lo, hi, worst in sorted(ranges, key=lambda t: (t[0]["n"], t[0]["k"], t[1]))]
-    if args.cells:
+    if args.cells or args.near:
         from ..arch import ARCHS
         known = ARCHS.get(args.arch)   # the SM count the results' GPU reported, else the arch's
         sm_count = next(iter(sm_counts), None) or (known.sm_count if known else None)
         if sm_count is None:
-            raise UsageError(f"--cells needs the GPU's SM count: the results record none and --arch {args.arch} "
-                             f"is not one l2c knows ({', '.join(ARCHS)})")
-        cells = cell_rows(rows, protocol, margin, sm_count, cache)
+            raise UsageError(f"--cells and --near need the GPU's SM count: the results record none and --arch "
+                             f"{args.arch} is not one l2c knows ({', '.join(ARCHS)})")
+    if args.cells:
+        cells = cell_rows(rows, protocol, margin, sm_count, cache, args.arch)
         entries += [dict(entry(r), m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"])
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     if args.near:
-        near = near_rows(near_points, protocols, args.min_speedup, cache)
+        near = near_rows(near_points, protocols, args.min_speedup, cache, sm_count, args.arch)
         # each at its box's first corner, with the figures of its worst supporting point
         entries += [dict(entry(r), m=ms[0], n=ns[0], k=ks[0], m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"], near=True)
