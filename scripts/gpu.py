@@ -138,6 +138,19 @@ def _overlap(a):
     return out
 
 
+def _near_check(a):
+    """The shipped table's neighbourhood cells on shapes they were not made from: `offgrid` f16 and the `heldout`
+    and `between` shapes whose serving session 30's timed points changed, then `heldout` in both dtypes."""
+    table = a.eager_table
+    return [l2c("bench", f"dispatch:{table}", "--shapes", str(ROOT / "benchmarks" / "near_timed_check.txt"),
+                "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o", f"{a.out}/near_timed_check.jsonl"),
+            l2c("bench", f"dispatch:{table}", "--shapes", "offgrid", "--protocol", "kernel,call", "--reps", "5",
+                "--iters", "10", "-o", f"{a.out}/dispatch_offgrid_f16.jsonl")] + \
+        [l2c("bench", f"dispatch:{table}", "--shapes", "heldout", "--dtype", dtype, "--protocol", "kernel,call",
+             "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_heldout_{dtype}.jsonl")
+         for dtype in ("f16", "bf16")]
+
+
 def _evidence(a):
     """Every entry of both tables through the dispatcher at its own shapes, in `kernel` and `call`: what
     `l2c table --protocol kernel,call` makes the default table from (README, "Two tables ship"); each row records
@@ -273,6 +286,8 @@ STAGES: Dict[str, Stage] = {
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
     "points_linear": Stage("the same points through l2c.nn.Linear (nn.Linear's layout), kernel and call, f16 and bf16",
                            _points_linear),
+    "near_check": Stage("the neighbourhood cells on shapes they were not made from: offgrid f16, the shapes the "
+                        "timed points changed, heldout f16 and bf16, kernel and call (about 3 minutes)", _near_check),
     "overlap": Stage("the overlapped launch where a GEMM follows another library's kernel: the grid's served shapes "
                      "in kernel and kernel_apart, graphs and eager, L2C_OVERLAP measured and 0; a Llama-shaped "
                      "model's prefill and decode both ways; the corner-cell kernels around the neighbourhood cells' "
@@ -320,6 +335,9 @@ def main(argv=None) -> int:
     p.add_argument("--limit-s", type=float, default=None, help="stop each command after this many seconds "
                                                                "(what it wrote so far stays)")
     p.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
+    p.add_argument("--start-from", action="append", default=[], metavar="NAME=FILE",
+                   help="before the stages, write FILE (results, .jsonl or .jsonl.xz) to --out/NAME, so that a "
+                        "stage writing NAME with --resume continues it (e.g. points_f16.jsonl=a committed part)")
     p.add_argument("--bundle", default=None, help="after each command, write every file under --out into this "
                                                   ".tar.xz (on the device machine: --out /tmp/run --bundle "
                                                   "$OUT/results.tar.xz, one file to bring back)")
@@ -333,6 +351,12 @@ def main(argv=None) -> int:
         p.error(f"unknown stage(s) {', '.join(unknown)}; --list shows them")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for seed in args.start_from:
+        name, _, source = seed.partition("=")
+        if not name or "/" in name or not source:
+            p.error(f"--start-from {seed!r}: expected NAME=FILE, NAME a file name under --out")
+        if not args.dry_run:
+            start_from(Path(source), out / name)
     record_path = out / "stages.json"
     records = json.loads(record_path.read_text()) if record_path.exists() else []
     failed = 0
@@ -360,6 +384,16 @@ def main(argv=None) -> int:
             if args.bundle:
                 bundle(out, Path(args.bundle))
     return 1 if failed else 0
+
+
+def start_from(source: Path, target: Path) -> None:
+    """`target` holds the rows of `source` (unpacked where it is .xz), unless it exists already."""
+    import lzma
+    if target.exists():
+        return
+    opener = lzma.open if source.suffix == ".xz" else open
+    with opener(source, "rb") as src, open(target, "wb") as dst:
+        dst.write(src.read())
 
 
 def bundle(out: Path, path: Path) -> None:

@@ -264,7 +264,8 @@ def test_the_gpu_entry_point_lists_its_stages_and_every_command_names_a_file_tha
 
 def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path, monkeypatch):
     """gpu.py --bundle: after each command, every file under --out (results, logs, stages.json) in one .tar.xz,
-    rewritten whole, so that a run cut short still brings back what finished."""
+    rewritten whole, so that a run cut short still brings back what finished; --start-from seeds a results file that
+    a stage continues."""
     import importlib.util
     import tarfile
     root = Path(__file__).resolve().parent.parent
@@ -281,3 +282,14 @@ def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path, monkeypatch)
     with tarfile.open(archive) as tar:
         assert sorted(tar.getnames()) == ["a.jsonl", "stage/b.log"]
         assert tar.extractfile("stage/b.log").read() == b"done\n"
+    import lzma   # --start-from: a committed .xz part unpacked where a stage's --resume continues it, once
+    part = tmp_path / "part.jsonl.xz"
+    part.write_bytes(lzma.compress(b'{"type": "result"}\n'))
+    gpu.start_from(part, out / "points_f16.jsonl")
+    assert (out / "points_f16.jsonl").read_text() == '{"type": "result"}\n'
+    (out / "points_f16.jsonl").write_text("more\n")
+    gpu.start_from(part, out / "points_f16.jsonl")
+    assert (out / "points_f16.jsonl").read_text() == "more\n"
+    bad = subprocess.run([sys.executable, "scripts/gpu.py", "points", "--dry-run", "--start-from", "x.jsonl"],
+                         capture_output=True, text=True, cwd=root)
+    assert bad.returncode == 2 and "expected NAME=FILE" in bad.stderr
