@@ -14,19 +14,20 @@ every M in between, measured or not.
 `--cells` adds cells (docs/CONTRACTS.md, the dispatch rule): where one kernel generic in M, N and K qualifies as an
 entry (won by the margin; with several protocols, by the margin in one and slower in none) at each of the eight
 corners of a box whose sides join consecutive values of M, N and K at which that kernel was measured (same dtype,
-layouts, batch), an entry with `m_range`, `n_range` and `k_range` serves every shape inside the box. The kernel's
-tiles are at most 16 wide along N (`MAX_CELL_TILE_N`), or wider in a box whose N starts at 32 of its tiles or more,
-whose K starts at 1024 or more and whose shapes all launch its tiles in one number of waves over the SMs
-(`WIDE_CELL_MIN_TILES`, `WIDE_CELL_MIN_K`). Where several kernels qualify, the one with the best worst corner; its
-figures are that worst corner's.
+layouts, batch), an entry with `m_range`, `n_range` and `k_range` serves every shape inside the box. The box's
+shapes all launch the kernel's tiles in one number of waves (`launch_waves`: clusters counted in how many of their
+size the GPU runs at once); its tiles are at most 16 wide along N (`MAX_CELL_TILE_N`), or wider in a box whose N
+starts at 32 of its tiles or more and whose K starts at 1024 or more (`WIDE_CELL_MIN_TILES`, `WIDE_CELL_MIN_K`).
+Where several kernels qualify, the one with the best worst corner; its figures are that worst corner's.
 
 `--near POINTS...` adds neighbourhood cells (docs/CONTRACTS.md, the dispatch rule) from shapes measured at random
 (`--shapes points`, each through `l2c.matmul` with online choice: the table's entry, the best of its nearest
 prebuilt kernels that beat torch, or torch): the lattice of boxes half an octave wide along M, N and K
 (`NEAR_M_EDGES`, `NEAR_NK_EDGES`); a box is served by one shape-generic kernel where the NEAR_COUNT measured shapes
 nearest its centre (within NEAR_RADIUS octaves, at least NEAR_SUPPORT of them) were all won by some kernel, two in
-three of them by that one, at shapes on both sides of the box along each axis; a shape where torch served or a
-kernel failed counts as lost. Those rows make no other entry (among the sources their ragged shapes would cut the
+three of them by that one, at shapes on both sides of the box along each axis, in one number of launch waves
+across the box; a shape where torch served or a kernel failed counts as lost, and a candidate online tuning timed
+at a shape (the row's `online_timings`) won it from NEAR_TIMED_MARGIN on. Those rows make no other entry (among the sources their ragged shapes would cut the
 corner cells' boxes); the table records them under `near`, and marks the cells `near`, which serve only where no
 exact entry, range or corner cell does.
 
