@@ -351,6 +351,25 @@ def cell_fits(spec_text: str, ms: tuple, ns: tuple, ks: tuple, sm_count: int, ar
     return tile_n <= MAX_CELL_TILE_N or (ns[0] >= WIDE_CELL_MIN_TILES * tile_n and ks[0] >= WIDE_CELL_MIN_K)
 
 
+def kernel_points(rows, protocol: str, cache) -> dict:
+    """((batch, dtype, layout), (m, n, k)) -> {spec text: its worst row there} of the shape-generic kernels with a
+    plain epilogue measured in `protocol`; every shape measured in it is a key (an empty dict where only torch, or
+    kernels that serve no other shape, were): what cells and neighbourhood cells are made from."""
+    out: dict = {}
+    for r in rows:
+        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
+            continue
+        if r.get("gate", "none") != "none":
+            continue
+        kernels = out.setdefault((shape_key(r)[3:], (r["m"], r["n"], r["k"])), {})
+        text = spec_text(r, cache) if r.get("kernel") != "torch" else ""
+        if not text or r.get("speedup") is None or _cell_tiling(text) is None:
+            continue
+        if text not in kernels or r["speedup"] < kernels[text]["speedup"]:   # a repeated point counts its worst
+            kernels[text] = dict(r, spec=text)
+    return out
+
+
 def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None, arch: str = "sm_90"):
     """Cells (module docstring): (row of the worst corner, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box
     whose eight corners one shape-generic spec won by `min_speedup`, between consecutive values of each axis at which
@@ -359,18 +378,9 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
     import itertools
     cache = {} if cache is None else cache
     points = {}   # (group, spec) -> {(m, n, k): worst row}
-    for r in rows:
-        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
-            continue
-        if r.get("kernel") == "torch" or r.get("speedup") is None or r.get("gate", "none") != "none":
-            continue
-        text = spec_text(r, cache)
-        if not text or _cell_tiling(text) is None:
-            continue
-        slot = points.setdefault((shape_key(r)[3:], text), {})
-        at = (r["m"], r["n"], r["k"])
-        if at not in slot or r["speedup"] < slot[at]["speedup"]:   # a repeated point counts its worst
-            slot[at] = dict(r, spec=text)
+    for (group, at), kernels in kernel_points(rows, protocol, cache).items():
+        for text, r in kernels.items():
+            points.setdefault((group, text), {})[at] = r
     best = {}
     for (group, text), measured in points.items():
         axes = [sorted({at[i] for at in measured}) for i in range(3)]
@@ -468,18 +478,8 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
     if len(protocols) > 1:
         rows, min_speedup = combined_rows(rows, protocols, min_speedup, cache), 1.0
     worst: dict = {}
-    for r in rows:
-        if r.get("type") != "result" or r.get("protocol") != joined or r.get("status") != "ok":
-            continue
-        if r.get("gate", "none") != "none":
-            continue
-        group, at = shape_key(r)[3:], (r["m"], r["n"], r["k"])
-        kernels = worst.setdefault(group, {}).setdefault(at, {})
-        text = spec_text(r, cache) if r.get("kernel") != "torch" else ""
-        if not text or r.get("speedup") is None or _cell_tiling(text) is None:
-            continue
-        if text not in kernels or r["speedup"] < kernels[text]["speedup"]:
-            kernels[text] = dict(r, spec=text)
+    for (group, at), kernels in kernel_points(rows, joined, cache).items():
+        worst.setdefault(group, {})[at] = kernels
     for r in rows:   # what online tuning timed there: each candidate's device time, a win from its margin on
         if r.get("type") != "result" or r.get("protocol") != joined or r.get("status") != "ok":
             continue
