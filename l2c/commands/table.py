@@ -27,9 +27,9 @@ prebuilt kernels that beat torch, or torch): the lattice of boxes half an octave
 nearest its centre (within NEAR_RADIUS octaves, at least NEAR_SUPPORT of them) were all won by some kernel, two in
 three of them by that one, at shapes on both sides of the box along each axis, in one number of launch waves
 across the box; a shape where torch served or a kernel failed counts as lost, and a candidate online tuning timed
-at a shape (the row's `online_timings`) won it from NEAR_TIMED_MARGIN on. Those rows make no other entry (among the sources their ragged shapes would cut the
-corner cells' boxes); the table records them under `near`, and marks the cells `near`, which serve only where no
-exact entry, range or corner cell does.
+at a shape (the row's `online_timings`) won it from NEAR_TIMED_MARGIN on. Those rows make no other entry (among
+the sources their ragged shapes would cut the corner cells' boxes); the table records them under `near`, and marks
+the cells `near`, which serve only where no exact entry, range or corner cell does.
 
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
 every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in
@@ -113,11 +113,16 @@ def parse_overhead(text: str):
 
 
 @functools.lru_cache(maxsize=None)
+def _spec(spec_text: str):
+    """A spec text parsed once per text, not once per row (the facts below are read from it)."""
+    from ..parser import parse_one
+    return parse_one(spec_text)
+
+
 def launches(spec_text: str) -> int:
     """Kernel launches of one call of a spec: a Triton atomic split-K call also clears its buffer and runs the
     finalize kernel; workspace mode runs the finalize kernel only under `split_k reduce=finalize`."""
-    from ..parser import parse_one
-    spec = parse_one(spec_text)
+    spec = _spec(spec_text)
     if spec.target != "triton" or spec.split_k_slices == 1:
         return 1
     if spec.split_k_mode == "atomic":
@@ -125,11 +130,9 @@ def launches(spec_text: str) -> int:
     return 2 if spec.split_k_reduce == "finalize" else 1
 
 
-@functools.lru_cache(maxsize=None)
 def _problem_m(spec_text: str):
-    """A spec text's problem M (`any` for a kernel generic in M): parsed once per text, not once per row."""
-    from ..parser import parse_one
-    return parse_one(spec_text).problem_m
+    """A spec text's problem M (`any` for a kernel generic in M)."""
+    return _spec(spec_text).problem_m
 
 
 def charged_speedup(row, charges) -> float:
@@ -329,12 +332,10 @@ WIDE_CELL_MIN_TILES = 32
 WIDE_CELL_MIN_K = 1024
 
 
-@functools.lru_cache(maxsize=None)
 def _cell_tiling(spec_text: str) -> Optional[tuple]:
     """(tile_m, tile_n, split-K slices) of a spec text whose kernel may make cells (generic in M, N and K), else
     None."""
-    from ..parser import parse_one
-    spec = parse_one(spec_text)
+    spec = _spec(spec_text)
     if not spec.shape_generic:
         return None
     return int(spec.tile_m), int(spec.tile_n), int(spec.split_k_slices)
@@ -399,19 +400,11 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
     return list(best.values())
 
 
-@functools.lru_cache(maxsize=None)
-def _target(spec_text: str) -> str:
-    from ..parser import parse_one
-    return parse_one(spec_text).target
-
-
-@functools.lru_cache(maxsize=None)
 def _launch(spec_text: str) -> tuple:
     """(tile_m, tile_n, split-K slices, cluster size along M, along N) of a tensor-core GEMM spec, or () for a
     kernel whose blocks are not its output tiles (the gemv family's blocks are K slices); stream-K counts one
     slice (it divides the work among the SMs itself)."""
-    from ..parser import parse_one
-    spec = parse_one(spec_text)
+    spec = _spec(spec_text)
     if spec.launch_family != "gemm":
         return ()
     slices = 1 if spec.split_k_mode == "stream_k" else int(spec.split_k_slices)   # stream-K: its own work split
@@ -489,7 +482,7 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
                 continue
             if text not in kernels or speedup < kernels[text]["speedup"]:   # its own figures, device time only
                 kernels[text] = dict({k: v for k, v in r.items() if k != "speedups"}, spec=text,
-                                     target=_target(text), speedup=speedup, speedups={"kernel": speedup},
+                                     target=_spec(text).target, speedup=speedup, speedups={"kernel": speedup},
                                      candidate_tflops=r["baseline_tflops"] * speedup)
     return {group: {at: ({} if (group, at) in vetoed else
                          {t: r for t, r in kernels.items() if r["speedup"] >= min_speedup and r["speedup"] > 1.0})
