@@ -270,10 +270,10 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
                              warmup=2).speedup < eager_margin():
             lost_eager += 1
             continue
-        chosen = spec.to_l2()
-        timings[chosen] = measured
+        rendered = spec.to_l2()
+        timings[rendered] = measured
         if measured > best_speedup:
-            best, best_speedup = chosen, measured
+            best, best_speedup = rendered, measured
     note = f"{tried} timed" + (f", {lost_eager} lost an eager call" if lost_eager else "")
     if best is not None and best_speedup >= margin():
         return OnlineChoice(best, best_speedup, note, timings)
