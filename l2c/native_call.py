@@ -15,7 +15,8 @@ protocol every microsecond is a few percent of a small GEMM's figure.
 - the served plans: the CUTLASS call plans that already served a plain eager call
   (l2c.targets.cutlass.kernel, `launcher`), keyed like `l2c.kernel.call_signature` (shapes, strides, dtypes and
   devices of A, B and the bias) plus the asked activation, each holding the plan's C struct (shim.py, a reference
-  to its Python object too) and the output's shape and dtype; launched on the current device and stream.
+  to its Python object too) and the output's shape and dtype; launched on the current device and stream, with a
+  workspace of the call's own where the kernel writes one (a plan with no workspace pointer).
 
 `call(a, b, bias, activation)` and `call_linear(x, weight, bias, activation)` return the output, or None where the
 Python path must decide: an operand that is not a plain tensor (a subclass with `__torch_function__`, or a torch
@@ -366,9 +367,17 @@ class CallTable {
     }
     at::Tensor out = at::empty({e.rows, e.cols}, a.options().dtype(e.dtype));
     l2c_call_plan const* p = e.plan;
+    // A plan without a workspace pointer launches a kernel that writes one: this call's own, from torch's caching
+    // allocator on this stream (freed when the call returns; reused only in the stream's order).
+    at::Tensor workspace;
+    void* workspace_pointer = p->workspace;
+    if (workspace_pointer == nullptr) {
+      workspace = at::empty({static_cast<int64_t>(p->workspace_bytes)}, a.options().dtype(at::kByte));
+      workspace_pointer = workspace.data_ptr();
+    }
     int status = p->run(a.data_ptr(), b.data_ptr(), nullptr, bias.has_value() ? bias->data_ptr() : nullptr,
                         out.data_ptr(), p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
-                        p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, p->workspace,
+                        p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, workspace_pointer,
                         p->workspace_bytes, reinterpret_cast<void*>(stream));
     if (status != 0) {
       return c10::nullopt;   // the Python path calls again and reports the library's own message

@@ -8,7 +8,8 @@ dispatcher's background worker prepared the call's kernel, `l2c.matmul(a, b)` mu
 dtype's tolerance and must have been served by the tuned kernel (dispatcher statistics); called with inputs that
 require grad it must keep autograd, with gradients equal to torch's. Triton entries are also called with a fused
 column bias + GELU (the dispatcher specialises the spec's epilogue). A token count the table holds no measurement
-for (3 below an exact entry, outside any range) must be served by torch. Exits 1 on any failure.
+for (3 below an exact entry, outside any range) must be served by torch. Then the C++ call table on a side stream and
+in a replayed CUDA graph, and kernels that write a workspace on two streams at once. Exits 1 on any failure.
 """
 from __future__ import annotations
 
@@ -93,10 +94,13 @@ def main(argv=None) -> int:
                   f"served by {served}, rel error {rel:.2e}" + (f", grads {grad_rel:.2e}" if grad_rel is not None else ""))
     replayed = replay_check(disp, rows)
     failures += not replayed["ok"]
+    concurrent = workspace_check(disp, entries)
+    failures += sum(not r["ok"] for r in concurrent)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "table": table.source,
-                       "command": " ".join(["python"] + sys.argv), "checks": rows, "replayed": replayed}, f, indent=1)
+                       "command": " ".join(["python"] + sys.argv), "checks": rows, "replayed": replayed,
+                       "concurrent_workspaces": concurrent}, f, indent=1)
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 
@@ -140,6 +144,49 @@ def replay_check(disp, rows) -> dict:
           f"{side_rel:.2e}, CUDA graph replay rel error {graph_rel:.2e}, {launched} launches from the table")
     return {"ok": ok, "shape": [r["m"], r["n"], r["k"]], "dtype": r["dtype"], "side_stream_rel_error": side_rel,
             "graph_replay_rel_error": graph_rel, "table_launches": launched}
+
+
+def workspace_check(disp, entries, calls_per_stream: int = 4) -> list:
+    """Kernels that write a workspace (CUTLASS parallel split-K and stream-K entries; the smallest of each mode)
+    served on two streams at once: each stream waits behind a sleep, then launches its calls back to back, so the
+    two streams' kernels overlap; every output must equal torch's (a shared workspace would mix their partials)."""
+    results = []
+    for mode in ("parallel", "stream_k"):
+        found = sorted((e for e in entries if e.target == "cutlass" and f"mode={mode}" in e.spec_text
+                        and e.layout.startswith("row")), key=lambda e: e.m * e.n * e.k)
+        if not found:
+            results.append({"mode": mode, "ok": True, "reason": "no such entry in the table"})
+            continue
+        e = found[0]
+        dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[e.dtype]
+        b = torch.randn(e.k, e.n, device="cuda", dtype=dtype) if e.layout.split(",")[1] == "row" else \
+            torch.randn(e.n, e.k, device="cuda", dtype=dtype).t()
+        inputs = [torch.randn(e.m, e.k, device="cuda", dtype=dtype) for _ in range(2 * calls_per_stream)]
+        l2c.matmul(inputs[0], b)
+        disp.wait(600)
+        before = disp.stats["tuned"]   # the Python path's and the C++ table's served calls
+        l2c.matmul(inputs[0], b)
+        torch.cuda.synchronize()
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        outputs = []
+        for i, stream in enumerate(streams):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(50_000_000)
+                outputs += [l2c.matmul(a, b) for a in inputs[i * calls_per_stream:(i + 1) * calls_per_stream]]
+        torch.cuda.synchronize()
+        served = disp.stats["tuned"] - before
+        tol = 5e-3 if dtype == torch.float16 else 2e-2
+        errors = []
+        for a, y in zip(inputs, outputs):
+            ref = a.float() @ b.float()
+            errors.append(((y.float() - ref).norm() / ref.norm()).item())
+        ok = served == 1 + len(outputs) and max(errors) < tol
+        print(f"{'ok  ' if ok else 'FAIL'} {mode} entry {e.m}x{e.n}x{e.k} {e.dtype} on two streams at once: "
+              f"{served} served calls, worst rel error {max(errors):.2e}")
+        results.append({"mode": mode, "ok": ok, "shape": [e.m, e.n, e.k], "dtype": e.dtype, "spec": e.spec_text,
+                        "served_calls": served, "rel_errors": errors})
+    return results
 
 
 if __name__ == "__main__":

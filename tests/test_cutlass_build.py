@@ -230,11 +230,11 @@ def test_planned_calls_reach_the_real_entry_point_through_the_shim(built):
         direct = kernel._run(16, 32, None, None, 48, *arguments, 0)
         direct_error = kernel._error(direct)
         plan = cutlass_shim.make_plan(kernel._run, arguments)
-        shimmed = kernel._run_planned(ctypes.addressof(plan), 16, 32, None, 48, 0)
+        shimmed = kernel._run_planned(ctypes.addressof(plan), 16, 32, None, 48, None, 0)
         assert shimmed == direct != 0
         assert kernel._error(shimmed) == direct_error
     assert "must be positive" in kernel._error(kernel._run_planned(
-        ctypes.addressof(cutlass_shim.make_plan(kernel._run, (0, 1, 1, 1, *[1] * 8, 0, 0))), 16, 32, None, 48, 0))
+        ctypes.addressof(cutlass_shim.make_plan(kernel._run, (0, 1, 1, 1, *[1] * 8, 0, 0))), 16, 32, None, 48, None, 0))
 
 
 def _cutlass_log_swizzle(blocks_m: int, blocks_n: int, max_swizzle: int) -> int:

@@ -22,18 +22,20 @@ PTR = st.integers(1, 2**64 - 1)
 
 
 @settings(max_examples=200, deadline=None)
-@given(ints=st.tuples(INT, INT, INT, INT), strides=st.tuples(*[I64] * 8), workspace=PTR,
-       workspace_bytes=st.integers(0, 2**64 - 1), a=PTR, b=PTR, bias=st.one_of(st.none(), PTR), d=PTR, stream=PTR)
+@given(ints=st.tuples(INT, INT, INT, INT), strides=st.tuples(*[I64] * 8), workspace=st.one_of(st.just(0), PTR),
+       workspace_bytes=st.integers(0, 2**64 - 1), own_workspace=st.one_of(st.none(), PTR), a=PTR, b=PTR,
+       bias=st.one_of(st.none(), PTR), d=PTR, stream=PTR)
 def test_the_shim_forwards_every_argument_to_the_entry_point(recorder, ints, strides, workspace, workspace_bytes,
-                                                              a, b, bias, d, stream):
+                                                              own_workspace, a, b, bias, d, stream):
+    """Every fixed field in its place; the workspace is the plan's, or where the plan holds none, the call's own."""
     run = cutlass_shim.planned_call()
     assert run is not None
     arguments = (*ints, *strides, workspace, workspace_bytes)
     plan = cutlass_shim.make_plan(recorder.record, arguments)
-    status = run(ctypes.addressof(plan), a, b, bias, d, stream)
+    status = run(ctypes.addressof(plan), a, b, bias, d, own_workspace, stream)
     assert status == ints[0] ^ ints[1]
     seen = [recorder.recorded(i) for i in range(20)]
-    expected = [a, b, 0, bias or 0, d, *ints, *strides, workspace, workspace_bytes, stream]
+    expected = [a, b, 0, bias or 0, d, *ints, *strides, workspace or own_workspace or 0, workspace_bytes, stream]
     assert seen == [x % 2**64 for x in expected]
 
 
@@ -64,19 +66,21 @@ def test_without_a_compiler_kernels_keep_the_direct_call(tmp_path, monkeypatch):
         cutlass_shim.shim_library.cache_clear()
 
 
-def _bound_kernel(recorder, m, n, transposed=False):
+def _bound_kernel(recorder, m, n, transposed=False, workspace_per_call=0):
     """A CUTLASS kernel object holding one call plan whose entry point is the recorder (a real C function through
-    the real shim). The device queries are stand-ins: this machine has no CUDA device to ask."""
+    the real shim): the plan holds a workspace pointer (4096), or with `workspace_per_call` bytes none. The device
+    queries are stand-ins: this machine has no CUDA device to ask."""
     import torch
     from l2c.kernel import output_template
     from l2c.targets.cutlass.kernel import CutlassKernel, _CallPlan
     kernel = object.__new__(CutlassKernel)
-    arguments = (m, n, 64, 1, 64, 0, n, 0, n, 0, n, 0, 4096, 256)
+    workspace = (0, workspace_per_call) if workspace_per_call else (4096, 256)
+    arguments = (m, n, 64, 1, 64, 0, n, 0, n, 0, n, 0, *workspace)
     native = cutlass_shim.make_plan(recorder.record, arguments)
     stored = (n, m) if transposed else (m, n)
     plan = _CallPlan(device=0, dtype=torch.float16, stored_shape=stored, transposed=transposed,
                      out_template=output_template(stored, torch.float16, torch.device("cpu")), arguments=arguments,
-                     native=native, native_address=ctypes.addressof(native))
+                     workspace_per_call=workspace_per_call, native=native, native_address=ctypes.addressof(native))
     kernel._plans, kernel._launches = {"sig": plan}, {}
     kernel._run_planned = cutlass_shim.planned_call()
     kernel._empty_like = torch.empty_like
@@ -100,6 +104,7 @@ def test_a_bound_launcher_passes_this_calls_pointers_and_a_fresh_output(recorder
     assert out.is_contiguous() == (not transposed) and out.mT.is_contiguous() == transposed
     seen = [recorder.recorded(i) for i in range(20)]
     assert seen[:5] == [a.data_ptr(), b.data_ptr(), 0, bias.data_ptr(), out.data_ptr()] and seen[19] == 0xC0FFEE
+    assert seen[17:19] == [4096, 256]                                # the plan's own workspace
     assert launch(a, b, None) is not None and recorder.recorded(3) == 0
     assert launch(a, b, bias).data_ptr() != out.data_ptr() or out is None   # each call its own output
     skewed = torch.zeros(8 * 64 + 1, dtype=torch.float16)[1:].view(8, 64)
@@ -114,6 +119,30 @@ def test_a_bound_launcher_passes_this_calls_pointers_and_a_fresh_output(recorder
         failing(a, b, bias)
     with pytest.raises(RuntimeError, match="status 6"):
         _bound_kernel(recorder, 2, 4).launcher("sig")(a, b, bias)
+
+
+@pytest.mark.parametrize("shim", [True, False])
+def test_a_plan_without_a_workspace_gives_each_call_its_own(recorder, shim):
+    """A kernel that writes a workspace (split-K, stream-K, parallel split-K) keeps no pointer in its plan: each
+    replay, through the shim or the 20-argument entry, passes a workspace of the plan's size allocated for that
+    call, so calls on two streams never share one (docs/CONTRACTS.md)."""
+    import torch
+    kernel = _bound_kernel(recorder, 8, 8, workspace_per_call=1040)
+    if not shim:
+        plan = kernel._plans["sig"]
+        kernel._plans["sig"] = type(plan)(**{**plan.__dict__, "native": None, "native_address": 0})
+        vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        kernel._run = ctypes.CFUNCTYPE(i32, *[vp] * 5, *[i32] * 4, *[i64] * 8, vp, ctypes.c_size_t, vp)(
+            ctypes.cast(recorder.record, ctypes.c_void_p).value)
+    launch = kernel.launcher("sig")
+    a, b = torch.zeros(8, 64, dtype=torch.float16), torch.zeros(64, 8, dtype=torch.float16)
+    kept = launch(a, b, None)
+    first = recorder.recorded(17)
+    assert first != 0 and first % 16 == 0 and recorder.recorded(18) == 1040
+    assert first not in (a.data_ptr(), b.data_ptr(), kept.data_ptr())
+    held = torch.empty(1040, dtype=torch.uint8)          # memory in use elsewhere is never handed out
+    launch(a, b, None)
+    assert recorder.recorded(17) not in (0, held.data_ptr()) and recorder.recorded(18) == 1040
 
 
 def test_without_the_shim_a_bound_launcher_calls_the_20_argument_entry(recorder):

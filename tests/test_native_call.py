@@ -42,10 +42,10 @@ class Plan:
     """A call plan with an m x n output whose entry point is the recorder, which returns its M ^ N arguments as
     the status: the plan passes M = N = m (success), or M = m, N = m + 4 with `fail` (an error status)."""
 
-    def __init__(self, recorder, m, n, dtype=torch.float16, transposed=False, fail=False):
+    def __init__(self, recorder, m, n, dtype=torch.float16, transposed=False, fail=False, workspace=(4096, 256)):
         from l2c.kernel import output_template
-        self.struct = shim.make_plan(recorder.record, (m, m + 4 if fail else m, 64, 1, 64, 0, n, 0, n, 0, n, 0, 4096,
-                                                       256))
+        self.struct = shim.make_plan(recorder.record, (m, m + 4 if fail else m, 64, 1, 64, 0, n, 0, n, 0, n, 0,
+                                                       *workspace))
         self.stored = (n, m) if transposed else (m, n)
         self.template = output_template(self.stored, dtype, torch.device("cpu"))
         self.transposed = transposed
@@ -75,6 +75,23 @@ def test_a_registered_call_launches_its_plan_with_this_calls_pointers(new_table,
     assert seen[5:9] == [8, 8, 64, 1] and seen[19] == 0        # a CPU call: no stream
     assert table.call(a2, b2, bias2, 0).data_ptr() != out.data_ptr()   # each call its own output
     assert table.counts() == (2, 0)
+    assert [recorder.recorded(17), recorder.recorded(18)] == [4096, 256]   # the plan's workspace
+
+
+def test_a_plan_without_a_workspace_pointer_launches_with_the_calls_own(new_table, recorder):
+    """A kernel that writes a workspace keeps none in its plan: the table allocates one of the plan's size for each
+    call (torch's caching allocator, the call's stream), so calls on two streams never share one."""
+    table = new_table()
+    plan = Plan(recorder, 8, 8, workspace=(0, 1040))
+    a, b, bias = operands()
+    plan.add(table, a, b, bias)
+    out = table.call(a, b, bias, 0)
+    first = recorder.recorded(17)
+    assert first != 0 and first % 16 == 0 and recorder.recorded(18) == 1040
+    assert first not in (a.data_ptr(), b.data_ptr(), bias.data_ptr(), out.data_ptr())
+    held = torch.empty(1040, dtype=torch.uint8)          # memory in use elsewhere is never handed out
+    table.call(a, b, bias, 0)
+    assert recorder.recorded(17) not in (0, held.data_ptr()) and table.counts() == (2, 0)
 
 
 def test_the_call_declines_where_the_python_path_must_decide(new_table, recorder):

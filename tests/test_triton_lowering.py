@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from l2c import cache
 from l2c.build import build
-from l2c.kernel import Kernel
+from l2c.kernel import Kernel, call_signature
 from l2c.targets.triton.build import TritonKernel, load_module
 from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
@@ -240,16 +240,29 @@ def test_split_k_reduce_is_part_of_the_spec_and_only_where_it_chooses_something(
         validate(finalize.replace(target="cutlass", tile_m=128, tile_n=128, tile_k=64), "cutlass")
 
 
-def test_split_k_workspace_is_cached_and_deterministic():
-    kernel = kernel_for(split_k_slices=4, split_k_mode="workspace")
+@pytest.mark.parametrize("reduce", ["finalize", "inkernel"])
+def test_split_k_takes_a_workspace_of_its_own_per_call_and_is_deterministic(reduce):
+    """Each call's partials go to a buffer of its own from torch's allocator (on the GPU, on the call's stream), so
+    calls on two streams, or a graph replayed beside eager calls, never share one; the in-kernel reduction's
+    semaphores are kept per device and stream."""
+    kernel = kernel_for(split_k_slices=4, split_k_mode="workspace", split_k_reduce=reduce)
     a, b = torch.randn(40, 64).half(), torch.randn(64, 24).half()
-    first = kernel(a, b)
-    buffer = next(iter(kernel.module._workspace.values()))
-    second = kernel(a, b)
-    assert next(iter(kernel.module._workspace.values())) is buffer
+    first, second = kernel(a, b), kernel(a, b)
     assert torch.equal(first, second)
-    kernel(a[:20], b)  # a smaller problem reuses the buffer
-    assert next(iter(kernel.module._workspace.values())) is buffer
+    workspaces = []
+    for _ in range(2):   # both calls' launches held at once
+        _, _, launches = kernel.module.prepare(a, b)
+        workspaces.append({id(x): x for _, _, args, _ in launches for x in args
+                           if isinstance(x, torch.Tensor) and x.dtype == torch.float32})
+    assert len(workspaces[0]) == len(workspaces[1]) == 1
+    (one,), (other,) = (list(w.values()) for w in workspaces)
+    assert one.data_ptr() != other.data_ptr() and one.numel() >= 4 * 40 * 24
+    assert not hasattr(kernel.module, "_workspace")
+    if reduce == "inkernel":
+        assert list(kernel.module._locks) == [(a.device, 0)]   # a CPU call: no stream
+    signature = call_signature(a, b, None)
+    kernel._planning_call(signature, a, b, None)   # no launch plan: a plan would fix one workspace for every call
+    assert kernel.launcher(signature) is None and "per call" in kernel.plan_refusals[signature]
 
 
 @pytest.mark.parametrize("raster", ["m", "n"])

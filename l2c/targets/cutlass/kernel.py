@@ -1,15 +1,17 @@
 """A compiled CUTLASS sm90 GEMM loaded from its .so with ctypes, called per docs/CONTRACTS.md.
 
 It checks layouts, alignment and shapes up front and raises ValueError (so the dispatcher can fall back to
-torch), queries the workspace size once per problem size into one buffer per device grown to the largest size
-seen, replays call plans through the C shim (`shim.py`), and launches on torch's current stream.
+torch), queries the workspace size once per problem size, replays call plans through the C shim (`shim.py`), and
+launches on torch's current stream. A kernel that writes a workspace (split-K, stream-K, parallel split-K) gets one
+per call from torch's caching allocator on the call's stream, as torch's own temporaries: launches on several
+streams, or a captured graph replayed beside eager calls, never share one.
 """
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 from ... import settings
 from ...errors import BuildError
@@ -71,8 +73,7 @@ class CutlassKernel(Kernel):
         self._last_error.restype = ctypes.c_char_p
         self.set_overlap(overlaps(valid))
         self._workspace_bytes: Dict[tuple, int] = {}   # (device, M, N, K, L) -> bytes that size needs
-        self._workspaces: Dict[int, object] = {}       # device -> uint8 tensor shared by every size, grown as needed
-        self._retired: List[object] = []               # outgrown workspaces: plans and captured graphs may use them
+        self._unused_workspaces: Dict[int, object] = {}   # device -> the buffer passed where none is needed
         spec = valid.spec
         self._needs_c = spec.epilogue_beta != 0.0
         self._bias = spec.epilogue_bias
@@ -111,11 +112,8 @@ class CutlassKernel(Kernel):
         detail = (self._last_error() or b"").decode(errors="replace")
         return f"CUTLASS kernel {self.valid.name}: {_STATUS.get(status, 'status %d' % status)}: {detail}"
 
-    def _workspace(self, device, m: int, n: int, k: int, batch: int):
-        """The device's workspace, at least as large as this size needs. One buffer serves every size (launches
-        on a stream run in order): parallel split-K needs slices x M x N fp32 partials, and a buffer per size
-        would hold gigabytes after a sweep of shapes. It grows by at least doubling; an outgrown buffer is kept
-        alive, since call plans and CUDA graphs captured earlier still point into it."""
+    def _workspace_needed(self, device, m: int, n: int, k: int, batch: int) -> int:
+        """Bytes of workspace a launch of this size writes (0 for most kernels), asked of the library once."""
         key = (device.index, m, n, k, batch)
         needed = self._workspace_bytes.get(key)
         if needed is None:
@@ -123,16 +121,27 @@ class CutlassKernel(Kernel):
             status = self._workspace_size(m, n, k, batch, ctypes.byref(size))
             if status != 0:
                 raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
-            needed = self._workspace_bytes[key] = max(size.value, 1)
-        workspace = self._workspaces.get(device.index)
-        if workspace is None or workspace.numel() < needed:
+            needed = self._workspace_bytes[key] = size.value
+        return needed
+
+    def _unused_workspace(self, device):
+        """The 16-byte buffer passed to a launch that writes no workspace (the entry point wants a pointer); kept
+        for the kernel's life, since call plans and captured graphs hold its address."""
+        workspace = self._unused_workspaces.get(device.index)
+        if workspace is None:
             import torch
-            if workspace is not None:
-                self._retired.append(workspace)
-                needed = max(needed, 2 * workspace.numel())
-            workspace = torch.empty(needed, dtype=torch.uint8, device=device)
-            self._workspaces[device.index] = workspace
+            workspace = self._unused_workspaces[device.index] = torch.empty(16, dtype=torch.uint8, device=device)
         return workspace
+
+    def _workspace(self, device, m: int, n: int, k: int, batch: int):
+        """The workspace of one launch: a fresh buffer from torch's caching allocator on the current stream where
+        the launch writes one (freed once the launch is enqueued, the allocator reuses it only in that stream's
+        order, and under CUDA-graph capture it comes from the graph's pool), else the unused buffer."""
+        needed = self._workspace_needed(device, m, n, k, batch)
+        if needed == 0:
+            return self._unused_workspace(device)
+        import torch
+        return torch.empty(needed, dtype=torch.uint8, device=device)
 
     def __call__(self, a, b, c=None, bias=None, out=None):
         """Launch on torch's current stream; checks everything on the first call of a signature.
@@ -141,7 +150,7 @@ class CutlassKernel(Kernel):
         (shapes, strides, dtypes, devices of a, b and bias) was checked before reuses that call's plan, so
         only what can change between such calls is looked at again: the pointers' 16-byte alignment and
         the current device. Everything else goes through the full checks in `_checked_call`. The plan's fixed
-        arguments sit in a C struct that a six-argument shim forwards (`shim.py`): ctypes converts each
+        arguments sit in a C struct that a seven-argument shim forwards (`shim.py`): ctypes converts each
         argument in Python, and the 20-argument entry would cost ~3 µs more host time per call.
         """
         if out is None and c is None:
@@ -173,16 +182,22 @@ class CutlassKernel(Kernel):
 
     def _bind(self, plan):
         """A plan's replay: the pointers' alignment and the current device checked (None: declined), the output
-        allocated, then the shim's six-argument call (or the 20-argument entry where the shim did not build)."""
+        (and where the kernel writes one, the workspace) allocated, then the shim's seven-argument call (or the
+        20-argument entry where the shim did not build)."""
         device, template, transposed = plan.device, plan.out_template, plan.transposed
         empty_like, get_device, get_stream, error = self._empty_like, self._get_device, self._get_stream, self._error
         if plan.native_address:
             run, address = self._run_planned, plan.native_address
         else:
-            direct, arguments, address = self._run, plan.arguments, 0
+            direct, (*fixed, workspace, workspace_bytes), address = self._run, plan.arguments, 0
 
-            def run(_, pa, pb, pbias, pd, stream):
-                return direct(pa, pb, None, pbias, pd, *arguments, stream)
+            def run(_, pa, pb, pbias, pd, pworkspace, stream):
+                return direct(pa, pb, None, pbias, pd, *fixed, workspace or pworkspace, workspace_bytes, stream)
+
+        workspace_template = None
+        if plan.workspace_per_call:
+            import torch
+            workspace_template = output_template((plan.workspace_per_call,), torch.uint8, template.device)
 
         def launch(a, b, bias, _struct=plan.native):   # holds the C struct at `address` for the closure's life
             pa, pb = a.data_ptr(), b.data_ptr()
@@ -190,7 +205,9 @@ class CutlassKernel(Kernel):
             if (pa | pb | (pbias or 0)) & 15 or get_device() != device:
                 return None
             out = empty_like(template)
-            status = run(address, pa, pb, pbias, out.data_ptr(), get_stream(device))
+            workspace = empty_like(workspace_template) if workspace_template is not None else None
+            status = run(address, pa, pb, pbias, out.data_ptr(), workspace.data_ptr() if workspace is not None
+                         else None, get_stream(device))
             if status != 0:
                 raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(error(status))
             return out.transpose(-1, -2) if transposed else out
@@ -257,14 +274,15 @@ class CutlassKernel(Kernel):
         result = self._launch(a, b, c, bias, out, m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd)
         plan = None
         if allocated and c is None:
-            workspace = self._workspace(device, m, n, k, batch)
-            arguments = (m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace.data_ptr(),
-                         workspace.numel())
+            # a plan holds the unused buffer's address, or none (0): each replay then allocates its own
+            needed = self._workspace_needed(device, m, n, k, batch)
+            workspace = 0 if needed else self._unused_workspace(device).data_ptr()
+            arguments = (m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace, needed or 16)
             native = shim.make_plan(self._run, arguments) if self._run_planned is not None else None
             stored_shape = tuple(out.mT.shape) if spec.layout_c == "col" else tuple(out.shape)
             plan = _CallPlan(
                 device=device.index, dtype=out.dtype, transposed=spec.layout_c == "col", stored_shape=stored_shape,
-                out_template=output_template(stored_shape, out.dtype, device),
+                out_template=output_template(stored_shape, out.dtype, device), workspace_per_call=needed,
                 arguments=arguments, native=native,
                 native_address=ctypes.addressof(native) if native is not None else 0)
         return result, plan
@@ -290,6 +308,7 @@ class _CallPlan:
     transposed: bool
     out_template: object           # kernel.output_template of the stored output: its allocation per call
     arguments: Tuple[int, ...]     # M, N, K, L, the leading dims and batch strides, workspace pointer and bytes
+    workspace_per_call: int = 0    # bytes each replay allocates for its workspace (pointer 0 in `arguments`)
     native: object = None          # the same arguments in the shim's C struct (shim.py), kept alive here
     native_address: int = 0        # its address, passed to the shim per call; 0: use the 20-argument entry
 

@@ -1,12 +1,17 @@
-"""A six-argument C entry point that replays a CUTLASS call plan, so an eager call crosses ctypes cheaply.
+"""A seven-argument C entry point that replays a CUTLASS call plan, so an eager call crosses ctypes cheaply.
 
 Every generated CUTLASS library exports `l2c_<name>_run` with 20 arguments (templates/cutlass/gemm.cu.j2).
 ctypes converts each argument in Python, so one such call costs about 3.7 µs of host time on the CPU machine
 against 0.6 µs for five pointer arguments, and in the `call` protocol that time is on the critical path of
-every small GEMM (torch.matmul's whole launch is about 13 µs on the H200 host). A call plan fixes 15 of the 20
-arguments (sizes, strides, workspace) the first time a call signature is seen; this shim holds them in a C
+every small GEMM (torch.matmul's whole launch is about 13 µs on the H200 host). A call plan fixes 14 of the 20
+arguments (sizes, strides, workspace bytes) the first time a call signature is seen; this shim holds them in a C
 struct together with the entry point's address and forwards them, so a planned call passes only the struct,
-the three operand pointers, the output pointer and the stream.
+the three operand pointers, the output pointer, the call's own workspace and the stream.
+
+A plan whose workspace pointer is NULL takes the workspace passed with each call: kernels that write theirs
+(split-K, stream-K, parallel split-K) get one per call from torch's caching allocator on the call's stream, so
+calls on several streams, or a captured graph beside eager calls, never share one. A plan that holds a pointer
+(a kernel that writes no workspace) ignores the per-call argument.
 
 The shim is C source compiled once per machine with the host C compiler into the build cache (keyed by its
 text and the compiler's path). It does not touch the generated CUTLASS libraries, so no kernel is rebuilt.
@@ -41,12 +46,13 @@ struct l2c_call_plan {
 """
 
 RUN_PLANNED = r"""
-/* The allocating call without a C input: C is D's layout and is not read (beta = 0). */
+/* The allocating call without a C input: C is D's layout and is not read (beta = 0). The plan's workspace, or
+   where it holds none, this call's own. */
 int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b, void const* bias, void* d,
-                    void* stream) {
+                    void* workspace, void* stream) {
   return p->run(a, b, NULL, bias, d, p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
-                p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, p->workspace,
-                p->workspace_bytes, stream);
+                p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d,
+                p->workspace != NULL ? p->workspace : workspace, p->workspace_bytes, stream);
 }
 """
 
@@ -102,20 +108,21 @@ def shim_library() -> Optional[ctypes.CDLL]:
         warnings.warn(f"l2c: CUTLASS kernels keep the 20-argument call (the call-plan shim did not build: {err})")
         return None
     entry = lib.l2c_run_planned
-    entry.argtypes = [ctypes.c_void_p] * 6
+    entry.argtypes = [ctypes.c_void_p] * 7
     entry.restype = ctypes.c_int
     return lib
 
 
 def planned_call():
-    """The shim's `l2c_run_planned(plan, a, b, bias, d, stream)` ctypes function, or None."""
+    """The shim's `l2c_run_planned(plan, a, b, bias, d, workspace, stream)` ctypes function, or None."""
     lib = shim_library()
     return None if lib is None else lib.l2c_run_planned
 
 
 def make_plan(run_function, arguments) -> CallPlanStruct:
     """A plan struct for the 20-argument entry `run_function` (a ctypes function) with `arguments` fixed:
-    (M, N, K, L, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace pointer, workspace bytes)."""
+    (M, N, K, L, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace pointer, workspace bytes); a workspace pointer
+    of 0 makes each call pass its own."""
     if len(arguments) != len(_FIELDS):
         raise ValueError(f"a call plan fixes {len(_FIELDS)} arguments, got {len(arguments)}")
     plan = CallPlanStruct()

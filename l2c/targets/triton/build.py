@@ -94,6 +94,9 @@ class TritonKernel(Kernel):
         if zero is not None:
             zero.zero_()
         compiled = [kernel[grid](*args, **meta) for kernel, grid, args, meta in launches]
+        if key is not None and key not in self._plans and self.spec.split_k_slices > 1:
+            self._plans[key] = None   # its workspace is allocated per call (templates/triton/common.j2)
+            self.plan_refusals[key] = "split-K takes a workspace of its own per call"
         if key is not None and key not in self._plans:
             try:
                 self._plans[key] = _LaunchPlan.make(a, b, bias, out, zero, launches, compiled,
