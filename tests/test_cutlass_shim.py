@@ -121,6 +121,17 @@ def test_a_bound_launcher_passes_this_calls_pointers_and_a_fresh_output(recorder
         _bound_kernel(recorder, 2, 4).launcher("sig")(a, b, bias)
 
 
+def _without_the_shim(kernel, recorder):
+    """Make the bound kernel's plan one made while the shim was missing (native_address 0), whose replay calls the
+    20-argument entry point (the recorder); returns the plan."""
+    plan = kernel._plans["sig"]
+    kernel._plans["sig"] = type(plan)(**{**plan.__dict__, "native": None, "native_address": 0})
+    vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    kernel._run = ctypes.CFUNCTYPE(i32, *[vp] * 5, *[i32] * 4, *[i64] * 8, vp, ctypes.c_size_t, vp)(
+        ctypes.cast(recorder.record, ctypes.c_void_p).value)
+    return plan
+
+
 @pytest.mark.parametrize("shim", [True, False])
 def test_a_plan_without_a_workspace_gives_each_call_its_own(recorder, shim):
     """A kernel that writes a workspace (split-K, stream-K, parallel split-K) keeps no pointer in its plan: each
@@ -129,11 +140,7 @@ def test_a_plan_without_a_workspace_gives_each_call_its_own(recorder, shim):
     import torch
     kernel = _bound_kernel(recorder, 8, 8, workspace_per_call=1040)
     if not shim:
-        plan = kernel._plans["sig"]
-        kernel._plans["sig"] = type(plan)(**{**plan.__dict__, "native": None, "native_address": 0})
-        vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        kernel._run = ctypes.CFUNCTYPE(i32, *[vp] * 5, *[i32] * 4, *[i64] * 8, vp, ctypes.c_size_t, vp)(
-            ctypes.cast(recorder.record, ctypes.c_void_p).value)
+        _without_the_shim(kernel, recorder)
     launch = kernel.launcher("sig")
     a, b = torch.zeros(8, 64, dtype=torch.float16), torch.zeros(64, 8, dtype=torch.float16)
     kept = launch(a, b, None)
@@ -150,11 +157,7 @@ def test_without_the_shim_a_bound_launcher_calls_the_20_argument_entry(recorder)
     entry point, with the plan's fixed arguments in their places."""
     import torch
     kernel = _bound_kernel(recorder, 8, 8)
-    plan = kernel._plans["sig"]
-    kernel._plans["sig"] = type(plan)(**{**plan.__dict__, "native": None, "native_address": 0})
-    vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    kernel._run = ctypes.CFUNCTYPE(i32, *[vp] * 5, *[i32] * 4, *[i64] * 8, vp, ctypes.c_size_t, vp)(
-        ctypes.cast(recorder.record, ctypes.c_void_p).value)
+    plan = _without_the_shim(kernel, recorder)
     launch = kernel.launcher("sig")
     assert not hasattr(launch, "native_plan")                         # nothing for the C++ table to replay
     a, b = torch.zeros(8, 64, dtype=torch.float16), torch.zeros(64, 8, dtype=torch.float16)
