@@ -92,7 +92,8 @@ class GatedMLP(torch.nn.Module):
     def from_hf(cls, mlp: torch.nn.Module) -> "GatedMLP":
         """The same block with `mlp`'s weights (a Hugging Face LlamaMLP, MistralMLP, Qwen2MLP or any module with
         Linear gate_proj, up_proj and down_proj and an act_fn); ValueError for an activation other than SiLU or GELU's
-        tanh form, or projections whose shapes do not make such a block."""
+        tanh form, projections whose shapes do not make such a block, or a forward that computes anything else
+        (`_check_plain_forward`)."""
         gate_proj, up_proj, down_proj = (getattr(mlp, name) for name in GATED_MLP_PARTS)
         gate = gate_of(mlp.act_fn)
         inter, hidden = gate_proj.weight.shape
@@ -100,6 +101,7 @@ class GatedMLP(torch.nn.Module):
             raise ValueError(f"{type(mlp).__name__}: gate_proj {tuple(gate_proj.weight.shape)}, up_proj "
                              f"{tuple(up_proj.weight.shape)} and down_proj {tuple(down_proj.weight.shape)} are not "
                              "the (I, H), (I, H) and (H, I) weights of a gated MLP")
+        _check_plain_forward(mlp)
         weight = gate_proj.weight
         has_bias = gate_proj.bias is not None or up_proj.bias is not None
         # built on the meta device and then given storage: no initialisation of weights about to be overwritten
@@ -143,6 +145,27 @@ def gate_of(act_fn) -> str:
         if isinstance(y, torch.Tensor) and y.shape == x.shape and torch.allclose(y, ref, rtol=1e-6, atol=1e-9):
             return gate
     raise ValueError(f"act_fn {act_fn!r} is neither SiLU nor GELU's tanh form: l2c has no gated epilogue for it")
+
+
+def _check_plain_forward(mlp: torch.nn.Module) -> None:
+    """ValueError unless `mlp(x)` is `down_proj(act_fn(gate_proj(x)) * up_proj(x))` on a probe input: modules with
+    the same parts may add a step (Gemma 3n's activation sparsity, Falcon-H1's multipliers, BitNet's norm before
+    down_proj, clamps, dropout while training) that a GatedMLP would silently drop."""
+    weight = mlp.gate_proj.weight
+    if weight.device.type == "meta":
+        raise ValueError(f"{type(mlp).__name__} has its weights on the meta device: its forward cannot be checked")
+    generator = torch.Generator(device=weight.device).manual_seed(0)
+    x = torch.randn(4, weight.shape[1], generator=generator, device=weight.device, dtype=weight.dtype)
+    try:
+        with torch.no_grad():
+            got = mlp(x)
+            plain = mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    except Exception as err:  # noqa: BLE001 - a forward that takes more than x is not the plain block
+        raise ValueError(f"{type(mlp).__name__}'s forward cannot be checked on one input: {err}") from None
+    if not isinstance(got, torch.Tensor) or got.shape != plain.shape or \
+            not torch.allclose(got.float(), plain.float(), rtol=1e-3, atol=1e-3 * float(plain.abs().max()) + 1e-6):
+        raise ValueError(f"{type(mlp).__name__}'s forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x)): "
+                         "a GatedMLP would change its output")
 
 
 def is_gated_mlp(module: torch.nn.Module) -> bool:

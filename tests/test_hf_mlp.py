@@ -141,3 +141,45 @@ def test_gated_mlp_under_torch_compile_matches_the_hf_block_forward_and_backward
     torch.testing.assert_close(new.gate_up_proj.weight.grad,
                                torch.cat([mlp.gate_proj.weight.grad, mlp.up_proj.weight.grad]), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(new.down_proj.weight.grad, mlp.down_proj.weight.grad, rtol=1e-4, atol=1e-5)
+
+
+class _ScaledMLP(torch.nn.Module):
+    """A gated MLP with Llama's parts whose forward adds a step (Falcon-H1's multipliers): not a GatedMLP."""
+
+    def __init__(self, hidden=64, inter=160):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(hidden, inter, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, inter, bias=False)
+        self.down_proj = torch.nn.Linear(inter, hidden, bias=False)
+        self.act_fn = torch.nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(0.5 * self.gate_proj(x)) * self.up_proj(x)) * 2.0
+
+
+def test_an_mlp_whose_forward_adds_a_step_is_left_as_it_is(caplog):
+    """Modules with the gated MLP's parts but another forward (Gemma 3n's activation sparsity, multipliers, norms)
+    keep their own forward: replace_mlps checks the plain form on a probe input before it swaps."""
+    blocks = [_ScaledMLP()]
+    try:
+        from transformers.models.gemma3n.configuration_gemma3n import Gemma3nTextConfig
+        from transformers.models.gemma3n.modeling_gemma3n import Gemma3nTextMLP
+        config = Gemma3nTextConfig(hidden_size=64, intermediate_size=[128], num_hidden_layers=1,
+                                   activation_sparsity_pattern=[0.95], hidden_activation="gelu_pytorch_tanh")
+        blocks.append(Gemma3nTextMLP(config, 0))
+    except ImportError:   # a transformers without Gemma 3n: the local module alone
+        pass
+    for block in blocks:
+        torch.manual_seed(0)
+        holder = torch.nn.Module()
+        holder.mlp = block.eval()
+        x = torch.randn(4, 64)
+        with torch.no_grad():
+            want = holder.mlp(x)
+        with caplog.at_level(logging.WARNING, logger="l2c.nn"):
+            l2c.nn.replace_mlps(holder)
+        assert type(holder.mlp) is type(block) and "a GatedMLP would change its output" in caplog.text
+        with torch.no_grad():
+            torch.testing.assert_close(holder.mlp(x), want)
+        with pytest.raises(ValueError, match="is not down_proj"):
+            l2c.nn.GatedMLP.from_hf(block)
