@@ -108,6 +108,18 @@ _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (lambda: 
 _functorch_transform = getattr(torch._C._functorch, "peek_interpreter_stack", None) or (lambda: None)
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def autocast_recasts(a) -> bool:
+    """Whether a `torch.autocast` region open for a's device type runs matmuls in another dtype than a's (torch
+    casts, and the result must have torch's dtype)."""
+    if not _any_autocast():
+        return False
+    device = a.device.type
+    return torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != a.dtype
+
+
 def _torch_serves(a, *tensors) -> bool:
     """Calls no tuned kernel may serve, as the C++ call table's `records_grad`, `autocast_recasts` and `own_memory`
     send them here: inside a torch.func transform (vmap's batched tensors and grad's wrappers have no memory of their
@@ -116,12 +128,19 @@ def _torch_serves(a, *tensors) -> bool:
     casts, and the result must have torch's dtype)."""
     if _functorch_transform() is not None:
         return True
-    if _any_autocast():
-        device = a.device.type
-        if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != a.dtype:
-            return True
+    if any(t is not None and type(t) not in _PLAIN_TENSORS for t in (a, *tensors)):
+        return True   # a subclass: a wrapper (DTensor) has no memory to launch on, and torch's op honours the type
+    if autocast_recasts(a):
+        return True
     return _forward_ad._current_level >= 0 and any(
         t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in (a, *tensors))
+
+
+def _out_needs_torch(out, a) -> bool:
+    """An `out=` torch must judge: one that requires grad (torch refuses it), that overlaps itself (a stride 0 across
+    more than one element: torch refuses it), or that is on another device."""
+    return (out.requires_grad and torch.is_grad_enabled()) or out.device != a.device or \
+        any(stride == 0 and size > 1 for stride, size in zip(out.stride(), out.shape))
 
 
 def _graph_needs_torch(activation, out, a, b, bias) -> bool:
@@ -275,7 +294,8 @@ class Dispatcher:
         dtype = _TORCH_DTYPES.get(a.dtype)
         if dtype is None or b.dtype != a.dtype or a.device != b.device:
             return None
-        if bias is not None and (bias.dim() != 1 or bias.dtype != a.dtype or not bias.is_contiguous()):
+        if bias is not None and (bias.dim() != 1 or bias.dtype != a.dtype or not bias.is_contiguous()
+                                 or bias.device != a.device):
             return None
         la, lb = _layout_of(a), _layout_of(b)
         if la is None or lb is None:
@@ -513,6 +533,8 @@ class Dispatcher:
                         result = kernel.call_planned(tensors, a, b, bias)
                     else:
                         result = kernel(a, b, bias=bias, out=out)
+                        if out is not None:   # written in place: autograd must see the new version, as torch's does
+                            torch.autograd.graph.increment_version(out)
                     self._ran.add((tensors, id(kernel)))
                     self.counts["tuned"] += 1
                     return result
@@ -591,7 +613,7 @@ class Dispatcher:
                 return y
         asked = activation
         activation = check_activation(activation)
-        if _graph_needs_torch(activation, out, a, b, bias):
+        if _graph_needs_torch(activation, out, a, b, bias) or (out is not None and _out_needs_torch(out, a)):
             self.counts["fallback"] += 1
             return torch_matmul(a, b, bias, activation, out)
         kernel = self.resolve(a, b, bias, activation, tensors)

@@ -34,9 +34,10 @@ class Linear(torch.nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, activation: Optional[str] = None) -> "Linear":
-        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                  device=linear.weight.device, dtype=linear.weight.dtype, activation=activation)
-        new.load_state_dict(linear.state_dict())
+        """An l2c Linear holding `linear`'s own Parameter objects (tied weights stay tied, frozen ones frozen)."""
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
+                  dtype=linear.weight.dtype, activation=activation)
+        new.weight, new.bias = linear.weight, linear.bias
         return new
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -57,12 +58,12 @@ class Linear(torch.nn.Linear):
 
 
 def replace_linears(module: torch.nn.Module) -> torch.nn.Module:
-    """Swap every `torch.nn.Linear` inside `module` for an `l2c.nn.Linear` with the same weights, in place."""
-    for name, child in module.named_children():
+    """Make every `torch.nn.Linear` inside `module` an `l2c.nn.Linear`, in place: the same module object of the
+    subclass, so its Parameters (tied, frozen or not), hooks and training mode are what they were."""
+    for child in module.modules():
         if type(child) is torch.nn.Linear:
-            setattr(module, name, Linear.from_linear(child))
-        else:
-            replace_linears(child)
+            child.__class__ = Linear
+            child.activation = None
     return module
 
 

@@ -130,7 +130,8 @@ def _generic(spec_text: str, target: str) -> str:
     from .knobs import ANY
     from .parser import parse_one
     spec = parse_one(spec_text, file="<tuned table>")
-    return spec.replace(target=target, problem_m=ANY, problem_n=ANY, problem_k=ANY, epilogue_bias="none",
+    return spec.replace(target=target, problem_m=ANY, problem_n=ANY, problem_k=ANY, epilogue_alpha=1.0,
+                        epilogue_beta=0.0, types_c=spec.types_a, epilogue_bias="none",
                         epilogue_activation="none").to_l2()
 
 

@@ -116,6 +116,10 @@ def _python_path(dispatcher, a, b, bias, activation, out, residual):
                 dispatcher.counts["fallback"] += 1
             return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
     if _is_compiling():
+        if dispatch.autocast_recasts(a):   # traced as torch's op, which autocast casts (the custom op would not)
+            if residual is not None:
+                return torch_residual(a, b, bias, residual)
+            return torch_matmul(a, b, bias, check_activation(activation), out)
         if out is None and a.dim() == 2 and b.dim() == 2:
             if residual is not None:
                 if check_activation(activation) != "none":

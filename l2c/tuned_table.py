@@ -371,9 +371,10 @@ def served_spec(entry: TunedEntry, m: int, has_bias: bool, activation: str, resi
     spec = parse_one(entry.spec_text, file="<tuned table>")
     if spec.problem_m != m:
         spec = spec.replace(problem_m=ANY)
-    if residual:
-        spec = spec.replace(epilogue_beta=1.0)
-    return spec.replace(epilogue_bias="col" if has_bias else "none", epilogue_activation=activation,
+    # what torch.matmul computes, whatever the entry's own spec scales or stores: alpha 1, C only as the residual,
+    # the operands' type out
+    return spec.replace(epilogue_alpha=1.0, epilogue_beta=1.0 if residual else 0.0, types_c=spec.types_a,
+                        epilogue_bias="col" if has_bias else "none", epilogue_activation=activation,
                         epilogue_gate=entry.gate)
 
 

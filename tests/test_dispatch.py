@@ -733,3 +733,91 @@ def test_importing_the_dispatcher_asks_for_the_toolchains_off_the_calling_thread
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.split() == ["1", "1", "1"], done.stdout + done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_served_out_is_written_as_torch_writes_it():
+    """`out=` at a served shape: autograd sees the write (a tensor saved for backward then fails backward, as with
+    torch); an out that requires grad, overlaps itself or lives elsewhere goes to torch, which refuses it."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    buf = torch.zeros(32, 48, dtype=torch.float16)
+    p = torch.ones(32, 48, dtype=torch.float16, requires_grad=True)
+    z = (p * buf).sum()
+    assert l2c.matmul(a, w.t(), out=buf) is buf and dispatcher.stats["tuned"] == 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
+    for bad in (torch.empty(32, 48, dtype=torch.float16, requires_grad=True),
+                torch.empty(1, 48, dtype=torch.float16).expand(32, 48)):
+        with pytest.raises(RuntimeError):
+            torch.matmul(a, w.t(), out=bad)
+        with pytest.raises(RuntimeError):
+            l2c.matmul(a, w.t(), out=bad)
+    assert dispatcher.stats["tuned"] == 1
+    set_tuned_table(None)
+
+
+def test_operands_of_a_tensor_subclass_are_torchs():
+    """A subclass (a wrapper such as DTensor has no memory of its own to launch on; torch's op honours the type) is
+    served by torch, with torch's result and type, at a shape a kernel serves."""
+    class Tagged(torch.Tensor):
+        pass
+
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    tagged = a.as_subclass(Tagged)
+    y = l2c.matmul(tagged, w.t())
+    assert type(y) is Tagged and torch.equal(y.as_subclass(torch.Tensor), torch.matmul(a, w.t()))
+    assert dispatcher.stats == {"tuned": 0, "fallback": 1}
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats["tuned"] == 1
+    set_tuned_table(None)
+
+
+def test_an_entry_serves_plain_calls_with_the_plain_epilogue_and_the_operands_type():
+    """A table entry whose own spec scales (alpha), reads C or stores another type serves `a @ b` as torch computes
+    it: the served spec is the plain one."""
+    from l2c.tuned_table import served_spec
+    odd = KernelSpec(name="odd", problem_m=32, problem_n=48, problem_k=40, tile_m=16, tile_n=16, tile_k=16,
+                     layout_b="col", swizzle_group=1, launch_warps=4, epilogue_alpha=2.0, epilogue_beta=0.5,
+                     types_c="f32")
+    spec = served_spec(entry(32, 48, 40, spec=odd), 32, False, "none")
+    assert (spec.epilogue_alpha, spec.epilogue_beta, spec.types_c) == (1.0, 0.0, "f16")
+    assert served_spec(entry(32, 48, 40, spec=odd), 32, False, "none", residual=True).epilogue_beta == 1.0
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40, spec=odd)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    y = l2c.matmul(a, w.t())
+    assert dispatcher.stats["tuned"] == 1 and y.dtype == torch.float16
+    torch.testing.assert_close(y.float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    set_tuned_table(None)
+
+
+def test_replace_linears_keeps_the_modules_parameters_and_hooks():
+    """The swap changes only the class: tied weights stay one Parameter, frozen ones frozen, hooks still run."""
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10, bias=False), torch.nn.Linear(8, 8))
+    model[1].weight = model[0].weight                    # tied, as a language model's head and embedding
+    model[2].requires_grad_(False)
+    seen = []
+    model[2].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    l2c.nn.replace_linears(model)
+    assert type(model[1]) is l2c.nn.Linear and type(model[2]) is l2c.nn.Linear
+    assert model[1].weight is model[0].weight and not model[2].weight.requires_grad
+    model[2](torch.randn(3, 8))
+    assert seen == [torch.Size([3, 8])]
+    copy = l2c.nn.Linear.from_linear(torch.nn.Linear(8, 8).requires_grad_(False))
+    assert not copy.weight.requires_grad and copy.weight.device.type == "cpu"
+
+
+def test_autocast_to_another_dtype_is_torchs_in_a_compiled_graph_too():
+    """torch.compile traces l2c.matmul as torch's op where autocast would cast (the custom op would run in the
+    operands' dtype): the compiled result has autocast's dtype, as eager l2c and torch do."""
+    torch._dynamo.reset()
+    set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    f = torch.compile(lambda x, y: l2c.matmul(x, y.t()), backend="aot_eager")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, expect = f(a, w), torch.matmul(a, w.t())
+    assert y.dtype == expect.dtype == torch.bfloat16
+    torch.testing.assert_close(y, expect)
+    assert f(a, w).dtype == torch.float16
+    set_tuned_table(None)
+    torch._dynamo.reset()

@@ -258,6 +258,9 @@ class CutlassKernel(Kernel):
                 raise ValueError("bias must be contiguous and 16-byte aligned")
         elif bias is not None:
             raise ValueError("this kernel has no bias epilogue; `bias` must be None")
+        for name, t in (("b", b), ("c", c), ("bias", bias), ("out", out)):
+            if t is not None and t.device != a.device:
+                raise ValueError(f"`{name}` is on {t.device} and `a` on {a.device}: one device, as torch requires")
         if m == 0 or n == 0:
             return out, None
         if k == 0:

@@ -48,7 +48,7 @@ class TritonKernel(Kernel):
         super().__init__(valid, source)
         self.module = module
         self.path = path
-        self._launch = module.launch
+        self._module_launch = module.launch
         self._plans: Dict[tuple, Optional[_LaunchPlan]] = {}   # call signature -> plan (None: not replayable)
         self.plan_refusals: Dict[tuple, str] = {}               # call signature -> why it has no plan
 
@@ -60,6 +60,14 @@ class TritonKernel(Kernel):
             return self._launch(a, b, c, bias, out)
         return self.call_planned(call_signature(a, b, bias), a, b, bias)
 
+    def _launch(self, a, b, c, bias, out):
+        """The module's checked launch on a's device: Triton launches on the current device and its stream, so a call
+        on another device's tensors runs with that device made current, as torch's own ops do."""
+        if getattr(a, "is_cuda", False) and a.get_device() != _get_device():
+            with torch.cuda.device(a.device):
+                return self._module_launch(a, b, c, bias, out)
+        return self._module_launch(a, b, c, bias, out)
+
     def call_planned(self, key, a, b, bias=None):
         """The allocating call with its call signature `key` already computed (see Kernel.call_planned)."""
         if not PLANS or _KNOBS is None or launch_hook_set() or not getattr(a, "is_cuda", False):
@@ -69,6 +77,9 @@ class TritonKernel(Kernel):
             pbias = bias.data_ptr() if bias is not None else 0
             if not ((a.data_ptr() | b.data_ptr() | pbias) & 15) and _get_device() == plan.device:
                 return plan.replay(a, b, bias, _get_stream(plan.device))
+        if a.get_device() != _get_device():   # planned and launched with a's device current (see `_launch`)
+            with torch.cuda.device(a.device):
+                return self.call_planned(key, a, b, bias)
         return self._planning_call(key, a, b, bias)
 
     def launcher(self, key):
