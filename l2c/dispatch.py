@@ -538,7 +538,7 @@ class Dispatcher:
                     self._ran.add((tensors, id(kernel)))
                     self.counts["tuned"] += 1
                     return result
-                except ValueError as err:
+                except (ValueError, torch.OutOfMemoryError) as err:   # no memory for its workspace: torch may need none
                     log.debug("tuned kernel declined the call (%s); falling back", err)
         self.counts["fallback"] += 1
         return None
@@ -558,7 +558,8 @@ class Dispatcher:
             return None
         try:
             y = launch(a, b, bias)
-        except ValueError as err:   # this call only (e.g. a misaligned pointer): the full path decides
+        except (ValueError, torch.OutOfMemoryError) as err:   # this call only (a misaligned pointer, no memory for
+            # a workspace): the full path decides
             log.debug("tuned kernel declined the call (%s)", err)
             return None
         if y is not None:

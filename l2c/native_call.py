@@ -372,7 +372,11 @@ class CallTable {
     at::Tensor workspace;
     void* workspace_pointer = p->workspace;
     if (workspace_pointer == nullptr) {
-      workspace = at::empty({static_cast<int64_t>(p->workspace_bytes)}, a.options().dtype(at::kByte));
+      try {
+        workspace = at::empty({static_cast<int64_t>(p->workspace_bytes)}, a.options().dtype(at::kByte));
+      } catch (c10::OutOfMemoryError const&) {
+        return c10::nullopt;   // the Python path decides (torch's op may need no workspace)
+      }
       workspace_pointer = workspace.data_ptr();
     }
     int status = p->run(a.data_ptr(), b.data_ptr(), nullptr, bias.has_value() ? bias->data_ptr() : nullptr,
