@@ -133,6 +133,29 @@ def test_kernel_protocol_rotates_buffers_and_times_both_sides_alike(kernel):
         b / c for c, b in zip(t.candidate_samples, t.baseline_samples)))
 
 
+def test_torch_writes_into_out_only_where_its_op_takes_out():
+    """A kernel with an epilogue writes into the preallocated output; torch's side then allocates its result, as an
+    eager user's epilogue does, rather than adding a copy into `out` that only its side would pay. A plain GEMM is
+    torch.matmul(out=) on both sides."""
+    epilogue = """
+kernel biased {
+  target   triton
+  problem  m=any n=any k=any
+  types    a=f16 b=f16 c=f16 acc=f32
+  tile     m=16 n=16 k=16
+  swizzle  group=1
+  epilogue bias=col activation=relu
+}
+"""
+    for text, problem, torch_out in ((TINY, Problem(16, 16, 16), True),
+                                     (epilogue, Problem(16, 16, 16, bias="col", activation="relu"), False)):
+        log = []
+        cand, base = _sides(build(validate(parse_one(text), "triton")), problem, log)
+        measure_kernel(cand, base, problem, CpuDevice(l2_bytes=2 * problem.footprint_bytes()), reps=2, warmup=1)
+        assert all(given for side, *_, given in log if side == "candidate")
+        assert {given for side, *_, given in log if side == "baseline"} == {torch_out}
+
+
 def test_kernel_apart_launches_a_torch_kernel_before_every_timed_launch_and_takes_its_time_off(kernel):
     """`kernel_apart`: each launch of either side follows torch's one-element add, and a batch of those adds alone
     is timed in every repetition and taken off both sides (counted here with torch's profiler on the CPU)."""
