@@ -84,14 +84,22 @@ class Settings:
         return dict(self.__dict__)
 
 
+def _problem_kind(cand: Candidate) -> Tuple[str, str]:
+    """(dtype, layouts) of the problem a candidate is measured on (a row's `dtype` and `layout`)."""
+    spec = cand.spec
+    if spec is None:
+        return "f16", "row,row,row"
+    return spec.types_a, f"{spec.layout_a},{spec.layout_b},{spec.layout_c}"
+
+
 def _base_row(cand: Candidate, shape: Shape, protocol: str, device) -> Dict[str, object]:
     spec = cand.spec
+    dtype, layout = _problem_kind(cand)
     row = {
         "type": "result", "kernel": cand.id, "name": cand.name, "source": cand.source, "target": cand.target,
         "m": shape.m, "n": shape.n, "k": shape.k, "batch": shape.batch, "shape_label": shape.label,
         "flops": shape.flops, "bucket": bucket(shape.flops), "protocol": protocol, "device": device.kind,
-        "dtype": spec.types_a if spec is not None else "f16",
-        "layout": f"{spec.layout_a},{spec.layout_b},{spec.layout_c}" if spec is not None else "row,row,row",
+        "dtype": dtype, "layout": layout,
     }
     if cand.build_id:
         row["build_id"] = cand.build_id
@@ -177,7 +185,10 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
 
 def pending(cand: Candidate, shape: Shape, protocols: List[str], done: Set[Tuple]) -> List[str]:
     """The protocols of (candidate, shape) that have no row yet."""
-    return [p for p in protocols if (cand.id, shape.m, shape.n, shape.k, shape.batch, p) not in done]
+    dtype, layout = _problem_kind(cand)
+    gate = cand.spec.epilogue_gate if cand.spec is not None else "none"
+    return [p for p in protocols
+            if (cand.id, shape.m, shape.n, shape.k, shape.batch, p, dtype, layout, gate) not in done]
 
 
 def remaining_shapes(shapes: List[Shape], jobs: Dict, protocols: List[str], done: Set[Tuple]) -> List[Shape]:

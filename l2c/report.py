@@ -120,7 +120,8 @@ def load_results(*paths) -> Results:
         envs += [r for r in rows if r.get("type") == "env"]
         for r in rows:
             if r.get("type") == "result":
-                key = (table_or_kernel(r), r["protocol"], r["m"], r["n"], r["k"], r.get("batch", 1))
+                key = (table_or_kernel(r), r["protocol"], r["m"], r["n"], r["k"], r.get("batch", 1), r.get("dtype"),
+                       r.get("layout"), r.get("gate", "none"))
                 by_key.pop(key, None)      # re-inserted: the row keeps the later file's position
                 by_key[key] = r
     return Results(envs, list(by_key.values()))
@@ -139,7 +140,8 @@ def best_of(results: Results) -> Dict[str, List[Point]]:
     per: Dict[Tuple[str, Tuple[int, int, int, int]], List[Point]] = {}
     for r in results.rows:
         if r.get("status") == "ok" and r["kernel"] != "torch":
-            key = (r["protocol"], (r["m"], r["n"], r["k"], r.get("batch", 1)))
+            key = (r["protocol"], (r["m"], r["n"], r["k"], r.get("batch", 1), r.get("dtype"), r.get("layout"),
+                                   r.get("gate", "none")))
             per.setdefault(key, []).extend(points_of([r]))
     if not any(len({p.kernel for p in pts}) > 1 for pts in per.values()):
         return {}

@@ -80,7 +80,10 @@ def environment(device, protocols: List[str], command: str, settings: Dict[str, 
 
 
 def row_key(row: Dict[str, object]) -> Tuple:
-    return (row["kernel"], row["m"], row["n"], row["k"], row.get("batch", 1), row["protocol"])
+    """What one row measured: the kernel, the shape, the protocol and the problem's dtype, layouts and gate (one
+    candidate id, such as `dispatch:TABLE`, is measured in several dtypes)."""
+    return (row["kernel"], row["m"], row["n"], row["k"], row.get("batch", 1), row["protocol"], row.get("dtype"),
+            row.get("layout"), row.get("gate", "none"))
 
 
 def read_rows(path: str | Path, repair: bool = False) -> List[Dict[str, object]]:

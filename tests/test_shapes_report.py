@@ -222,3 +222,16 @@ def test_roofline_rows_are_summarized_and_plotted_against_m(tmp_path, capsys):
     written = write_plots(results, tmp_path / "plots")
     roof = [p for p in written if p.name.endswith("_roofline_vs_m.png")]
     assert len(roof) == 1 and roof[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_of_one_kernel_in_two_dtypes_or_layouts_are_two_points(tmp_path):
+    """One candidate id (`dispatch:TABLE`) is measured in several dtypes and layouts: a bf16 row never replaces the
+    f16 row of the same shape, in one file or across files, nor does another layout's."""
+    from l2c.results_file import row_key
+    f16, bf16 = _row("dispatch:t", 64, 64, 64, 1.2), {**_row("dispatch:t", 64, 64, 64, 0.9), "dtype": "bf16"}
+    nn = {**_row("dispatch:t", 64, 64, 64, 1.1), "layout": "row,col,row"}
+    assert len({row_key(r) for r in (f16, bf16, nn)}) == 3
+    one, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write(one, [f16, nn])
+    _write(other, [bf16])
+    assert sorted(r["speedup"] for r in load_results(one, other).rows) == [0.9, 1.1, 1.2]
