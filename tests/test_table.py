@@ -698,3 +698,34 @@ def test_near_is_a_flag_of_cells_only():
     for bad in (dict(base, near=True), dict(cell, near="yes"), dict(base, m_range=[4, 6], near=True)):
         with pytest.raises(ValueError, match="near"):
             entry_from_row(bad)
+
+
+def test_a_spec_measured_twice_at_a_shape_counts_at_its_slower_figure():
+    """Single-protocol tables choose among specs by each one's worst row at a shape, as every other rule does: a
+    lucky re-measurement never makes an entry of a spec that also lost there."""
+    from l2c.commands.table import best_rows
+
+    def row(spec, speedup):
+        return {"type": "result", "status": "ok", "protocol": "kernel", "kernel": spec, "spec": spec, "m": 64,
+                "n": 64, "k": 64, "dtype": "f16", "layout": "row,row,row", "speedup": speedup}
+    rows = [row("kernel a {}", 1.08), row("kernel a {}", 0.95), row("kernel b {}", 1.04)]
+    [best] = best_rows(rows, "kernel", 1.03)
+    assert (best["spec"], best["speedup"]) == ("kernel b {}", 1.04)
+    assert best_rows(rows[:2], "kernel", 1.03) == []
+
+
+def test_a_token_count_range_never_spans_an_m_whose_row_failed():
+    """An M whose measurement failed (an error or a failed check, in any protocol) is no win: it breaks a run of wins
+    as a loss does, so no range serves it, whatever the other protocol's row says there."""
+    from l2c.commands.table import combined_rows, range_rows
+    spec = "kernel g {\n  target triton\n  problem m=any n=64 k=64\n}\n"
+
+    def row(m, protocol, speedup=1.2, status="ok"):
+        return {"type": "result", "status": status, "protocol": protocol, "kernel": "g", "spec": spec, "m": m,
+                "n": 64, "k": 64, "dtype": "f16", "layout": "row,row,row", "speedup": speedup}
+    wins = [(m, p) for m in (8, 16, 32, 128, 256, 512) for p in ("kernel", "call")]
+    single = [row(m, "kernel") for m, p in wins if p == "kernel"] + [row(64, "kernel", None, "error")]
+    both = [row(m, p) for m, p in wins] + [row(64, "kernel"), row(64, "call", None, "error")]
+    for made in (range_rows(single, "kernel", 1.03),
+                 range_rows(combined_rows(both, ["kernel", "call"], 1.03, {}), "kernel,call", 1.03)):
+        assert made and all(not lo <= 64 <= hi for _, lo, hi, _ in made)

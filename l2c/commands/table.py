@@ -198,11 +198,12 @@ def shape_key(row) -> tuple:
 
 def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape: bool = False, cache=None,
               admit=None):
-    """The best verified non-torch row per (shape, dtype, layout), chosen by charged speedup, if its speedup is
+    """The best verified non-torch row per (shape, dtype, layout), chosen by charged speedup among each spec's worst
+    row there (a spec measured twice counts at its slower figure, as in every other rule), if its speedup is
     at least `min_speedup` and its charged speedup at least 1 (no charges: the two are the same); with
     `every_shape`, each shape's best whatever its speedup. `cache`: spec_text's, to share the .l2/.json files
     already read. `admit(row)`, when given, decides which rows are candidates at all (--confirmed-by)."""
-    best, charges = {}, charges or {}
+    worst, best, charges = {}, {}, charges or {}
     cache = {} if cache is None else cache
     for r in rows:
         if r.get("type") != "result" or r.get("status") != "ok" or r.get("protocol") != protocol:
@@ -215,6 +216,10 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
         if admit is not None and not admit(r):
             continue
         r["charged_speedup"] = charged_speedup(r, charges)
+        key = (shape_key(r), r["spec"])   # a spec measured more than once at a shape counts at its worst
+        if key not in worst or r["charged_speedup"] < worst[key]["charged_speedup"]:
+            worst[key] = r
+    for r in worst.values():
         key = shape_key(r)
         if key not in best or r["charged_speedup"] > best[key]["charged_speedup"]:
             best[key] = r
@@ -244,25 +249,29 @@ def combined_rows(rows, protocols, min_speedup: float, cache):
     """One row per (shape, spec) measured in every protocol of `protocols`, in the protocol named by all of them
     joined: its figures are the first protocol's worst row, `speedups` each protocol's worst speedup. A candidate
     slower than torch in any protocol, or winning by the margin in none, gets a speedup below 1 (a measured loss)."""
-    worst = {}
+    worst, failed = {}, set()
     for r in rows:
         if r.get("type") != "result" or r.get("protocol") not in protocols or r.get("kernel") == "torch":
             continue
         text = spec_text(r, cache)
-        if not text or r.get("status") != "ok" or r.get("speedup") is None:
+        if not text:
             continue
-        slot = worst.setdefault((*shape_key(r), text), {})
+        key = (*shape_key(r), text)
+        if r.get("status") != "ok" or r.get("speedup") is None:
+            failed.add(key)
+            continue
+        slot = worst.setdefault(key, {})
         p = r["protocol"]
         if p not in slot or r["speedup"] < slot[p]["speedup"]:
             slot[p] = dict(r, spec=text)
     joined = ",".join(protocols)
     out = []
-    for slot in worst.values():
-        if len(slot) != len(protocols):
-            continue
-        speedups = {p: slot[p]["speedup"] for p in protocols}
-        won = min(speedups.values()) >= 1.0 and max(speedups.values()) >= min_speedup
-        first = slot[protocols[0]]
+    for key, slot in worst.items():
+        speedups = {p: slot[p]["speedup"] for p in protocols if p in slot}
+        # a protocol without a figure (its row failed) is no win: the shape stays measured, as a loss
+        won = len(speedups) == len(protocols) and key not in failed and min(speedups.values()) >= 1.0 and \
+            max(speedups.values()) >= min_speedup
+        first = next(slot[p] for p in protocols if p in slot)
         speedup = first["speedup"] if won else min(0.999, *speedups.values())
         out.append(dict(first, protocol=joined, speedup=speedup, speedups=speedups))
     for r in rows:   # torch's rows: the M they measured still bound the token-count ranges
@@ -283,11 +292,11 @@ def range_rows(rows, protocol: str, min_speedup: float, cache=None, admit=None):
     cache = {} if cache is None else cache
     measured, by_spec = {}, {}
     for r in rows:
-        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
+        if r.get("type") != "result" or r.get("protocol") != protocol:
             continue
         group = shape_key(r)[1:]
-        measured.setdefault(group, set()).add(r["m"])
-        if r.get("kernel") == "torch" or r.get("speedup") is None:
+        measured.setdefault(group, set()).add(r["m"])   # a failed row too: its M breaks every run it would join
+        if r.get("status") != "ok" or r.get("kernel") == "torch" or r.get("speedup") is None:
             continue
         text = spec_text(r, cache)
         if not text or _problem_m(text) != "any":
