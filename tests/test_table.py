@@ -625,6 +625,20 @@ def test_near_points_take_online_tunings_timings_as_wins_from_its_margin():
     assert timed_win["candidate_tflops"] == timed_win["baseline_tflops"] * NEAR_TIMED_MARGIN
 
 
+def test_near_points_of_a_two_protocol_table_take_timings_of_cutlass_candidates_only():
+    """Online tuning times device time only: in a `kernel,call` table it stands for an eager call only where the C++
+    call table launches the kernel (CUTLASS); a Triton candidate's timing is no win there."""
+    from l2c.commands.table import measured_points
+    g, w = (KernelSpec(name=name, tile_m=16, tile_n=16).to_l2() for name in "gw")
+    h = KernelSpec(name="h", target="cutlass", tile_m=64, tile_n=16).to_l2()
+    rows = [dict(_at("g", 1, 64, 64, 1.2, g), online_timings={h: 1.1, w: 1.1}),
+            dict(_at("g", 1, 64, 64, 1.2, g), protocol="call")]
+    (points,) = measured_points(rows, ["kernel", "call"], 1.03).values()
+    assert set(points[1, 64, 64]) == {g, h}
+    (points,) = measured_points(rows[:1], ["kernel"], 1.03).values()
+    assert set(points[1, 64, 64]) == {g, h, w}
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from([8, 16, 64, 128]), st.sampled_from([8, 16, 32, 64, 128]), st.sampled_from([1, 2, 4]),
        st.sampled_from([(1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (2, 2)]), st.integers(1, 20000),

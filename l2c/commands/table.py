@@ -489,6 +489,9 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
         for text, speedup in (r.get("online_timings") or {}).items():
             if kernels is None or speedup < NEAR_TIMED_MARGIN or _cell_tiling(text) is None:
                 continue
+            if len(protocols) > 1 and _spec(text).target != "cutlass":
+                continue   # device time stands for an eager call only where the C++ call table launches the kernel
+            # (CUTLASS); a Triton launch is Python's, and Triton winners lost eager calls (sessions 26-28)
             if text not in kernels or speedup < kernels[text]["speedup"]:   # its own figures, device time only
                 kernels[text] = dict({k: v for k, v in r.items() if k != "speedups"}, spec=text,
                                      target=_spec(text).target, speedup=speedup, speedups={"kernel": speedup},
