@@ -743,3 +743,17 @@ def test_a_token_count_range_never_spans_an_m_whose_row_failed():
     for made in (range_rows(single, "kernel", 1.03),
                  range_rows(combined_rows(both, ["kernel", "call"], 1.03, {}), "kernel,call", 1.03)):
         assert made and all(not lo <= 64 <= hi for _, lo, hi, _ in made)
+
+
+def test_a_row_of_a_table_file_names_the_spec_of_its_own_dtype(tmp_path):
+    """A table holds one spec name in several dtypes (an f16 and a bf16 kernel of one tiling): a row of
+    `l2c bench TABLE.json` is the spec of its own dtype and layouts, never the other's."""
+    from l2c.commands.table import spec_text
+    f16 = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    bf16 = KernelSpec(name="g", tile_m=16, tile_n=16, types_a="bf16", types_b="bf16", types_c="bf16").to_l2()
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"entries": [{"spec": f16}, {"spec": bf16}]}))
+    row = {"source": str(table), "name": "g", "layout": "row,row,row"}
+    assert spec_text(dict(row, dtype="bf16"), {}) == bf16
+    assert spec_text(dict(row, dtype="f16"), {}) == f16
+    assert spec_text(dict(row, dtype="f32"), {}) == ""

@@ -178,15 +178,24 @@ def spec_text(row, cache) -> str:
         try:
             if source.endswith(".l2"):
                 cache[source] = {s.name: s.to_l2() for s in parse_file(source)}
-            elif source.endswith(".json"):
+            elif source.endswith(".json"):   # a table: one name may stand for specs of several dtypes or layouts
                 from ..parser import parse_one
                 entries = json.loads(Path(source).read_text()).get("entries", [])
-                cache[source] = {parse_one(e["spec"]).name: e["spec"] for e in entries}
+                by_name: dict = {}
+                for e in entries:
+                    spec = parse_one(e["spec"])
+                    problem = (spec.types_a, f"{spec.layout_a},{spec.layout_b},{spec.layout_c}")
+                    by_name.setdefault(spec.name, {})[problem] = e["spec"]
+                cache[source] = {name: texts if len(texts) > 1 else next(iter(texts.values()))
+                                 for name, texts in by_name.items()}
             else:
                 cache[source] = {}
         except (L2Error, OSError, ValueError, KeyError):
             cache[source] = {}
-    return cache[source].get(row.get("name"), "")
+    found = cache[source].get(row.get("name"), "")
+    if isinstance(found, dict):   # the spec of the row's own dtype and layouts, or none
+        found = found.get((row.get("dtype"), row.get("layout")), "")
+    return found
 
 
 def shape_key(row) -> tuple:
