@@ -65,7 +65,10 @@ def measure_ceilings(device, dtypes=("f16", "bf16"), reps: int = 10) -> Optional
 
 
 def roofline_fields(problem: Problem, timing: Timing, ceilings: Ceilings) -> Dict[str, object]:
-    """Fraction of the roofline each side reached in a `kernel` measurement (1.0: at the floor)."""
+    """Fraction of the roofline each side reached in a `kernel` measurement (1.0: at the floor); none for a dtype
+    whose dense rate the run did not measure (f32)."""
+    if problem.dtype not in ceilings.dense_flops_per_s:
+        return {}
     floor = ceilings.roofline_s(problem)
     return {"roofline_s": floor, "bytes": problem.footprint_bytes(),
             "roofline_fraction": floor / timing.candidate_s if timing.candidate_s > 0 else None,

@@ -358,3 +358,14 @@ def test_cold_rotation_reads_every_operand_from_memory():
     assert fields["roofline_fraction"] == pytest.approx(0.5) and fields["baseline_roofline_fraction"] == pytest.approx(0.25)
     big = Problem(8192, 8192, 8192)                       # compute-bound: the dense rate sets the floor
     assert ceilings.roofline_s(big) == pytest.approx(2 * 8192 ** 3 / 800e12)
+    single = Problem(64, 64, 64, dtype="f32")             # no dense rate measured for it: no fraction, no error
+    assert roofline_fields(single, type("T", (), {"candidate_s": 1.0, "baseline_s": 1.0})(), ceilings) == {}
+
+
+def test_roofline_without_rotation_is_refused(tmp_path):
+    """--roofline counts every operand byte as read from HBM: with --no-rotate the weights would stay in L2, so the
+    combination is refused before anything runs."""
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("8 8 8\n")
+    done = l2c("bench", "torch", "--shapes", shapes, "--roofline", "--no-rotate", "-o", tmp_path / "r.jsonl", *FAST)
+    assert done.returncode == 2 and "--no-rotate" in done.stderr and "Traceback" not in done.stderr

@@ -117,6 +117,9 @@ def run(args) -> int:
     except (ShapeFileError, BenchError) as err:
         raise UsageError(str(err)) from None
 
+    if args.roofline and args.no_rotate:
+        raise UsageError("--roofline measures each call against HBM: it needs the rotated operands that keep them "
+                         "out of L2 (drop --no-rotate)")
     warmup_s = args.warmup_seconds if args.warmup_seconds is not None else (3.0 if device.kind == "cuda" else 0.0)
     settings = Settings(protocols, reps=args.reps, iters=args.iters, warmup=args.warmup, rate=args.rate,
                         seed=args.seed, graphs=not args.no_graphs, rotate=not args.no_rotate, warmup_s=warmup_s,
