@@ -13,7 +13,7 @@ import math
 import statistics
 import sys
 
-from l2c.results_file import read_rows
+from l2c.results_file import read_rows, row_key
 
 NAMES = {"f16": "fp16", "bf16": "bf16"}
 
@@ -29,8 +29,17 @@ def figures(rows):
 
 
 def summary(paths):
-    rows = [r for p in paths for r in read_rows(p)
-            if r.get("type") == "result" and r.get("status") == "ok" and "roofline_fraction" in r]
+    """Per dtype, over the `kernel` rows of l2c's candidates (not torch's A/A rows): a shape measured twice counts its
+    later row, and a shape whose latest row failed or has no fraction is counted apart (`failed`), never dropped
+    silently."""
+    latest = {}
+    for p in paths:
+        for r in read_rows(p):
+            if r.get("type") == "result" and r.get("kernel") != "torch" and r.get("protocol") == "kernel":
+                latest[row_key(r)] = r
+    rows = [r for r in latest.values() if r.get("status") == "ok" and r.get("roofline_fraction") is not None
+            and r.get("baseline_roofline_fraction") is not None]
+    failed = [r for r in latest.values() if r not in rows]
     out = {"gpu": next((r.get("gpu") for p in paths for r in read_rows(p) if r.get("type") == "env"), None),
            "protocol": "kernel (CUDA-graph replay, cold weights: each call reads its weight from HBM), through "
                        "l2c.nn.Linear's path against F.linear's cuBLAS call",
@@ -47,6 +56,7 @@ def summary(paths):
             figures(mine), served_by_a_tuned_kernel=figures(served),
             served_by_torch=figures([r for r in mine if r.get("served_by") in (None, "torch")]),
             below_0_97=sum(r["speedup"] < 0.97 for r in mine),
+            failed=sum(r.get("dtype") == dtype for r in failed),
             geomean_speedup_by_m={str(m): round(math.exp(statistics.fmean(v)), 4) for m, v in sorted(by_m.items())})
     return out
 
