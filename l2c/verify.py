@@ -311,12 +311,18 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
         need = memory_needed(spec, m, n, k, batch)
         raise MemoryError(f"cannot allocate the inputs of a {m}x{n}x{k} problem (about {need / 2 ** 30:.3g} GiB "
                           f"to verify it) on {device}") from None
+    out, guards = _guarded(out)
+    inputs = {name: t for name, t in (("a", a), ("b", b), ("c", c), ("bias", bias)) if t is not None}
+    originals = {name: t.clone() for name, t in inputs.items()}
     try:
         returned = kernel(a, b, c=c, bias=bias, out=out)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as err:  # noqa: BLE001 - a kernel that raises is a failed candidate
         return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}")
+    wrote_elsewhere = _wrote_elsewhere(inputs, originals, guards)
+    if wrote_elsewhere:
+        return VerifyResult(False, math.inf, tol, wrote_elsewhere)
     if returned is not out:
         return VerifyResult(False, math.inf, tol, "kernel did not return the `out` tensor it was given")
     if out.numel() == 0:
@@ -358,8 +364,37 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
     result = check(out, "")
     if result.ok and c is None and allocating_calls:
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-        return check_allocating_calls(kernel, a, b, bias, out, tol, check, sync) or result
+        result = check_allocating_calls(kernel, a, b, bias, out, tol, check, sync) or result
+        wrote_elsewhere = _wrote_elsewhere(inputs, originals, guards)
+        if result.ok and wrote_elsewhere:
+            return VerifyResult(False, math.inf, tol, wrote_elsewhere + " (the calls allocating their output)")
     return result
+
+
+# Elements of NaN on each side of the verified output: a kernel that stores past its output's ends changes them.
+# 256 keeps the output's start 512-byte aligned for every output type, as an allocation of its own is.
+GUARD_ELEMENTS = 256
+
+
+def _guarded(out: torch.Tensor):
+    """`out` (NaN, its layout) carved from the middle of a NaN buffer with GUARD_ELEMENTS on each side; (out, the two
+    guards)."""
+    col = out.stride(-1) != 1 and out.dim() >= 2
+    stored = out.transpose(-1, -2) if col else out
+    buffer = torch.full((stored.numel() + 2 * GUARD_ELEMENTS,), float("nan"), dtype=out.dtype, device=out.device)
+    inner = buffer[GUARD_ELEMENTS:GUARD_ELEMENTS + stored.numel()].view(stored.shape)
+    guarded = inner.transpose(-1, -2) if col else inner
+    return guarded, (buffer[:GUARD_ELEMENTS], buffer[GUARD_ELEMENTS + stored.numel():])
+
+
+def _wrote_elsewhere(inputs, originals, guards) -> Optional[str]:
+    """What a kernel changed besides its output: an operand it was only to read, or memory just outside its output."""
+    for name, t in inputs.items():
+        if not torch.equal(t, originals[name]):
+            return f"kernel wrote to its input `{name}`"
+    if not all(torch.isnan(g).all() for g in guards):
+        return "kernel wrote outside its output (past its first or last element)"
+    return None
 
 
 def verdict(err_norm: float, ref_norm: float, bound_norm: float, numel: int, types_c: str, tol: float, worst: float,

@@ -191,3 +191,32 @@ def test_a_correct_kernel_whose_outputs_are_subnormal_in_its_output_type_passes(
     for seed in range(4):
         result = verify(kernel, 5, 3, 7, seed=seed)
         assert result.ok, result
+
+
+class Clobbering:
+    """A correct kernel that also writes elsewhere after each call: into an operand it was only to read, or just
+    past its output's last element (through the storage the output sits in)."""
+
+    def __init__(self, valid, where):
+        self.inner, self.where, self.valid = TorchKernel(valid), where, valid
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        result = self.inner(a, b, c=c, bias=bias, out=out)
+        if self.where == "b":
+            b[0, 0] = b[0, 0] + 1
+        elif self.where == "past the end":
+            flat = torch.as_strided(result, (result.numel() + 1,), (1,), result.storage_offset())
+            flat[-1] = 0
+        return result
+
+
+@pytest.mark.parametrize("where, layout_c", [("b", "row"), ("past the end", "row"), ("past the end", "col")])
+def test_a_kernel_that_writes_outside_its_output_fails(where, layout_c):
+    """Verification keeps the operands to compare after the calls and a guard of NaN around the output: a kernel that
+    changes its inputs or stores past its output (a user's weights, a neighbouring tensor) is a failed candidate, even
+    where its output is right."""
+    valid = _valid(f"kernel h {{ types a=f16 b=f16 c=f16 layout c={layout_c} }}")
+    assert verify(TorchKernel(valid), 48, 40, 32, seed=4).ok
+    result = verify(Clobbering(valid, where), 48, 40, 32, seed=4)
+    assert not result.ok, result
+    assert ("input `b`" if where == "b" else "outside its output") in result.reason, result.reason
