@@ -247,6 +247,8 @@ class Dispatcher:
         self.prepare = prepare or prepare_mode()
         self.preparer = Preparer()
         self._by_call: Dict[Tuple, Optional[Callable]] = {}
+        self._failed_signatures: set = set()   # signatures whose preparation raised: torch serves them (`resolve`)
+        self._inline_verified: set = set()      # L2C_PREPARE=inline: the jobs (kernel and shape) verified here
         self._kernels: Dict[Tuple, Optional[Callable]] = {}
         # the job of each signature being prepared: a call made while the worker prepares it asks only for its state
         # (deriving the job parses and renders the entry's spec: about 2.5 ms a call on the H200's host)
@@ -376,15 +378,28 @@ class Dispatcher:
             return self._kernel(job), True
         if self.prepare == "inline":
             key = (job.spec_text, job.target, job.arch)
+            if key not in self._kernels and job.device == "cuda" and torch.cuda.is_current_stream_capturing():
+                return None, False   # nothing is built or verified inside a capture: a later eager call prepares it
             if key not in self._kernels:   # built and verified here, on the calling thread
                 from .prepare import prepare_one
                 ok, reason, kernel = prepare_one(job)
                 if ok:
                     self._verified_kernels().record(job)
+                    self._inline_verified.add(job.key)
                 else:
                     log.warning("tuned kernel not served (torch runs this call): %s", reason)
                 self._kernels[key] = kernel if ok else None
-            return self._kernels[key], True
+            kernel = self._kernels[key]
+            if kernel is not None and job.key not in self._inline_verified:   # built, but not verified at this shape
+                from .verify import verify
+                result = verify(kernel, job.m, job.n, job.k, device=job.device)
+                if not result.ok:
+                    log.warning("tuned kernel not served at %dx%dx%d (torch runs it): verification failed: %s",
+                                job.m, job.n, job.k, result.reason)
+                    return None, True
+                self._verified_kernels().record(job)
+                self._inline_verified.add(job.key)
+            return kernel, True
         if job.key not in self._to_worker:   # asked once: what the checker declined stays the worker's
             checked = self._check_here(job)
             if checked is not None:
@@ -504,9 +519,18 @@ class Dispatcher:
             self._signature(a, b, bias, activation, gate, residual)
         final = True
         kernel = None
+        if sig is not None and sig in self._failed_signatures:
+            sig = None
         if sig is not None:
             with self._lock:
-                kernel, final = self._resolve_signature(sig)
+                try:
+                    kernel, final = self._resolve_signature(sig)
+                except Exception as err:  # noqa: BLE001 - preparing a kernel never fails the user's call
+                    # (a cache that cannot be written, a stale persisted decision, a verification out of memory)
+                    log.warning("l2c: torch serves %s from now on: preparing its kernel failed (%s: %s)",
+                                sig[:5], type(err).__name__, err)
+                    self._failed_signatures.add(sig)
+                    kernel, final = None, True
         if final and call_key is not None:
             self._by_call[call_key] = kernel
         return kernel

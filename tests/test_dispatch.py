@@ -821,3 +821,52 @@ def test_autocast_to_another_dtype_is_torchs_in_a_compiled_graph_too():
     assert f(a, w).dtype == torch.float16
     set_tuned_table(None)
     torch._dynamo.reset()
+
+
+def test_inline_preparation_verifies_a_kernel_at_every_shape_it_serves(monkeypatch, tmp_path):
+    """L2C_PREPARE=inline: a kernel built and verified at one M of a range is verified again at each other M before
+    it serves there; a kernel wrong at the new shape is not served (torch is), and the user's result is right."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40, m_range=(16, 40))]), allow_cpu=True,
+                                 prepare="inline")
+    w = torch.randn(48, 40, dtype=torch.float16)
+    a = torch.randn(32, 40, dtype=torch.float16)
+    l2c.matmul(a, w.t())
+    assert dispatcher.stats == {"tuned": 1, "fallback": 0}
+    (key, kernel), = [(k, v) for k, v in dispatcher._kernels.items() if v is not None]
+
+    class WrongElsewhere:   # the built kernel, off by one at every M but the one it was verified at
+        valid = kernel.valid
+
+        def __call__(self, a, b, c=None, bias=None, out=None):
+            y = kernel(a, b, c=c, bias=bias, out=out)
+            if a.shape[0] != 32:
+                y[0, 0] += 1
+            return y
+
+        def call_planned(self, key, a, b, bias=None):
+            return self(a, b, bias=bias)
+
+    dispatcher._kernels[key] = WrongElsewhere()
+    other = torch.randn(24, 40, dtype=torch.float16)
+    y = l2c.matmul(other, w.t())
+    torch.testing.assert_close(y, torch.matmul(other, w.t()))
+    assert dispatcher.stats == {"tuned": 1, "fallback": 1}
+    set_tuned_table(None)
+
+
+def test_a_failure_while_preparing_a_kernel_leaves_the_call_to_torch(monkeypatch, tmp_path, caplog):
+    """Preparing a kernel never fails the user's call: with a cache that cannot be written (a file where a folder
+    must be, as a read-only or full disk), l2c.matmul returns torch's result, warns once, and keeps torch for that
+    signature."""
+    import logging
+    (tmp_path / "verified").write_text("not a folder")
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    with caplog.at_level(logging.WARNING, logger="l2c.dispatch"):
+        for _ in range(2):
+            torch.testing.assert_close(l2c.matmul(a, w.t()), torch.matmul(a, w.t()))
+    assert caplog.text.count("preparing its kernel failed") == 1
+    assert dispatcher.stats["fallback"] == 2
+    set_tuned_table(None)
