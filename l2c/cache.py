@@ -9,10 +9,12 @@ processes) neither race nor see half-written files.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import tempfile
+from importlib import resources
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Union
 
@@ -34,6 +36,20 @@ def cache_dir(*parts: str) -> Path:
     path = Path(root).expanduser().resolve().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@functools.lru_cache(maxsize=1)
+def code_identity() -> str:
+    """l2c's version and a digest of its own code (its Python modules and kernel templates), which decides how a
+    kernel is built, launched and verified: records of verifications and online decisions made by other code are
+    not trusted, and the version string alone does not change between commits. About 2 ms, once per process."""
+    from . import __version__
+    digest = hashlib.sha256()
+    for root in (Path(__file__).parent, Path(str(resources.files("l2c._templates")))):
+        for path in sorted(root.rglob("*")):
+            if path.suffix in (".py", ".j2", ".cu") and path.is_file():
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return f"{__version__}+{digest.hexdigest()[:12]}"
 
 
 def content_hash(*parts: str) -> str:
@@ -80,9 +96,8 @@ class KeyedRecords:
 
     @classmethod
     def of_gpu(cls, folder: str, prefix: str, gpu: str, driver: str, version: Optional[str] = None) -> "KeyedRecords":
-        """The records of one GPU (name), driver and l2c version (this one unless given)."""
-        from . import __version__
-        return cls(folder, prefix, {"gpu": gpu, "driver": driver, "l2c": version or __version__})
+        """The records of one GPU (name), driver and l2c code (this one, `code_identity`, unless given)."""
+        return cls(folder, prefix, {"gpu": gpu, "driver": driver, "l2c": version or code_identity()})
 
     def _on_disk(self) -> Dict[str, object]:
         try:

@@ -4,7 +4,7 @@ The first eager call of a new signature runs torch and hands the shape to the pr
 a few candidate kernels, verifies each at that shape against the reference, times the verified ones against
 torch in the `kernel` protocol within a small budget, and reports the fastest if it beat torch by the margin
 (`L2C_TUNE_MARGIN`, default 1.05: the spread of two timings of one kernel on the H200). The decision — a kernel
-or "torch" — is persisted per GPU, driver and l2c version in the user cache directory, so later processes reuse
+or "torch" — is persisted per GPU, driver and l2c code (`cache.code_identity`) in the user cache directory, so later processes reuse
 it and a new GPU, driver or l2c starts afresh. Nothing is tuned inside a CUDA-graph capture or torch.compile
 tracing: those calls run what is already decided.
 
@@ -187,7 +187,7 @@ def _checked(text: str) -> Optional[str]:
 
 
 class Decisions:
-    """The persisted online decisions of one (GPU, driver, l2c version): signature -> spec text or None (torch)."""
+    """The persisted online decisions of one (GPU, driver, l2c code): signature -> spec text or None (torch)."""
 
     def __init__(self, gpu: str, driver: str, version: Optional[str] = None):
         self.records = cache.KeyedRecords.of_gpu("online", "decisions", gpu, driver, version)

@@ -1,11 +1,12 @@
 """Verified kernels: the (kernel build, call shape) pairs that passed `l2c.verify` on this GPU, driver and l2c
-version, persisted in the user cache so that a later process serves such a kernel from its first call instead of
+code, persisted in the user cache so that a later process serves such a kernel from its first call instead of
 waiting for the preparation worker to check it again (about 4.5 s on the H200's host, most of it the worker's
 start: Python, torch and a CUDA context).
 
 A kernel is named by its build id (target, rendered source and toolchain: `l2c.build.build_id`), so a changed
 template, flag or compiler makes another kernel, checked again; the GPU by name and driver
-(`devices.gpu_identity`) together with l2c's version, so a new GPU, driver or l2c starts with no record. Only
+(`devices.gpu_identity`) together with l2c's code (`cache.code_identity`: its version and a digest of its
+modules and templates), so a new GPU, driver or l2c starts with no record. Only
 passes are recorded: a failure may be transient (memory), and the worker checks again.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from . import cache
 
 
 class VerifiedKernels:
-    """The persisted verification passes of one (GPU, driver, l2c version)."""
+    """The persisted verification passes of one (GPU, driver, l2c code)."""
 
     def __init__(self, gpu: str, driver: str, version: Optional[str] = None):
         self.records = cache.KeyedRecords.of_gpu("verified", "kernels", gpu, driver, version)

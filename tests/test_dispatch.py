@@ -507,6 +507,9 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
     l2c.matmul(a, w.t())
     assert later.stats == {"tuned": 1, "fallback": 0} and not later.preparer.replies
     assert not Decisions("cpu", "none", version="0.0.0-other").entries   # another l2c version starts afresh
+    from l2c import cache
+    assert Decisions("cpu", "none").records.key["l2c"] == cache.code_identity()   # l2c's code, not its version alone
+    assert cache.code_identity().startswith(l2c.__version__ + "+")
     assert not Decisions("cpu", "other-driver").entries
     set_tuned_table(None)
 
