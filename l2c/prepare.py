@@ -24,9 +24,22 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from . import settings
+
 log = logging.getLogger("l2c.prepare")
 
 IDLE_EXIT_S = 30.0
+JOB_TIMEOUT_S = 900.0   # L2C_PREPARE_TIMEOUT_S: one job's limit; a CUTLASS build alone is 35-60 s of one core
+
+
+def job_timeout_s() -> float:
+    """How long the worker may spend on one job (L2C_PREPARE_TIMEOUT_S, default JOB_TIMEOUT_S)."""
+    text = settings.value("L2C_PREPARE_TIMEOUT_S")
+    try:
+        value = float(text) if text is not None else JOB_TIMEOUT_S
+    except ValueError:
+        value = JOB_TIMEOUT_S
+    return value if value > 0 else JOB_TIMEOUT_S
 QUEUED, READY, FAILED = "queued", "ready", "failed"
 
 
@@ -132,10 +145,22 @@ class Preparer:
                         worker = _start_worker()
                     worker.stdin.write(job.to_json() + "\n")
                     worker.stdin.flush()
-                    line = worker.stdout.readline()
-                    reply = json.loads(line) if line else {"ok": False, "reason": _died(worker)}
-                except (OSError, ValueError) as err:
-                    reply = {"ok": False, "reason": f"the preparation worker failed: {err}"}
+                    timer = threading.Timer(job_timeout_s(), worker.kill)   # a job that hangs stops its worker
+                    timer.start()
+                    try:
+                        line = worker.stdout.readline()
+                    finally:
+                        timer.cancel()
+                    if not line and time.monotonic() - start >= job_timeout_s():
+                        reply = {"ok": False, "reason": f"the preparation worker took longer than "
+                                                        f"{job_timeout_s():g} s (L2C_PREPARE_TIMEOUT_S): stopped"}
+                        worker.wait()
+                    else:
+                        reply = json.loads(line) if line else {"ok": False, "reason": _died(worker)}
+                    if not isinstance(reply, dict):
+                        raise ValueError(f"a reply that is not an object: {line[:200]!r}")
+                except Exception as err:  # noqa: BLE001 - whatever goes wrong, the job ends (torch serves it)
+                    reply = {"ok": False, "reason": f"the preparation worker failed: {type(err).__name__}: {err}"}
                     worker = _stop(worker)
                 self._finish(job, bool(reply.get("ok")), str(reply.get("reason", "")), time.monotonic() - start,
                              reply)

@@ -12,7 +12,7 @@ SETTINGS = {
     "L2C_CACHE_DIR": "where built kernels are cached (default: the user cache directory for l2c)",
     "L2C_TUNED_TABLE": "the tuned table l2c.matmul reads (default: the one shipped for the GPU's architecture)",
     "L2C_TUNE": "`off` (default: serve only what the table measured) or `online` (time candidates for shapes no "
-                "table covers, once per GPU, driver and l2c version)",
+                "table covers, once per GPU, driver and l2c code)",
     "L2C_TUNE_MARGIN": "how much faster than torch an online choice must be to serve (default 1.05)",
     "L2C_TUNE_TARGETS": "the targets whose kernels online choice times (default `cutlass`: kernels the C++ call "
                         "table launches, whose eager call is leaner than torch's; `cutlass,triton` adds Triton "
@@ -21,6 +21,9 @@ SETTINGS = {
                              "(default 1.0: no slower; its launch is Python's)",
     "L2C_PREPARE": "`background` (default: no call waits for a compiler) or `inline` (the first call of a signature "
                    "builds and verifies its kernel on the calling thread)",
+    "L2C_PREPARE_TIMEOUT_S": "seconds the background worker may spend on one kernel (build and verification, or "
+                             "an online choice) before it is stopped and torch keeps serving that call (default "
+                             "900)",
     "L2C_WARM_START": "`0`: importing l2c into a process that has imported torch does not start preparing the "
                       "tuned path in the background (the table, l2c's checker, the prebuilt kernels installed into "
                       "the build cache)",

@@ -873,3 +873,26 @@ def test_a_failure_while_preparing_a_kernel_leaves_the_call_to_torch(monkeypatch
     assert caplog.text.count("preparing its kernel failed") == 1
     assert dispatcher.stats["fallback"] == 2
     set_tuned_table(None)
+
+
+def test_a_job_past_the_preparation_timeout_stops_its_worker_and_leaves_torch(tmp_path, monkeypatch):
+    """A job that takes longer than L2C_PREPARE_TIMEOUT_S (here the worker's own start: Python and torch) ends
+    failed, its worker stopped, so waiting never hangs and torch serves; the next job gets a new worker."""
+    from l2c.prepare import FAILED, READY
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_PREPARE_TIMEOUT_S", "0.3")
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40), entry(16, 48, 40)]), allow_cpu=True,
+                                 prepare="background")
+    w = torch.randn(48, 40, dtype=torch.float16)
+    l2c.matmul(torch.randn(32, 40, dtype=torch.float16), w.t())
+    assert dispatcher.wait(timeout=120)
+    (job,) = dispatcher.preparer.replies
+    assert dispatcher.preparer._state[job] == FAILED and "L2C_PREPARE_TIMEOUT_S" in dispatcher.preparer._reasons[job]
+    monkeypatch.setenv("L2C_PREPARE_TIMEOUT_S", "300")
+    a = torch.randn(16, 40, dtype=torch.float16)
+    l2c.matmul(a, w.t())
+    assert dispatcher.wait(timeout=300)
+    assert sorted(dispatcher.preparer._state.values()) == sorted([FAILED, READY])
+    torch.testing.assert_close(l2c.matmul(a, w.t()).float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    assert dispatcher.stats["tuned"] == 1
+    set_tuned_table(None)
