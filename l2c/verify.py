@@ -362,6 +362,8 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
                        worst, element, what)
 
     result = check(out, "")
+    if result.ok:
+        result = _check_padded_operands(kernel, a, b, c, bias, out, tol, check, device) or result
     if result.ok and c is None and allocating_calls:
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         result = check_allocating_calls(kernel, a, b, bias, out, tol, check, sync) or result
@@ -371,20 +373,54 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
     return result
 
 
+def _padded(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values in a wider buffer of its layout: its leading dimension 16 bytes longer than its contiguous extent,
+    as a column slice of a fused weight is (the calls the dispatcher serves with such operands)."""
+    pad = max(1, 16 // t.element_size())
+    col = t.dim() >= 2 and t.stride(-1) != 1
+    stored = t.transpose(-1, -2) if col else t
+    wide = torch.empty((*stored.shape[:-1], stored.shape[-1] + pad), dtype=t.dtype, device=t.device)
+    inner = wide[..., :stored.shape[-1]]
+    inner.copy_(stored)
+    return inner.transpose(-1, -2) if col else inner
+
+
+def _check_padded_operands(kernel, a, b, c, bias, out, tol, check, device) -> Optional[VerifyResult]:
+    """The same call with A and B (and C) whose leading dimensions exceed their extents: a kernel that declines such
+    operands (ValueError) is not at fault, since the dispatcher then runs torch; one that takes them must give the
+    same result. The first failure, or None."""
+    if a.dim() != 2:
+        return None
+    what = " (operands with padded leading dimensions)"
+    try:
+        padded = [_padded(t) if t is not None else None for t in (a, b, c)]
+        again = torch.full_like(out, float("nan"))
+    except (MemoryError, RuntimeError):   # no memory for the copies (torch's allocators raise RuntimeError)
+        return None
+    try:
+        kernel(padded[0], padded[1], c=padded[2], bias=bias, out=again)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except ValueError:
+        return None
+    except Exception as err:  # noqa: BLE001
+        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+    result = check(again, what)
+    return None if result.ok else result
+
+
 # Elements of NaN on each side of the verified output: a kernel that stores past its output's ends changes them.
 # 256 keeps the output's start 512-byte aligned for every output type, as an allocation of its own is.
 GUARD_ELEMENTS = 256
 
 
 def _guarded(out: torch.Tensor):
-    """`out` (NaN, its layout) carved from the middle of a NaN buffer with GUARD_ELEMENTS on each side; (out, the two
-    guards)."""
-    col = out.stride(-1) != 1 and out.dim() >= 2
-    stored = out.transpose(-1, -2) if col else out
-    buffer = torch.full((stored.numel() + 2 * GUARD_ELEMENTS,), float("nan"), dtype=out.dtype, device=out.device)
-    inner = buffer[GUARD_ELEMENTS:GUARD_ELEMENTS + stored.numel()].view(stored.shape)
-    guarded = inner.transpose(-1, -2) if col else inner
-    return guarded, (buffer[:GUARD_ELEMENTS], buffer[GUARD_ELEMENTS + stored.numel():])
+    """`out` (NaN, dense: its sizes and strides span exactly its elements) carved, with the same sizes and strides,
+    from the middle of a NaN buffer with GUARD_ELEMENTS on each side; (out, the two guards)."""
+    count = out.numel()
+    buffer = torch.full((count + 2 * GUARD_ELEMENTS,), float("nan"), dtype=out.dtype, device=out.device)
+    guarded = buffer.as_strided(out.shape, out.stride(), GUARD_ELEMENTS)
+    return guarded, (buffer[:GUARD_ELEMENTS], buffer[GUARD_ELEMENTS + count:])
 
 
 def _wrote_elsewhere(inputs, originals, guards) -> Optional[str]:

@@ -220,3 +220,33 @@ def test_a_kernel_that_writes_outside_its_output_fails(where, layout_c):
     result = verify(Clobbering(valid, where), 48, 40, 32, seed=4)
     assert not result.ok, result
     assert ("input `b`" if where == "b" else "outside its output") in result.reason, result.reason
+
+
+class AssumesPackedRows:
+    """A kernel right on packed operands that reads B as if its leading dimension were its width (a kernel that
+    ignores ldb): wrong on a column slice of a wider matrix."""
+
+    def __init__(self, valid):
+        self.inner, self.valid = TorchKernel(valid), valid
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        packed = torch.as_strided(b, b.shape, (b.shape[1], 1), b.storage_offset())
+        return self.inner(a, packed, c=c, bias=bias, out=out)
+
+
+def test_a_kernel_that_ignores_the_leading_dimension_fails():
+    """Verification also calls the kernel on operands with padded leading dimensions (the column slices of fused
+    weights the dispatcher serves): a kernel that takes them must compute the same; one that declines them
+    (ValueError) is not at fault."""
+    valid = _valid("kernel h { types a=f16 b=f16 c=f16 layout b=row }")
+    assert verify(TorchKernel(valid), 48, 40, 32, seed=5).ok
+    result = verify(AssumesPackedRows(valid), 48, 40, 32, seed=5)
+    assert not result.ok and "padded leading dimensions" in result.reason, result
+
+    class DeclinesPadded(TorchKernel):
+        def __call__(self, a, b, c=None, bias=None, out=None):
+            if b.stride(0) != b.shape[1]:
+                raise ValueError("only packed rows")
+            return super().__call__(a, b, c=c, bias=bias, out=out)
+
+    assert verify(DeclinesPadded(valid), 48, 40, 32, seed=5).ok
