@@ -477,7 +477,9 @@ class Dispatcher:
         state = self.preparer.request(job)
         if state == QUEUED:
             return None, False
-        reply = self.preparer.reply(job) if state == READY else {}
+        if state != READY:   # the worker failed on the job (it died, ran out of time or memory): no decision to keep,
+            return None, True   # torch serves in this process and a later one tunes again
+        reply = self.preparer.reply(job)
         self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
         self.online_timings[key] = dict(reply.get("timings") or {})
         if reply.get("spec") is not None:   # the worker verified the winner at this shape on this GPU

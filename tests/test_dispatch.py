@@ -896,3 +896,21 @@ def test_a_job_past_the_preparation_timeout_stops_its_worker_and_leaves_torch(tm
     torch.testing.assert_close(l2c.matmul(a, w.t()).float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
     assert dispatcher.stats["tuned"] == 1
     set_tuned_table(None)
+
+
+def test_an_online_job_the_worker_failed_on_is_no_persisted_decision(tmp_path, monkeypatch):
+    """A worker that fails an online-tuning job (here it runs out of L2C_PREPARE_TIMEOUT_S) leaves torch serving in
+    this process and no decision on disk: a later process tunes the shape again, as a crash or an out-of-memory
+    candidate is no evidence that torch is faster."""
+    from l2c.online import Decisions
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "cutlass,triton")
+    monkeypatch.setenv("L2C_PREPARE_TIMEOUT_S", "0.3")
+    dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
+    a, w = torch.randn(2, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
+    for _ in range(2):
+        torch.testing.assert_close(l2c.matmul(a, w.t()), torch.matmul(a, w.t()))
+        assert dispatcher.wait(timeout=120)
+    assert dispatcher.stats == {"tuned": 0, "fallback": 2}
+    assert not Decisions("cpu", "none").entries
+    set_tuned_table(None)
