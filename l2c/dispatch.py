@@ -41,7 +41,7 @@ from torch.autograd import forward_ad as _forward_ad
 from . import background, native_call, settings, targets
 from .epilogue import (activate, check_activation, check_gate, torch_gated, torch_gated_linear, torch_matmul,
                        torch_residual)
-from .errors import BuildError, L2Error
+from .errors import BuildError, L2Error, LaunchError
 from .kernel import call_signature
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
@@ -134,6 +134,17 @@ def _torch_serves(a, *tensors) -> bool:
         return True
     return _forward_ad._current_level >= 0 and any(
         t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in (a, *tensors))
+
+
+_launch_failures: set = set()
+
+
+def _launch_failed(err: LaunchError) -> None:
+    """A verified kernel's launch failed (a CUDA error, no image for this GPU): torch serves the call; said once per
+    message, since every later call of the signature may fail alike."""
+    if str(err) not in _launch_failures:
+        _launch_failures.add(str(err))
+        log.warning("l2c: a tuned kernel failed to launch; torch serves the call: %s", err)
 
 
 def _out_needs_torch(out, a) -> bool:
@@ -566,6 +577,8 @@ class Dispatcher:
                     return result
                 except (ValueError, torch.OutOfMemoryError) as err:   # no memory for its workspace: torch may need none
                     log.debug("tuned kernel declined the call (%s); falling back", err)
+                except LaunchError as err:
+                    _launch_failed(err)
         self.counts["fallback"] += 1
         return None
 
@@ -587,6 +600,9 @@ class Dispatcher:
         except (ValueError, torch.OutOfMemoryError) as err:   # this call only (a misaligned pointer, no memory for
             # a workspace): the full path decides
             log.debug("tuned kernel declined the call (%s)", err)
+            return None
+        except LaunchError as err:
+            _launch_failed(err)
             return None
         if y is not None:
             self.counts["tuned"] += 1

@@ -58,3 +58,8 @@ def describe_os_error(err: OSError) -> str:
 
 class BenchError(Exception):
     """A problem with what `l2c bench` was asked to do (no GPU, nothing to measure, bad table)."""
+
+
+class LaunchError(RuntimeError):
+    """A built, verified kernel's launch failed (a CUDA error, no kernel image for this GPU, a workspace or
+    initialization failure): not the call's fault, and torch can still serve the call."""

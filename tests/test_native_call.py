@@ -416,3 +416,30 @@ def test_online_spans_hold_every_m_but_those_decided_torch(torch_ms, m):
     assert all(lo <= hi for lo, hi in spans) and all(a[1] + 1 < b[0] for a, b in zip(spans, spans[1:]))
     held = any(lo <= x <= hi for lo, hi in spans for x in (m,))
     assert held == (m not in torch_ms) == (m in ms)
+
+
+def test_a_kernel_whose_launch_fails_leaves_the_call_to_torch(new_table, recorder, caplog):
+    """A served kernel whose launch fails (the entry point's CUDA-error status: a lost image, a GPU it was not built
+    for) is not the call's fault: the C++ table hands the call to Python, which warns once and runs torch."""
+    import logging
+    from l2c.dispatch import Dispatcher, TunedEntry, TunedTable
+    from l2c.errors import LaunchError
+    from l2c.ir import KernelSpec
+    from l2c.kernel import call_signature
+    from tests.test_cutlass_shim import _bound_kernel
+    spec = KernelSpec(name="k", target="cutlass").to_l2()
+    entry = TunedEntry(m=2, n=4, k=64, batch=1, dtype="f16", layout="row,row,row", target="cutlass",
+                       spec_text=spec, tflops=2.0, baseline_tflops=1.0)
+    dispatcher = Dispatcher(TunedTable([entry]), allow_cpu=True)
+    kernel = _bound_kernel(recorder, 2, 4)                       # status 2 ^ 4 = 6: a CUDA error
+    a, b = torch.randn(2, 64, dtype=torch.float16), torch.randn(64, 4, dtype=torch.float16)
+    sig = call_signature(a, b, None)
+    kernel._plans = {sig: dataclasses.replace(kernel._plans["sig"], device=CPU)}
+    kernel._get_device = lambda: CPU                              # the Python replay's device query, on CPU tensors
+    with pytest.raises(LaunchError, match="status 6"):
+        kernel.launcher(sig)(a, b, None)
+    dispatcher._remember_served((sig, None), kernel, a, b, None)
+    with caplog.at_level(logging.WARNING, logger="l2c.dispatch"):
+        for _ in range(2):
+            torch.testing.assert_close(ops.matmul_with(dispatcher, a, b), torch.matmul(a, b), rtol=0, atol=0)
+    assert caplog.text.count("failed to launch") == 1

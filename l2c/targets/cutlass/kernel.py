@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 from ... import settings
-from ...errors import BuildError
+from ...errors import BuildError, LaunchError
 from ...kernel import Kernel, call_signature, cuda_accessors, output_template
 from ...knobs import ANY
 from ...lower import render
@@ -120,7 +120,7 @@ class CutlassKernel(Kernel):
             size = ctypes.c_size_t(0)
             status = self._workspace_size(m, n, k, batch, ctypes.byref(size))
             if status != 0:
-                raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
+                raise (ValueError if status in _ARGUMENT_ERRORS else LaunchError)(self._error(status))
             needed = self._workspace_bytes[key] = size.value
         return needed
 
@@ -209,7 +209,7 @@ class CutlassKernel(Kernel):
             status = run(address, pa, pb, pbias, out.data_ptr(), workspace.data_ptr() if workspace is not None
                          else None, get_stream(device))
             if status != 0:
-                raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(error(status))
+                raise (ValueError if status in _ARGUMENT_ERRORS else LaunchError)(error(status))
             return out.transpose(-1, -2) if transposed else out
         if plan.native_address:   # what the C++ call table (l2c/native_call.py) replays the same plan from
             launch.native_plan = (plan.native, address, template, transposed, device)
@@ -298,7 +298,7 @@ class CutlassKernel(Kernel):
             m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd,
             workspace.data_ptr(), workspace.numel(), self._get_stream(a.device.index))
         if status != 0:
-            raise (ValueError if status in _ARGUMENT_ERRORS else RuntimeError)(self._error(status))
+            raise (ValueError if status in _ARGUMENT_ERRORS else LaunchError)(self._error(status))
         return out
 
 
