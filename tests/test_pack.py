@@ -7,6 +7,7 @@ PATH: find_nvcc also looks in /usr/local/cuda, so PATH alone cannot hide it.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -306,3 +307,26 @@ def test_a_corrupt_archive_fails_verify_and_installs_nothing_wrong(built, monkey
             continue
         assert hashlib.sha256(library.read_bytes()).hexdigest() == good[kernel.key].sha256
     assert refused >= 1
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/abs/x", "a/b", "bad name", ""])
+def test_a_pack_entry_whose_name_is_not_a_kernel_name_is_refused(tmp_path, name):
+    """A manifest's names become file names in the build cache: one that is not a spec's name (a path out of the
+    cache, an absolute path) makes the whole pack unreadable, so nothing of it is installed."""
+    data = b"\x7fELF not a real library"
+    entry = pack_format.PackEntry(name=name or "x", spec="kernel x {}", key="0" * 64,
+                                  file=pack_format.library_member(hashlib.sha256(data).hexdigest()),
+                                  sha256=hashlib.sha256(data).hexdigest(), size=len(data), nvcc_version="nvcc",
+                                  cuda_version="13.0")
+    if not name:
+        entry = dataclasses.replace(entry, name="")
+    path = tmp_path / "evil.zip"
+    with pytest.raises(pack_format.PackError, match="name"):   # write_pack reads back what it wrote
+        pack_format.write_pack(path, "sm_90", [(entry, data)])
+    with zipfile.ZipFile(path, "w") as archive:   # a pack written by other means
+        archive.writestr(pack_format.MANIFEST, json.dumps({
+            "format": pack_format.FORMAT, "arch": "sm_90", "cutlass_version": "4.2.0", "nvcc_flags": "",
+            "entries": [entry.to_row()]}))
+        archive.writestr(entry.file, data)
+    with pytest.raises(pack_format.PackError, match="name"):
+        pack_format.read_pack(path)

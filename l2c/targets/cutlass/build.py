@@ -84,8 +84,10 @@ def _job(source: str, name: str, nvcc: Optional[str], no_nvcc: str) -> _Job:
 def _job_of(source: str, name: str, key: str, compiler: str, prebuilt: Optional[pack.PackEntry]) -> _Job:
     digest = library_digest(key, compiler)
     folder = cache.cache_dir("cutlass")
-    return _Job(source, name, key, compiler, folder / f"{name}_{digest}.so", folder / f"{name}_{digest}.failed.txt",
-                prebuilt)
+    library = folder / f"{name}_{digest}.so"
+    if library.parent != folder:   # a name is a spec's (grammar NAME): never a path out of the cache
+        raise BuildError(f"kernel name {name[:80]!r} is not a file name in the build cache")
+    return _Job(source, name, key, compiler, library, folder / f"{name}_{digest}.failed.txt", prebuilt)
 
 
 def _pack_entry(job: _Job, nvcc: Optional[str]) -> Optional[pack.PackEntry]:

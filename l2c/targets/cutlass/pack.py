@@ -44,6 +44,7 @@ MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 * 2**20
 MAX_LIBRARY_BYTES = 256 * 2**20   # far above any CUTLASS library (1-2 MiB): a member larger is not one
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")   # the grammar's NAME (grammar/l2.lark)
 
 
 class PackError(Exception):
@@ -98,6 +99,8 @@ def _entry_from_row(row, path: str) -> PackEntry:
         if not isinstance(row.get(name), str) or not row[name]:
             raise ValueError(f"entry field {name!r} must be a non-empty string")
         fields[name] = row[name]
+    if not _NAME.fullmatch(fields["name"]):   # it names files in the build cache: a spec's name, no path
+        raise ValueError(f"entry name {fields['name'][:80]!r} is not a kernel name ([A-Za-z_][A-Za-z0-9_]*)")
     if not _HEX64.fullmatch(fields["key"]) or not _HEX64.fullmatch(fields["sha256"]):
         raise ValueError(f"entry {fields['name']}: key and sha256 must be 64 hex digits")
     if fields["file"] != library_member(fields["sha256"]):
