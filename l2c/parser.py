@@ -113,6 +113,8 @@ def _value(knob: Knob, tok: Token, file: str) -> object:
             raise L2SyntaxError(f"{raw!r} is not a number", **where)
         if value != value or value in (float("inf"), float("-inf")):
             raise L2SyntaxError(f"{raw!r} is not a finite number", rule="finite", **where)
+        if value == 0.0 and any(c in "123456789" for c in raw.lower().split("e")[0]):
+            raise L2SyntaxError(f"{raw!r} is too small to be told from 0", rule="finite", **where)
         return value
     if knob.kind in ("dim", "auto_int") and raw in (ANY, AUTO):
         return raw

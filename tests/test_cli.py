@@ -86,6 +86,22 @@ def test_verify_rejects_bad_shapes(tmp_path):
     spec = tmp_path / "k.l2"
     spec.write_text("kernel small { }\n")
     assert_clean_failure(l2c("verify", spec, "--shape", "12x3", "--device", "cpu"), "positive MxNxK")
+    assert_clean_failure(l2c("verify", spec, "--shape", " , ", "--device", "cpu"), "positive MxNxK")
+    assert_clean_failure(l2c("verify", spec, "--batch", "0", "--device", "cpu"), "--batch wants a positive")
+
+
+def test_verify_that_verified_nothing_does_not_pass(tmp_path):
+    """Every kernel skipped on this device (CUTLASS, or bf16 in the Triton interpreter): nothing was verified, so
+    the command does not report success."""
+    spec = tmp_path / "k.l2"
+    spec.write_text("kernel bf { types a=bf16 b=bf16 c=bf16 tile m=32 n=32 k=16 }\n")
+    result = l2c("verify", spec, "--target", "triton", "--shape", "16x16x16", "--device", "cpu")
+    assert result.returncode == 1 and "nothing was verified" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tune_for_an_unknown_arch_is_a_usage_error(tmp_path):
+    result = l2c("tune", "--shapes", "16x16x16", "--runner", "model", "--arch", "sm_91", "--trials", "2", cwd=tmp_path)
+    assert result.returncode == 2 and "--arch 'sm_91'" in result.stderr and "Traceback" not in result.stderr
 
 
 # ------------------------------------------------------------------ where outputs go, and what is in the way

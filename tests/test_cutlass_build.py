@@ -314,3 +314,27 @@ def test_nvcc_version_is_asked_once_per_binary_and_remembered_in_the_cache(tmp_p
     except BuildError:
         pass   # a copied nvcc may not find its toolkit; what matters is that it was run
     assert ran
+
+
+@needs_nvcc
+def test_a_compiler_run_killed_for_want_of_memory_is_not_a_cached_verdict(tmp_path, monkeypatch):
+    """nvcc exits 255 when the out-of-memory killer takes its front end (and fails alike on a full disk): that
+    failure is the machine's, not the kernel's, so it is not cached and a later build tries again; a compiler error
+    in the source is cached."""
+    import shutil
+    from l2c.targets.cutlass.toolchain import find_nvcc
+    real = find_nvcc()
+    fake = tmp_path / "nvcc"
+    fake.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then exec {shutil.which(real) or real} "$@"; fi\n'
+                    f'echo "nvcc error   : \'cicc\' died due to signal 9 (Kill signal)" >&2\nexit 255\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.zip"))
+    monkeypatch.setenv("L2C_NVCC", str(fake))
+    with pytest.raises(BuildError, match="died due to signal"):
+        compile_source(_TINY.format(name="killed", value=1), "killed")
+    assert not list((tmp_path / "cache").glob("cutlass/killed_*.failed.txt"))
+    monkeypatch.setenv("L2C_NVCC", real)
+    with pytest.raises(BuildError, match="no_such_name"):
+        compile_source(_TINY.format(name="wrong", value="no_such_name"), "wrong")
+    assert list((tmp_path / "cache").glob("cutlass/wrong_*.failed.txt"))

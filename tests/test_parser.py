@@ -69,6 +69,7 @@ def test_statement_order_and_whitespace_do_not_matter(spec, rnd):
     ("kernel a {} kernel a {}", 1, 20, "used twice"),
     ("kernel 1a {}", 1, 8, "expected a name"),
     ("kernel a { epilogue alpha=1e999 }", 1, 27, "not a finite number"),
+    ("kernel a { epilogue alpha=1e-400 }", 1, 27, "too small to be told from 0"),
     ("kernel a { types a=f64 }", 1, 20, 'expected one of "bf16", "f16", "f32"'),
     ("kernel a { tile m=128 } $", 1, 25, "unexpected character '$'"),
 ])

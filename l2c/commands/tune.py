@@ -121,6 +121,9 @@ def run(args) -> int:
         raise UsageError(str(err)) from None
     if not probs:
         raise UsageError("no shapes to tune")
+    from ..arch import ARCHS
+    if args.arch not in ARCHS:
+        raise UsageError(f"--arch {args.arch!r}: l2c knows {', '.join(sorted(ARCHS))}")
     if args.trials < 1 or args.workers < 1:
         raise UsageError("--trials and --workers must be at least 1")
     if args.confirm < 0:

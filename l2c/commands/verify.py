@@ -36,8 +36,10 @@ def _shapes(text: str):
 def run(args) -> int:
     from ..cli import UsageError
     shapes = _shapes(args.shape)
-    if any(len(s) != 3 or min(s) < 1 for s in shapes):
+    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
         raise UsageError(f"--shape wants positive MxNxK triples, got {args.shape!r}")
+    if args.batch < 1:
+        raise UsageError(f"--batch wants a positive count, got {args.batch}")
     valids = validated_kernels(args.specs, args.target, args.arch)
     if args.device == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
@@ -53,7 +55,7 @@ def run(args) -> int:
     from ..errors import BuildError
     from ..verify import verify
     _check_memory(valids, shapes, args.batch, device)
-    failed = 0
+    failed = checked = 0
     for valid in valids:
         if device == "cpu" and valid.target == "cutlass":
             print(f"skip {valid.name} [cutlass]: CUTLASS kernels run only on the GPU (`l2c build` compiles them)")
@@ -73,9 +75,13 @@ def run(args) -> int:
         for m, n, k in ([fixed] if fixed else shapes):
             res = verify(kernel, m, n, k, batch=batch, device=device, seed=args.seed)
             failed += not res.ok
+            checked += 1
             print(f"{'ok  ' if res.ok else 'FAIL'} {valid.name} [{valid.target}] {m}x{n}x{k}"
                   f"{f' batch {batch}' if batch != 1 else ''} on {device}: rel error {res.rel_error:.2e} "
                   f"(tolerance {res.tolerance:.1e}){'' if res.ok else ': ' + res.reason}")
+    if not failed and not checked:
+        print("nothing was verified: every kernel was skipped on this device", file=sys.stderr)
+        return 1
     return 1 if failed else 0
 
 

@@ -203,7 +203,7 @@ def _compile_alone(job: _Job, nvcc: str) -> Outcome:
         command, returncode, output = _run_nvcc(nvcc, cu, so)
         if returncode != 0:
             message = clip(f"nvcc failed (exit {returncode}) building {job.name}:\n{' '.join(command)}\n{output}")
-            if returncode > 0:   # the compiler's verdict, not a signal (e.g. out of memory)
+            if returncode > 0 and not _transient(output):   # the compiler's verdict, not a signal or a full disk
                 cache.write_atomic(job.failure, message)
             return BuildError(message)
         bad = forbidden_ptxas_warnings(output)
@@ -214,6 +214,15 @@ def _compile_alone(job: _Job, nvcc: str) -> Outcome:
             return BuildError(message)
         os.replace(so, job.library)   # same filesystem: an atomic publish
     return job.library
+
+
+# What a compiler run says when it failed for want of resources, not for its source: such a failure is not cached
+# (nvcc exits 255 when the kernel's out-of-memory killer takes its front end).
+_TRANSIENT = re.compile(r"died due to signal|No space left on device|Cannot allocate memory|std::bad_alloc")
+
+
+def _transient(output: str) -> bool:
+    return bool(_TRANSIENT.search(output))
 
 
 _INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"]+[>\"]", re.MULTILINE)
