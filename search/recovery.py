@@ -1,5 +1,6 @@
 """Trial recovery: a trial a dead worker left RUNNING goes back in the queue, so a resumed study finishes with
-exactly the requested number of evaluated points and none evaluated twice.
+exactly the requested number of evaluated points and none evaluated twice; a point lost MAX_LOSSES times (it
+crashes or hangs the process that measures it) is a failed candidate instead, so a resume never loops on it.
 
 Every outcome reaches the results store before it is told, so nothing measured is lost with a worker; what a
 dead worker loses is its RUNNING trials, which are marked FAIL (status `lost`) here and their points re-enqueued.
@@ -15,6 +16,8 @@ from optuna.trial import TrialState
 
 from .space import TARGET_PARAM
 
+MAX_LOSSES = 2           # a point whose worker died this many times is a failed candidate, not retried again
+KILLED_WORKER = "killed_worker"   # its trial's status (counted in the budget: search/study.py COUNTED)
 ORPHAN_AFTER_S = 30.0   # a RUNNING trial that never named its worker (killed between `ask` and naming) is dead
                         # after this long: a live worker names its trial in the storage call right after `ask`
 
@@ -59,11 +62,13 @@ def reclaim_lost_trials(study: optuna.Study, everything: bool = False,
         dead = everything or orphan or (w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid)))
         if not dead:
             continue
-        study._storage.set_trial_user_attr(t._trial_id, "status", "lost")
+        losses = int(t.user_attrs.get("losses", 0)) + 1
+        killer = losses >= MAX_LOSSES   # the point itself takes its worker down (or hangs it): a failed candidate
+        study._storage.set_trial_user_attr(t._trial_id, "status", KILLED_WORKER if killer else "lost")
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         params = dict(t.params) if TARGET_PARAM in t.params else dict(t.system_attrs.get("fixed_params") or {})
-        if TARGET_PARAM in params:
-            attrs = {"source": t.user_attrs.get("source", "enqueued"), "retry_of": t.number}
+        if TARGET_PARAM in params and not killer:
+            attrs = {"source": t.user_attrs.get("source", "enqueued"), "retry_of": t.number, "losses": losses}
             study.enqueue_trial(params, user_attrs=attrs)
         n += 1
     return n

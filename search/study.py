@@ -15,7 +15,7 @@ from .policy import PolicySampler
 from .space import Problem, TARGET_PARAM, check_targets, spec_from_params
 from .store import Store
 
-COUNTED = ("ok", "build_failed", "verify_failed")   # statuses that spend the trial budget
+COUNTED = ("ok", "build_failed", "verify_failed", "killed_worker")   # statuses that spend the trial budget
 
 
 @dataclass

@@ -601,6 +601,29 @@ def test_trials_of_a_dead_worker_are_failed_and_retried(tmp_path):
     assert len(retried) == 1 and retried[0].params == params and retried[0].user_attrs["status"] in COUNTED
 
 
+def test_a_point_that_kills_its_worker_twice_is_a_failed_candidate(tmp_path):
+    """A point whose worker died while measuring it is retried once; lost again, it is a failed candidate (status
+    killed_worker, counted in the budget) and never enqueued again, so resuming a tune cannot loop on it."""
+    from l2c.search.recovery import KILLED_WORKER, reclaim_lost_trials
+    storage = parse_storage(f"journal:{tmp_path / 'j.log'}", tmp_path)
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    point = {"target": "cutlass", "tile_m": 128, "tile_n": 128, "tile_k": 64, "pipeline_stages": "auto",
+             "launch_schedule": "auto", "cluster_m": 1, "cluster_n": 1, "swizzle_group": 8, "swizzle_raster": "m",
+             "split_k_slices": 1, "split_k_mode": "workspace"}
+    study.enqueue_trial(point)
+    for lost_before in range(2):
+        t = study.ask()
+        t.set_user_attr("worker", f"{__import__('socket').gethostname()}:{dead.pid}")
+        suggest_params(t, ["cutlass"])
+        assert reclaim_lost_trials(study) == 1
+        waiting = study.get_trials(states=(TrialState.WAITING,))
+        assert len(waiting) == (1 if lost_before == 0 else 0)
+    statuses = [x.user_attrs["status"] for x in study.trials]
+    assert statuses == ["lost", KILLED_WORKER] and KILLED_WORKER in COUNTED
+
+
 def test_trials_killed_before_naming_their_worker_are_reclaimed_once_old(tmp_path):
     """A run killed between `ask` and naming the trial leaves a RUNNING trial nobody owns. A resumed run must
     not count it against the budget forever: it waits until the orphan is `orphan_after_s` old, reclaims it
