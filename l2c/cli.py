@@ -11,7 +11,7 @@ import importlib
 import sys
 from typing import List, Optional
 
-from .errors import DataFileError, L2Error, describe_os_error
+from .errors import BenchError, DataFileError, L2Error, describe_os_error
 
 # Each module defines `add_parser(subparsers)`, which registers its subcommand with `func=run(args) -> int`.
 COMMAND_MODULES = [
@@ -50,7 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except L2Error as err:
         print(err.render(), file=sys.stderr)
         return 2
-    except (UsageError, DataFileError) as err:
+    except (UsageError, DataFileError, BenchError) as err:   # a bad input file (results, table) is one line too
         print(f"l2c {args.command}: error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and closed early: not an error of ours

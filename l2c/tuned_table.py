@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .errors import DataFileError
 from .ir import KernelSpec, knob
 from .knobs import ANY
 from .parser import parse_one
@@ -43,7 +44,7 @@ TARGETS = ("triton", "cutlass")
 GATES = knob("epilogue_gate").choices   # "none": a plain GEMM entry
 
 
-class TableError(Exception):
+class TableError(DataFileError):
     """A tuned table that cannot be used at all; the message names the file and what is wrong."""
 
 

@@ -309,3 +309,10 @@ def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path, monkeypatch)
     bad = subprocess.run([sys.executable, "scripts/gpu.py", "points", "--dry-run", "--start-from", "x.jsonl"],
                          capture_output=True, text=True, cwd=root)
     assert bad.returncode == 2 and "expected NAME=FILE" in bad.stderr
+
+
+def test_a_results_file_that_is_not_one_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "r.l2"
+    bad.write_text("hello\nworld\n")
+    result = l2c("table", bad, "-o", tmp_path / "t.json")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stderr.startswith("l2c table: error:")
