@@ -137,16 +137,7 @@ def test_torch_writes_into_out_only_where_its_op_takes_out():
     """A kernel with an epilogue writes into the preallocated output; torch's side then allocates its result, as an
     eager user's epilogue does, rather than adding a copy into `out` that only its side would pay. A plain GEMM is
     torch.matmul(out=) on both sides."""
-    epilogue = """
-kernel biased {
-  target   triton
-  problem  m=any n=any k=any
-  types    a=f16 b=f16 c=f16 acc=f32
-  tile     m=16 n=16 k=16
-  swizzle  group=1
-  epilogue bias=col activation=relu
-}
-"""
+    epilogue = TINY.replace("swizzle  group=1", "swizzle  group=1\n  epilogue bias=col activation=relu")
     for text, problem, torch_out in ((TINY, Problem(16, 16, 16), True),
                                      (epilogue, Problem(16, 16, 16, bias="col", activation="relu"), False)):
         log = []
