@@ -124,3 +124,21 @@ def test_rows_that_cannot_be_imported_are_a_usage_error(measured, tmp_path, caps
     broken.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert main(["import", str(broken), "--store", str(tmp_path / "s.sqlite")]) == 2
     assert "gone.l2" in capsys.readouterr().err
+
+
+def test_a_win_without_verified_figures_is_not_imported(measured, capsys, tmp_path):
+    """An `ok` row is trusted as a win only as `l2c bench` writes it: `verified` true and finite numeric figures. A
+    hand-made or damaged row (no verification, a speedup in text) is skipped and counted, never stored."""
+    _, _, out = measured
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    results = [r for r in rows if r.get("type") == "result" and r.get("status") == "ok"]
+    assert results and all(r.get("verified") is True for r in results)
+    forged = dict(results[0], speedup=50.0, candidate_tflops=100.0)
+    del forged["verified"]
+    texty = dict(results[1], speedup="9999x")
+    bad = tmp_path / "forged.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], forged, texty]))
+    store = Store(tmp_path / "s.sqlite")
+    assert main(["import", str(bad), "--store", str(store.path)]) == 0
+    assert "2 win(s) without verified figures skipped" in capsys.readouterr().out
+    assert store.count() == 0

@@ -10,6 +10,7 @@ is stored without one: it is a cached measurement, not a training sample.
 """
 from __future__ import annotations
 
+import math
 import sys
 from datetime import datetime
 from typing import Dict, Iterable, List, Tuple
@@ -35,7 +36,7 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
     from l2c.search.space import Problem, params_from_spec, spec_from_params
     from l2c.search.store import STATUSES, Result
 
-    results, counts = [], {"imported": 0, "outside_space": 0, "not_a_verdict": 0, "stale": 0}
+    results, counts = [], {"imported": 0, "outside_space": 0, "not_a_verdict": 0, "stale": 0, "unverified": 0}
     points: Dict[tuple, Tuple[dict, str]] = {}   # (spec text, target, dtype, layout, batch) -> (point, stored text)
     gpu, when = None, 0.0
     for row in rows:
@@ -56,6 +57,9 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
             continue
         if gpu is None:
             raise ValueError("a result row comes before any environment row naming the GPU")
+        if status == "ok" and not _verified_figures(row):   # a win the store would trust must be one l2c bench made
+            counts["unverified"] += 1
+            continue
         text = spec_text(row, spec_cache)
         if not text:
             raise ValueError(f"the spec of {row.get('name')} is neither in the row nor in {row.get('source')!r}")
@@ -91,6 +95,15 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
     return results, counts
 
 
+def _verified_figures(row) -> bool:
+    """Whether an `ok` row is what `l2c bench` writes for a kernel it verified: `verified` true and finite,
+    non-negative figures (a hand-made row could otherwise become a tuned table's winner)."""
+    def figure(name):
+        value = row.get(name)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return row.get("verified") is True and all(figure(f) for f in ("speedup", "candidate_tflops", "baseline_tflops"))
+
+
 def run(args) -> int:
     from ..errors import BenchError
     from ..results_file import read_rows
@@ -112,18 +125,19 @@ def run(args) -> int:
 
     store = Store(args.store or default_store_path())
     cache: dict = {}
-    total = {"imported": 0, "outside_space": 0, "not_a_verdict": 0, "stale": 0}
+    total = {"imported": 0, "outside_space": 0, "not_a_verdict": 0, "stale": 0, "unverified": 0}
     for path in args.results:
         try:
             results, counts = results_from_rows(rows_of(path), args.arch, cache)
         except (BenchError, OSError) as err:
             raise UsageError(str(err)) from None
-        except (ValueError, KeyError) as err:
+        except (ValueError, KeyError, TypeError) as err:   # a row whose fields are not what l2c bench writes
             raise UsageError(f"{path}: {err}") from None
         store.record_many(results)
         print(f"{path}: {counts['imported']} result(s) recorded ({counts['outside_space']} outside the search space, "
               f"kept as measurements only; {counts['stale']} of another build than l2c makes now, kept but not "
-              f"used); {counts['not_a_verdict']} error row(s) skipped")
+              f"used); {counts['not_a_verdict']} error row(s) and {counts['unverified']} win(s) without verified "
+              f"figures skipped")
         for key in total:
             total[key] += counts[key]
     print(f"{store.path}: {total['imported']} result(s) imported; the store holds {store.count()}", file=sys.stderr)
