@@ -94,7 +94,7 @@ def test_imported_bench_rows_count_only_when_they_timed_todays_build():
     env = {"type": "env", "gpu": "gpu", "date": "2026-12-01T00:00:00+00:00"}
     base = {"type": "result", "kernel": "k", "name": "b", "source": "x", "target": "triton", "m": 64, "n": 64,
             "k": 64, "batch": 1, "protocol": "kernel", "dtype": "f16", "layout": "row,row,row", "status": "ok",
-            "speedup": 1.2, "candidate_tflops": 1.0, "baseline_tflops": 1.0, "spec": SPEC}
+            "speedup": 1.2, "candidate_tflops": 1.0, "baseline_tflops": 1.0, "spec": SPEC, "verified": True}
     rows = [env, dict(base, build_id=build_id_of(SPEC, "triton", "sm_90")), dict(base, m=128, build_id="other"),
             dict(base, m=256)]
     results, counts = results_from_rows(json.loads(json.dumps(rows)), "sm_90", {})

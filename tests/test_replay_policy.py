@@ -36,7 +36,7 @@ def test_the_policy_learns_a_planted_best_and_ranks_it_first_on_held_out_shapes(
             rows.append({"type": "result", "kernel": f"t{t}", "name": f"t{t}", "target": "triton", "m": m + i,
                          "n": n, "k": k, "batch": 1, "dtype": "f16", "layout": "row,row,row", "protocol": "kernel",
                          "status": "ok", "speedup": speedup, "candidate_tflops": speedup, "baseline_tflops": 1.0,
-                         "spec": specs[t]})
+                         "spec": specs[t], "verified": True})
     screen = tmp_path / "screen.jsonl"
     screen.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "replay.json"
