@@ -40,6 +40,8 @@ def job_timeout_s() -> float:
     except ValueError:
         value = JOB_TIMEOUT_S
     return value if value > 0 else JOB_TIMEOUT_S
+
+
 QUEUED, READY, FAILED = "queued", "ready", "failed"
 
 
@@ -145,15 +147,16 @@ class Preparer:
                         worker = _start_worker()
                     worker.stdin.write(job.to_json() + "\n")
                     worker.stdin.flush()
-                    timer = threading.Timer(job_timeout_s(), worker.kill)   # a job that hangs stops its worker
+                    limit = job_timeout_s()
+                    timer = threading.Timer(limit, worker.kill)   # a job that hangs stops its worker
                     timer.start()
                     try:
                         line = worker.stdout.readline()
                     finally:
                         timer.cancel()
-                    if not line and time.monotonic() - start >= job_timeout_s():
-                        reply = {"ok": False, "reason": f"the preparation worker took longer than "
-                                                        f"{job_timeout_s():g} s (L2C_PREPARE_TIMEOUT_S): stopped"}
+                    if not line and time.monotonic() - start >= limit:
+                        reply = {"ok": False, "reason": f"the preparation worker took longer than {limit:g} s "
+                                                        "(L2C_PREPARE_TIMEOUT_S): stopped"}
                         worker.wait()
                     else:
                         reply = json.loads(line) if line else {"ok": False, "reason": _died(worker)}

@@ -26,6 +26,7 @@ from .rules import parallel_split_k
 _STATUS = {1: "bad shape", 2: "cannot implement", 3: "workspace too small", 4: "initialize failed",
            5: "launch failed", 6: "CUDA error"}
 _ARGUMENT_ERRORS = (1, 2)   # raised as ValueError: the call, not the kernel, is at fault
+UNUSED_WORKSPACE_BYTES = 16   # the buffer passed to a launch that writes no workspace (the entry wants a pointer)
 
 
 _I64 = ctypes.c_int64
@@ -130,7 +131,8 @@ class CutlassKernel(Kernel):
         workspace = self._unused_workspaces.get(device.index)
         if workspace is None:
             import torch
-            workspace = self._unused_workspaces[device.index] = torch.empty(16, dtype=torch.uint8, device=device)
+            workspace = self._unused_workspaces[device.index] = torch.empty(UNUSED_WORKSPACE_BYTES, dtype=torch.uint8,
+                                                                            device=device)
         return workspace
 
     def _workspace(self, device, m: int, n: int, k: int, batch: int):
@@ -280,7 +282,8 @@ class CutlassKernel(Kernel):
             # a plan holds the unused buffer's address, or none (0): each replay then allocates its own
             needed = self._workspace_needed(device, m, n, k, batch)
             workspace = 0 if needed else self._unused_workspace(device).data_ptr()
-            arguments = (m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace, needed or 16)
+            arguments = (m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace,
+                         needed or UNUSED_WORKSPACE_BYTES)
             native = shim.make_plan(self._run, arguments) if self._run_planned is not None else None
             stored_shape = tuple(out.mT.shape) if spec.layout_c == "col" else tuple(out.shape)
             plan = _CallPlan(
