@@ -41,7 +41,7 @@ from torch.autograd import forward_ad as _forward_ad
 from . import background, native_call, settings, targets
 from .epilogue import (activate, check_activation, check_gate, torch_gated, torch_gated_linear, torch_matmul,
                        torch_residual)
-from .errors import BuildError, L2Error, LaunchError
+from .errors import BuildError, L2Error, LaunchError, SignatureDeclined
 from .kernel import call_signature
 from .parser import parse_one
 from .prepare import FAILED, QUEUED, READY, Job, Preparer
@@ -265,6 +265,7 @@ class Dispatcher:
         # (deriving the job parses and renders the entry's spec: about 2.5 ms a call on the H200's host)
         self._jobs: Dict[Tuple, Optional[Job]] = {}
         self._ran: set = set()          # (call signature, kernel) pairs that ran eagerly: may serve in a capture
+        self._declined: set = set()     # (call signature, kernel) pairs the kernel declined (SignatureDeclined)
         # (call signature, activation argument) -> the kernel that served such a plain call eagerly (no out=, no
         # autograd): the steady-state path, one lookup and the launch (`_served_call`)
         self._served: Dict[Tuple, Callable] = {}
@@ -555,8 +556,9 @@ class Dispatcher:
         misaligned pointer: this call only) and the caller falls back; counts which path served the call.
         With `grad` the call records an autograd node whose backward runs the dispatcher's GEMMs; `c` is the C input
         of a kernel that adds a residual."""
-        if kernel is not None and _torch_serves(a, b, bias, c):
-            kernel = None        # a torch.func transform, a forward-mode tangent or autocast to another dtype
+        if kernel is not None and (_torch_serves(a, b, bias, c) or (tensors, id(kernel)) in self._declined):
+            kernel = None        # a torch.func transform, a forward-mode tangent, autocast to another dtype, or a
+            # signature the kernel declined before (its strides): torch's at once, without the kernel's checks
         if kernel is not None:
             if (tensors, id(kernel)) not in self._ran and a.is_cuda and torch.cuda.is_current_stream_capturing():
                 kernel = None    # its first launch may allocate or set attributes: not inside a capture
@@ -575,6 +577,10 @@ class Dispatcher:
                     self._ran.add((tensors, id(kernel)))
                     self.counts["tuned"] += 1
                     return result
+                except SignatureDeclined as err:
+                    if out is None and c is None:   # what it declined is in the signature, not in out= or c
+                        self._declined.add((tensors, id(kernel)))
+                    log.debug("tuned kernel declined the call's signature (%s); falling back", err)
                 except (ValueError, torch.OutOfMemoryError) as err:   # no memory for its workspace: torch may need none
                     log.debug("tuned kernel declined the call (%s); falling back", err)
                 except LaunchError as err:

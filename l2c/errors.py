@@ -63,3 +63,8 @@ class BenchError(Exception):
 class LaunchError(RuntimeError):
     """A built, verified kernel's launch failed (a CUDA error, no kernel image for this GPU, a workspace or
     initialization failure): not the call's fault, and torch can still serve the call."""
+
+
+class SignatureDeclined(ValueError):
+    """A kernel declines a call for what its signature fixes (shapes, strides, dtypes, devices: `kernel.call_signature`),
+    so it declines every call of that signature; a plain ValueError declines one call (a misaligned pointer)."""

@@ -25,7 +25,13 @@ def parse_storage(arg: Optional[str], default_dir: Path):
         return parse_storage(f"journal:{Path(default_dir) / 'studies.journal'}", default_dir)
     kwargs = {"connect_args": {"timeout": 120}} if arg.startswith("sqlite") else {}
     heartbeat = {} if arg.startswith("sqlite") else {"heartbeat_interval": 60, "grace_period": 300}
-    return optuna.storages.RDBStorage(arg, engine_kwargs=kwargs, **heartbeat)
+    import sqlalchemy.exc
+    try:
+        return optuna.storages.RDBStorage(arg, engine_kwargs=kwargs, **heartbeat)
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as err:   # an unknown scheme, a missing driver, no server
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataFileError(f"--storage {arg}: cannot open it as an Optuna storage ({reason}); expected an RDB URL "
+                            f"(sqlite:///PATH, postgresql://...), journal:PATH or :memory:") from None
 
 
 def check_journal(path: Path) -> None:

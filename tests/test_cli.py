@@ -104,6 +104,19 @@ def test_tune_for_an_unknown_arch_is_a_usage_error(tmp_path):
     assert result.returncode == 2 and "--arch 'sm_91'" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("flags, fragment", [
+    (["--seed", str(2 ** 64)], "--seed must be between 0 and"),
+    (["--seed", "-1"], "--seed must be between 0 and"),
+    (["--storage", "nosuchdb://host/x"], "--storage nosuchdb://host/x: cannot open it as an Optuna storage"),
+    (["--policy", "POLICY"], "not a policy file written by l2c"),
+])
+def test_tune_flags_that_cannot_work_are_usage_errors(tmp_path, flags, fragment):
+    (tmp_path / "POLICY").write_text("not a policy\n")
+    result = l2c("tune", "--shapes", "16x16x16", "--runner", "model", "--trials", "2", "--confirm", "0", "--store",
+                 tmp_path / "store.db", *[str(tmp_path / f) if f == "POLICY" else f for f in flags], cwd=tmp_path)
+    assert_clean_failure(result, fragment)
+
+
 # ------------------------------------------------------------------ where outputs go, and what is in the way
 
 HGEMM = REPO / "examples" / "hgemm_4096.l2"

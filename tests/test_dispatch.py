@@ -914,3 +914,54 @@ def test_an_online_job_the_worker_failed_on_is_no_persisted_decision(tmp_path, m
     assert dispatcher.stats == {"tuned": 0, "fallback": 2}
     assert not Decisions("cpu", "none").entries
     set_tuned_table(None)
+
+
+def test_a_kernel_that_declines_a_signature_is_not_asked_again_for_it(monkeypatch, tmp_path):
+    """A kernel that declines what a call's signature fixes (SignatureDeclined: strides TMA cannot take) declines
+    every call of that signature: torch serves the later ones without the kernel's checks. A decline of one call (a
+    misaligned pointer: a plain ValueError) is asked again at the next call."""
+    from l2c.errors import SignatureDeclined
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    l2c.matmul(a, w.t())
+    (key, kernel), = [(k, v) for k, v in dispatcher._kernels.items() if v is not None]
+    asked = []
+
+    class Declining:
+        valid = kernel.valid
+
+        def __init__(self, error):
+            self.error = error
+
+        def __call__(self, a, b, c=None, bias=None, out=None):
+            asked.append(self.error)
+            raise self.error("declined")
+
+        def call_planned(self, key, a, b, bias=None):
+            return self(a, b, bias=bias)
+
+    for error, calls in ((SignatureDeclined, 1), (ValueError, 3)):
+        asked.clear()
+        dispatcher._kernels[key] = Declining(error)
+        dispatcher._by_call.clear()
+        dispatcher._served.clear()
+        for _ in range(3):
+            torch.testing.assert_close(l2c.matmul(a, w.t()), torch.matmul(a, w.t()), rtol=0, atol=0)
+        assert len(asked) == calls, error
+    set_tuned_table(None)
+
+
+def test_a_cutlass_kernel_declines_by_signature_what_its_signature_fixes():
+    """What the CUTLASS runtime checks from shapes and strides alone is SignatureDeclined (the dispatcher stops
+    asking); a misaligned pointer only declines that call."""
+    from l2c.errors import SignatureDeclined
+    from l2c.targets.cutlass.kernel import _leading_dims
+    wide = torch.zeros(64, 72, dtype=torch.float16)
+    with pytest.raises(SignatureDeclined, match="multiples of 16 bytes"):
+        _leading_dims("b", torch.zeros(64, 77, dtype=torch.float16)[:, :4], "row")   # leading dimension 154 bytes
+    with pytest.raises(SignatureDeclined, match="row-major"):
+        _leading_dims("b", wide.t(), "row")
+    with pytest.raises(ValueError) as caught:
+        _leading_dims("b", torch.zeros(64 * 72 + 1, dtype=torch.float16)[1:].view(64, 72), "row")
+    assert not isinstance(caught.value, SignatureDeclined)

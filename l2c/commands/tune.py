@@ -58,6 +58,7 @@ def add_parser(sub) -> None:
 
 
 MIN_STORE_RESULTS = 20   # results a store needs before a policy is trained on it
+MAX_SEED = 2 ** 31 - 1   # the samplers take seeds below 2^32, offset per worker and shape (study.make_sampler)
 
 _CAVEAT = {"model": "; analytic cost MODEL, not a measurement",
            "interpreter": "; CPU interpreter, not a performance figure"}
@@ -128,6 +129,8 @@ def run(args) -> int:
         raise UsageError("--trials and --workers must be at least 1")
     if args.confirm < 0:
         raise UsageError("--confirm must be 0 or more")
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be between 0 and {MAX_SEED} (each worker and shape adds its own offset)")
     if args.runner == "gpu":
         import torch
         if not torch.cuda.is_available():
@@ -171,7 +174,13 @@ def run(args) -> int:
         shipped, shipped_path = _shipped_policy(args, log) if args.policy == "auto" else (None, None)
         source = policy_source(args.policy, save_path.exists(), n, shipped.trained_on if shipped else None)
         if source == "file":
-            policy, policy_path = Policy.load(save_path), save_path
+            try:
+                policy, policy_path = Policy.load(save_path), save_path
+            except ValueError as err:   # a policy of another search space: Policy.load says so
+                raise UsageError(f"--policy: {err}") from None
+            except Exception as err:  # noqa: BLE001 - any other file: torch's reader raises many kinds
+                raise UsageError(f"--policy {save_path}: not a policy file written by l2c (reading it as one "
+                                 f"failed: {type(err).__name__})") from None
             log(f"policy loaded from {save_path} (trained on {policy.trained_on} results)")
         elif source == "store":
             policy = Policy(seed=args.seed or 0)

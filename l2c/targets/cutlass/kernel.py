@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 from ... import settings
-from ...errors import BuildError, LaunchError
+from ...errors import BuildError, LaunchError, SignatureDeclined
 from ...kernel import Kernel, call_signature, cuda_accessors, output_template
 from ...knobs import ANY
 from ...lower import render
@@ -226,17 +226,17 @@ class CutlassKernel(Kernel):
         _check_tensor("a", a, in_dtype)
         _check_tensor("b", b, in_dtype)
         if a.dim() != b.dim():
-            raise ValueError(f"a is {a.dim()}-D but b is {b.dim()}-D; both are (M, K)/(K, N) or both batched")
+            raise SignatureDeclined(f"a is {a.dim()}-D but b is {b.dim()}-D; both are (M, K)/(K, N) or both batched")
         m, k = a.shape[-2:]
         k_b, n = b.shape[-2:]
         if k != k_b:
-            raise ValueError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
+            raise SignatureDeclined(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
         batch = a.shape[0] if a.dim() == 3 else 1
         if a.dim() == 3 and b.shape[0] != batch:
-            raise ValueError(f"batch of a is {batch} but of b is {b.shape[0]}")
+            raise SignatureDeclined(f"batch of a is {batch} but of b is {b.shape[0]}")
         for name, value, fixed in zip(("M", "N", "K", "batch"), (m, n, k, batch), self._fixed):
             if fixed != ANY and value != fixed:
-                raise ValueError(f"{self.valid.name} is built for problem {name}={fixed}, got {value}")
+                raise SignatureDeclined(f"{self.valid.name} is built for problem {name}={fixed}, got {value}")
         out_shape = (*a.shape[:-2], m, n)
         if out is None:
             stored = (*out_shape[:-2], n, m) if spec.layout_c == "col" else out_shape
@@ -254,19 +254,21 @@ class CutlassKernel(Kernel):
         if self._bias != "none":
             length = m if self._bias == "row" else n
             if bias is None:
-                raise ValueError(f"epilogue bias={self._bias} needs `bias` of shape ({length},)")
+                raise SignatureDeclined(f"epilogue bias={self._bias} needs `bias` of shape ({length},)")
             _check_tensor("bias", bias, out_dtype, (length,))
-            if bias.stride(0) != 1 or bias.data_ptr() % 16:
-                raise ValueError("bias must be contiguous and 16-byte aligned")
+            if bias.stride(0) != 1:
+                raise SignatureDeclined("bias must be contiguous")
+            if bias.data_ptr() % 16:
+                raise ValueError("bias must be 16-byte aligned")
         elif bias is not None:
-            raise ValueError("this kernel has no bias epilogue; `bias` must be None")
+            raise SignatureDeclined("this kernel has no bias epilogue; `bias` must be None")
         for name, t in (("b", b), ("c", c), ("bias", bias), ("out", out)):
             if t is not None and t.device != a.device:
-                raise ValueError(f"`{name}` is on {t.device} and `a` on {a.device}: one device, as torch requires")
+                raise SignatureDeclined(f"`{name}` is on {t.device} and `a` on {a.device}: one device, as torch requires")
         if m == 0 or n == 0:
             return out, None
         if k == 0:
-            raise ValueError("K = 0: nothing to multiply (the CUTLASS kernel needs K >= 1)")
+            raise SignatureDeclined("K = 0: nothing to multiply (the CUTLASS kernel needs K >= 1)")
 
         lda, bsa = _leading_dims("a", a, spec.layout_a)
         ldb, bsb = _leading_dims("b", b, spec.layout_b)
@@ -327,15 +329,15 @@ def _torch_dtype(name: str):
 def _check_tensor(name: str, t, dtype, shape: Optional[Sequence[int]] = None) -> None:
     import torch
     if not isinstance(t, torch.Tensor):
-        raise ValueError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
+        raise SignatureDeclined(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
-        raise ValueError(f"`{name}` is on {t.device}; CUTLASS kernels run on CUDA tensors")
+        raise SignatureDeclined(f"`{name}` is on {t.device}; CUTLASS kernels run on CUDA tensors")
     if t.dtype != dtype:
-        raise ValueError(f"`{name}` is {t.dtype}, the spec needs {dtype}")
+        raise SignatureDeclined(f"`{name}` is {t.dtype}, the spec needs {dtype}")
     if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ValueError(f"`{name}` has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        raise SignatureDeclined(f"`{name}` has shape {tuple(t.shape)}, expected {tuple(shape)}")
     if shape is None and t.dim() not in (2, 3):
-        raise ValueError(f"`{name}` must be 2-D or batched 3-D, got shape {tuple(t.shape)}")
+        raise SignatureDeclined(f"`{name}` must be 2-D or batched 3-D, got shape {tuple(t.shape)}")
 
 
 def _leading_dims(name: str, t, layout: str) -> Tuple[int, int]:
@@ -347,7 +349,7 @@ def _leading_dims(name: str, t, layout: str) -> Tuple[int, int]:
     else:
         contiguous, extent, outer, ld = t.stride(-2), rows, cols, t.stride(-1)
     if contiguous != 1 and extent > 1:
-        raise ValueError(f"`{name}` must be {layout}-major (stride {'(-1)' if layout == 'row' else '(-2)'} == 1), "
+        raise SignatureDeclined(f"`{name}` must be {layout}-major (stride {'(-1)' if layout == 'row' else '(-2)'} == 1), "
                          f"got strides {tuple(t.stride())}")
     if outer == 1:
         ld = extent   # a single row/column: its stride is arbitrary, pass the packed one
@@ -356,10 +358,10 @@ def _leading_dims(name: str, t, layout: str) -> Tuple[int, int]:
     if t.data_ptr() % 16:
         raise ValueError(f"`{name}` data pointer is not 16-byte aligned (TMA)")
     if (extent * nbytes) % 16 or (ld * nbytes) % 16 or (batch_stride * nbytes) % 16:
-        raise ValueError(f"`{name}` ({layout}-major, shape {tuple(t.shape)}, strides {tuple(t.stride())}): the "
+        raise SignatureDeclined(f"`{name}` ({layout}-major, shape {tuple(t.shape)}, strides {tuple(t.stride())}): the "
                          f"contiguous extent, leading dimension and batch stride must be multiples of 16 bytes")
     if ld < extent:
-        raise ValueError(f"`{name}` has leading dimension {ld} < its contiguous extent {extent}")
+        raise SignatureDeclined(f"`{name}` has leading dimension {ld} < its contiguous extent {extent}")
     return ld, batch_stride
 
 
