@@ -9,7 +9,9 @@ is too large for that. A kernel that raises is a failed check, never an exceptio
 Two checks, both must hold: the relative Frobenius error against a per-dtype tolerance, and an elementwise bound
 (`element_bound`), because a norm over millions of elements lets one wrong element, a wrong 3x3 block or one
 wrong edge column through. A shape-generic kernel checked at a shape that fills its tiles exactly is also
-checked at a shape with partial tiles in every open dimension (`edge_shape`), where masking bugs live.
+checked at a shape with partial tiles in every open dimension (`edge_shape`), where masking bugs live. Then the
+call is made again on inputs of -1, 0 and 1 (`exact_density`), where every correct kernel is exact: a product term
+left out or added twice fails there however loose the tolerance of normal inputs (an f16 accumulator at large K).
 
 A gated spec (`epilogue gate`) reads a B of K x 2N (the gate's columns, then the up projection's) and a bias of 2N
 values; its reference is act(gate) * up of the float reference of both halves, and its elementwise bound carries
@@ -160,6 +162,30 @@ def memory_needed(spec, m: int, n: int, k: int, batch: int = 1) -> int:
     return operands * (in_bytes + 2 * 8) + outputs * (4 * out_bytes + 7 * 8)
 
 
+# Every integer from 0 to this is exact in the type (the reach of its significand).
+EXACT_INTEGERS = {"f16": 2 ** 11, "bf16": 2 ** 8, "f32": 2 ** 24}
+
+
+def _power_of_two(x: float) -> bool:
+    mantissa, exponent = math.frexp(abs(x))
+    return mantissa == 0.5 and -3 <= exponent <= 5   # 2^-4 .. 2^4: its products stay normal and exact
+
+
+def exact_density(spec, k: int) -> Optional[float]:
+    """The density of inputs of -1, 0 and 1 at which every correct kernel for `spec` computes each output exactly,
+    or None where there is none (a gate, an activation other than ReLU, an alpha or beta that is not a power of
+    two). Each output and each partial sum an accumulator may hold is then an integer (times alpha) within half the
+    range its type holds exactly, eight standard deviations out (a K-term sum of products nonzero with probability
+    density^2), so every summation order, split and accumulator type is exact, and a product term left out or added
+    twice shows however loose the tolerance of normal inputs is (an f16 accumulator at large K)."""
+    if _gated(spec) or spec.epilogue_activation not in ("none", "relu"):
+        return None
+    if not _power_of_two(spec.epilogue_alpha) or (spec.epilogue_beta != 0.0 and not _power_of_two(spec.epilogue_beta)):
+        return None
+    limit = min(EXACT_INTEGERS[spec.types_c], EXACT_INTEGERS[spec.types_acc])
+    return min(1.0, limit / (16 * math.sqrt(max(k, 1))))
+
+
 def reference(spec, a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None,
               bias: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """D = act(alpha * a @ b + beta * c + bias) (gated: act(gate) * up of both halves of b) computed in `dtype` on
@@ -186,29 +212,42 @@ def epilogue(spec, product: torch.Tensor, c: Optional[torch.Tensor] = None,
     return activate(result, spec.epilogue_activation)
 
 
-def _random(shape: Tuple[int, ...], layout: str, dtype, device, gen, std: float = 1.0) -> torch.Tensor:
-    """Normal(0, std) values of `dtype` with logical `shape`; `col` stores the last two dims transposed."""
+def _draw(shape: Tuple[int, ...], device, gen, std: float = 1.0, density: Optional[float] = None) -> torch.Tensor:
+    """float32 values of `shape`: Normal(0, std), or with `density` integers -1, 0 and 1, nonzero with that
+    probability (each sign equally likely)."""
+    if density is None:
+        return torch.randn(shape, generator=gen, device=device) * std
+    signs = torch.randint(0, 2, shape, generator=gen, device=device).float() * 2 - 1
+    return signs * (torch.rand(shape, generator=gen, device=device) < density)
+
+
+def _random(shape: Tuple[int, ...], layout: str, dtype, device, gen, std: float = 1.0,
+            density: Optional[float] = None) -> torch.Tensor:
+    """`_draw`'s values in `dtype` with logical `shape`; `col` stores the last two dims transposed."""
     if layout == "col":
         stored = (*shape[:-2], shape[-1], shape[-2])
-        return (torch.randn(stored, generator=gen, device=device) * std).to(dtype).transpose(-1, -2)
-    return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
+        return _draw(stored, device, gen, std, density).to(dtype).transpose(-1, -2)
+    return _draw(shape, device, gen, std, density).to(dtype)
 
 
-def make_inputs(spec, m: int, n: int, k: int, batch: int, device, gen):
+def make_inputs(spec, m: int, n: int, k: int, batch: int, device, gen, density: Optional[float] = None):
     """(a, b, c or None, bias or None, out poisoned with NaN) in the spec's types and layouts; a gated spec's b and
     bias have 2N columns (the gate's, then the up projection's), and b is scaled by 1/sqrt(K) as a layer's weights
     are: act(gate) * up multiplies two K-term sums, whose product of Normal(0, 1) operands (variance K squared)
-    overflows f16 somewhere in a large output although the kernel is right."""
+    overflows f16 somewhere in a large output although the kernel is right. With `density`, every input holds the
+    integers -1, 0 and 1 instead (`exact_density`)."""
     lead = (batch,) if batch > 1 else ()
     in_t, out_t = TORCH_DTYPES[spec.types_a], TORCH_DTYPES[spec.types_c]
     gated = _gated(spec)
     b_cols = 2 * n if gated else n
-    a = _random((*lead, m, k), spec.layout_a, in_t, device, gen)
-    b = _random((*lead, k, b_cols), spec.layout_b, in_t, device, gen, std=k ** -0.5 if gated else 1.0)
-    c = _random((*lead, m, n), spec.layout_c, out_t, device, gen) if spec.epilogue_beta != 0.0 else None
+    a = _random((*lead, m, k), spec.layout_a, in_t, device, gen, density=density)
+    b = _random((*lead, k, b_cols), spec.layout_b, in_t, device, gen, std=k ** -0.5 if gated else 1.0,
+                density=density)
+    c = _random((*lead, m, n), spec.layout_c, out_t, device, gen, density=density) \
+        if spec.epilogue_beta != 0.0 else None
     bias = None
     if spec.epilogue_bias != "none":
-        bias = torch.randn(m if spec.epilogue_bias == "row" else b_cols, generator=gen, device=device).to(out_t)
+        bias = _draw((m if spec.epilogue_bias == "row" else b_cols,), device, gen, density=density).to(out_t)
     out_stored = (*lead, n, m) if spec.layout_c == "col" else (*lead, m, n)
     out = torch.full(out_stored, float("nan"), dtype=out_t, device=device)
     if spec.layout_c == "col":
@@ -364,6 +403,8 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
     result = check(out, "")
     if result.ok:
         result = _check_padded_operands(kernel, a, b, c, bias, out, tol, check, device) or result
+    if result.ok:
+        result = _check_exact(kernel, m, n, k, batch, device, gen, tol) or result
     if result.ok and c is None and allocating_calls:
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         result = check_allocating_calls(kernel, a, b, bias, out, tol, check, sync) or result
@@ -371,6 +412,43 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
         if result.ok and wrote_elsewhere:
             return VerifyResult(False, math.inf, tol, wrote_elsewhere + " (the calls allocating their output)")
     return result
+
+
+def _check_exact(kernel, m: int, n: int, k: int, batch: int, device: torch.device, gen, tol: float
+                 ) -> Optional[VerifyResult]:
+    """The call again on inputs of -1, 0 and 1 (`exact_density`), where every output of a correct kernel equals the
+    reference exactly: the first failure, or None (also where the spec has no such inputs, or there is no memory)."""
+    spec = kernel.valid.spec
+    density = exact_density(spec, k)
+    if density is None:
+        return None
+    what = " (inputs of -1, 0 and 1, where a correct kernel is exact)"
+    try:
+        a, b, c, bias, out = make_inputs(spec, m, n, k, batch, device, gen, density=density)
+    except (MemoryError, RuntimeError) as err:   # torch's allocators report failure as RuntimeError
+        if isinstance(err, RuntimeError) and "alloc" not in str(err).lower() and "memory" not in str(err).lower():
+            raise
+        return None
+    try:
+        kernel(a, b, c=c, bias=bias, out=out)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as err:  # noqa: BLE001 - a kernel that raises is a failed candidate
+        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+    # integers below 2^24: float32 sums them exactly in any order (no TF32), as float64 does on the CPU
+    dtype = torch.float32 if device.type == "cuda" else torch.float64
+    with _exact_fp32_matmul():
+        ref = reference(spec, a, b, c, bias, dtype=dtype)
+    got = out.to(dtype)
+    wrong = got != ref   # NaN differs from everything
+    count = int(wrong.sum())
+    if not count:
+        return None
+    index = tuple(int(i) for i in torch.nonzero(wrong)[0])
+    rel = (torch.linalg.vector_norm(torch.nan_to_num(got - ref, nan=math.inf)) /
+           torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+    return VerifyResult(False, rel, tol, f"{count} of {ref.numel()} outputs are not exact, the first at {index}: "
+                        f"{got[index].item():.6g}, expected {ref[index].item():.6g}{what}")
 
 
 def _padded(t: torch.Tensor) -> torch.Tensor:

@@ -148,6 +148,8 @@ def test_unwritten_element_is_named():
     "types a=f32 b=f32 c=f32 math=ieee epilogue alpha=3.0 beta=-2.0 activation=relu",
     "types a=bf16 b=bf16 c=bf16 layout a=col b=col c=col epilogue beta=1.0 bias=col activation=gelu",
     "types a=f16 b=f16 c=f16 split_k slices=4 epilogue alpha=0.001",
+    "types a=bf16 b=bf16 c=bf16 epilogue alpha=2.0 beta=1.0 bias=col activation=relu",
+    "types a=f16 b=f16 c=f16 acc=f16 epilogue alpha=0.25 beta=-1.0 bias=row",
 ])
 @pytest.mark.parametrize("shape", [(257, 131, 1000), (64, 64, 4096), (1, 300, 7)])
 def test_correct_kernels_pass_in_every_type_and_epilogue(text, shape):
@@ -162,7 +164,8 @@ def test_correct_kernels_pass_in_every_type_and_epilogue(text, shape):
 def small_triton_specs(draw):
     """Valid Triton specs small enough for the interpreter, with every epilogue, accumulator, split-K and layout."""
     types_a = draw(st.sampled_from(("f16", "f32")))   # not bf16: its tl.dot is wrong in the interpreter
-    scalar = st.one_of(st.just(0.0), st.floats(-4, 4).filter(lambda x: abs(x) > 1e-3))
+    scalar = st.one_of(st.just(0.0), st.sampled_from((1.0, -1.0, 0.5, 2.0)),   # powers of two: exact inputs too
+                       st.floats(-4, 4).filter(lambda x: abs(x) > 1e-3))
     return draw(valid_specs(
         "triton", problem_m="any", problem_n="any", problem_k="any", problem_batch=1, types_a=types_a,
         types_b=types_a, types_acc=draw(st.sampled_from(("f32", "f16") if types_a == "f16" else ("f32",))),
@@ -250,3 +253,25 @@ def test_a_kernel_that_ignores_the_leading_dimension_fails():
             return super().__call__(a, b, c=c, bias=bias, out=out)
 
     assert verify(DeclinesPadded(valid), 48, 40, 32, seed=5).ok
+
+
+class DropsTheLastKTile(TorchKernel):
+    """An f16-accumulating kernel that leaves out the last K tile: within the tolerance of normal inputs at large K."""
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        tile = self.valid.spec.tile_k
+        return super().__call__(a[..., :-tile], b[..., :-tile, :], c=c, bias=bias, out=out)
+
+
+F16_ACC = "kernel acc16 { types a=f16 b=f16 c=f16 acc=f16 tile m=64 n=64 k=64 launch warps=4 }"
+
+
+def test_a_dropped_k_tile_fails_on_inputs_where_a_correct_kernel_is_exact():
+    """At K = 8192 an f16 accumulator's tolerance hides a missing K tile on normal inputs (1/128 of the sum); on
+    inputs of -1, 0 and 1 every correct kernel is exact, so it fails there, and the correct kernel still passes."""
+    valid = _valid(F16_ACC)
+    for seed in range(3):
+        assert verify(TorchKernel(valid), 64, 64, 8192, seed=seed).ok
+        result = verify(DropsTheLastKTile(valid), 64, 64, 8192, seed=seed)
+        assert not result.ok and "inputs of -1, 0 and 1" in result.reason, result
+
