@@ -8,9 +8,12 @@ compiled once per machine, in the background, where nvcc is installed).
 
 The checks are the GPU branch of `l2c.verify`, for the plain epilogues the dispatcher builds (alpha, a bias per row
 or column, no activation, no C input, no gate): fresh Normal(0, 1) inputs in the spec's layouts (drawn by the
-checker from a new seed each time), the output poisoned with NaN first, a float32 reference of the product and of
-its spread, `verify.element_bound` at every output and the relative Frobenius error against `verify.tolerance`;
-then the same shape with partial tiles (`verify.edge_shape`) and two calls that allocate their output. Problems
+checker from a new seed each time), the output poisoned with NaN between poisoned guards, a float32 reference of
+the product and of its spread, `verify.element_bound` at every output and the relative Frobenius error against
+`verify.tolerance`; the operands and guards compared with what was written there (a kernel writes nothing else);
+then operands with padded leading dimensions, inputs of -1, 0 and 1 where the result must be exact
+(`verify.exact_density`), the same shape with partial tiles (`verify.edge_shape`) and two calls that allocate their
+output. Problems
 larger than `MAX_MACS` multiply-adds or whose operands exceed `MAX_OPERAND_BYTES` are left to the worker: the
 checker's naive float32 product would cost too long on a caller's thread, and its inputs too much of its memory.
 
@@ -33,8 +36,8 @@ from typing import Optional, Tuple
 import torch
 
 from .errors import BuildError
-from .verify import (ELEMENT_SAFETY, TORCH_DTYPES, UNIT_ROUNDOFF, VerifyResult, check_allocating_calls, tolerance,
-                     verdict, with_edge_shape)
+from .verify import (ELEMENT_SAFETY, GUARD_ELEMENTS, TORCH_DTYPES, UNIT_ROUNDOFF, VerifyResult,
+                     check_allocating_calls, exact_density, tolerance, verdict, with_edge_shape)
 
 log = logging.getLogger("l2c.checker")
 
@@ -117,12 +120,14 @@ def _bind(library: ctypes.CDLL) -> None:
     i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     operands = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ptr, i32, i32, i32, i32, i32, i32,
                 f32, f32, f32, f32, f32, f32]
-    library.l2c_checker_fill_normal.argtypes = [ptr, i64, i32, ctypes.c_uint64, f32, ptr]
+    library.l2c_checker_fill.argtypes = [ptr, i64, i32, ctypes.c_uint64, f32, ptr]
+    library.l2c_checker_changed.argtypes = [ptr, i64, i32, ctypes.c_uint64, f32, ptr, ptr, ptr]
     library.l2c_checker_poison.argtypes = [ptr, i64, ptr]
+    library.l2c_checker_unpoisoned.argtypes = [ptr, i64, ptr, ptr, ptr]
     library.l2c_checker_compare.argtypes = operands + [ptr, ptr, ptr]
     library.l2c_checker_point.argtypes = operands + [i32, i32, ptr, ptr, ptr]
-    for fn in (library.l2c_checker_fill_normal, library.l2c_checker_poison, library.l2c_checker_compare,
-               library.l2c_checker_point):
+    for fn in (library.l2c_checker_fill, library.l2c_checker_changed, library.l2c_checker_poison,
+               library.l2c_checker_unpoisoned, library.l2c_checker_compare, library.l2c_checker_point):
         fn.restype = ctypes.c_int
 
 
@@ -132,34 +137,70 @@ def _status(code: int, what: str) -> None:
 
 
 class _Check:
-    """The inputs of one problem and the checker's calls on them."""
+    """The inputs of one problem and the checker's calls on them: Normal(0, 1) inputs, or with `density` inputs of
+    -1, 0 and 1 (`verify.exact_density`); with `padded` the operands' leading dimensions 16 bytes past their
+    extents (a column slice of a fused weight, as the dispatcher serves)."""
 
-    def __init__(self, spec, m: int, n: int, k: int, device: torch.device, stream: int):
-        self.spec, self.m, self.n, self.k, self.stream = spec, m, n, k, stream
-        self.a = self._random((m, k), spec.layout_a, spec.types_a, device)
-        self.b = self._random((k, n), spec.layout_b, spec.types_a, device)
+    def __init__(self, spec, m: int, n: int, k: int, device: torch.device, stream: int, density: float = 0.0,
+                 padded: bool = False):
+        self.spec, self.m, self.n, self.k, self.stream, self.density = spec, m, n, k, stream, density
+        self.filled = []   # (the buffer an input was drawn into, its seed): what a kernel must leave as it is
+        self.a = self._random((m, k), spec.layout_a, spec.types_a, device, padded)
+        self.b = self._random((k, n), spec.layout_b, spec.types_a, device, padded)
         self.bias = None
         if spec.epilogue_bias != "none":
-            self.bias = self._random((m if spec.epilogue_bias == "row" else n,), "row", spec.types_c, device)
+            self.bias = self._random((m if spec.epilogue_bias == "row" else n,), "row", spec.types_c, device, False)
+        self.guards = ()
         self.scratch = torch.empty(64, dtype=torch.uint8, device=device)
-        self.bound = (float(spec.epilogue_alpha), UNIT_ROUNDOFF[spec.types_c],
-                      math.sqrt(max(k, 1)) * (UNIT_ROUNDOFF[spec.types_acc] + UNIT_ROUNDOFF["f32"]),
-                      4 * UNIT_ROUNDOFF["f32"], ELEMENT_SAFETY, torch.finfo(TORCH_DTYPES[spec.types_c]).tiny)
+        if density:   # integers summed in float32: every correct output equals the reference exactly
+            self.bound = (float(spec.epilogue_alpha), 0.0, 0.0, 0.0, 0.0, torch.finfo(TORCH_DTYPES[spec.types_c]).tiny)
+        else:
+            self.bound = (float(spec.epilogue_alpha), UNIT_ROUNDOFF[spec.types_c],
+                          math.sqrt(max(k, 1)) * (UNIT_ROUNDOFF[spec.types_acc] + UNIT_ROUNDOFF["f32"]),
+                          4 * UNIT_ROUNDOFF["f32"], ELEMENT_SAFETY, torch.finfo(TORCH_DTYPES[spec.types_c]).tiny)
 
-    def _random(self, shape: Tuple[int, ...], layout: str, types: str, device) -> torch.Tensor:
-        """Normal(0, 1) values of l2c type `types` with logical `shape`; `col` stores the dims transposed."""
-        stored = torch.empty(shape if layout == "row" else shape[::-1], dtype=TORCH_DTYPES[types], device=device)
-        _status(_library.l2c_checker_fill_normal(stored.data_ptr(), stored.numel(), _DTYPE_CODES[types],
-                                                 secrets.randbits(63), 1.0, self.stream), "fill")
+    def _random(self, shape: Tuple[int, ...], layout: str, types: str, device, padded: bool) -> torch.Tensor:
+        """Values of l2c type `types` with logical `shape`, drawn by the checker; `col` stores the dims transposed."""
+        stored_shape = shape if layout == "row" else shape[::-1]
+        dtype = TORCH_DTYPES[types]
+        pad = 128 // torch.finfo(dtype).bits if padded and len(shape) == 2 else 0   # 16 bytes of elements
+        buffer = torch.empty((*stored_shape[:-1], stored_shape[-1] + pad), dtype=dtype, device=device)
+        seed = secrets.randbits(63)
+        _status(_library.l2c_checker_fill(buffer.data_ptr(), buffer.numel(), _DTYPE_CODES[types], seed, self.density,
+                                          self.stream), "fill")
+        self.filled.append((buffer, _DTYPE_CODES[types], seed))
+        stored = buffer[..., :stored_shape[-1]] if pad else buffer
         return stored if layout == "row" else stored.t()
 
     def poisoned_output(self, device) -> torch.Tensor:
+        """The output, NaN, carved with its layout's strides from the middle of a NaN buffer with GUARD_ELEMENTS on
+        each side (the guards a kernel storing past its output's ends changes)."""
         spec = self.spec
-        stored = torch.empty((self.n, self.m) if spec.layout_c == "col" else (self.m, self.n),
-                             dtype=TORCH_DTYPES[spec.types_c], device=device)
-        _status(_library.l2c_checker_poison(stored.data_ptr(), stored.numel() * stored.element_size(), self.stream),
+        dtype = TORCH_DTYPES[spec.types_c]
+        count = self.m * self.n
+        buffer = torch.empty(count + 2 * GUARD_ELEMENTS, dtype=dtype, device=device)
+        _status(_library.l2c_checker_poison(buffer.data_ptr(), buffer.numel() * buffer.element_size(), self.stream),
                 "poison")
-        return stored.t() if spec.layout_c == "col" else stored
+        self.guards = (buffer[:GUARD_ELEMENTS], buffer[GUARD_ELEMENTS + count:])
+        strides = (1, self.m) if spec.layout_c == "col" else (self.n, 1)
+        return buffer.as_strided((self.m, self.n), strides, GUARD_ELEMENTS)
+
+    def wrote_elsewhere(self) -> Optional[str]:
+        """What a kernel changed besides its output (as `verify._wrote_elsewhere`), or None."""
+        changed = ctypes.c_uint64()
+        for (buffer, code, seed), name in zip(self.filled, ("a", "b", "bias")):
+            _status(_library.l2c_checker_changed(buffer.data_ptr(), buffer.numel(), code, seed, self.density,
+                                                 self.scratch.data_ptr(), ctypes.addressof(changed), self.stream),
+                    "operand comparison")
+            if changed.value:
+                return f"kernel wrote to its input `{name}` ({changed.value} elements changed)"
+        for guard in self.guards:
+            _status(_library.l2c_checker_unpoisoned(guard.data_ptr(), guard.numel() * guard.element_size(),
+                                                    self.scratch.data_ptr(), ctypes.addressof(changed), self.stream),
+                    "guard comparison")
+            if changed.value:
+                return "kernel wrote outside its output (past its first or last element)"
+        return None
 
     def _operands(self, out: torch.Tensor) -> list:
         bias = self.bias.data_ptr() if self.bias is not None else None
@@ -197,17 +238,60 @@ def _verify_shape(kernel, m: int, n: int, k: int, device, stream: int, allocatin
     tol = tolerance(spec, k)
     check = _Check(spec, m, n, k, device, stream)
     out = check.poisoned_output(device)
+    failed = _call(kernel, check, out, tol, "")
+    if failed is not None:
+        return failed
+    result = _judge(check, out, tol, "")
+    if result.ok:   # a kernel that declines padded operands (ValueError) leaves such calls to torch: no fault
+        padded = _Check(spec, m, n, k, device, stream, padded=True)
+        result = _call(kernel, padded, padded.poisoned_output(device), tol,
+                       " (operands with padded leading dimensions)", judge=_judge, declined_ok=True) or result
+    density = exact_density(spec, k)
+    if result.ok and density is not None:
+        exact = _Check(spec, m, n, k, device, stream, density=density)
+        result = _call(kernel, exact, exact.poisoned_output(device), tol,
+                       " (inputs of -1, 0 and 1, where a correct kernel is exact)", judge=_judge_exact) or result
+    if result.ok and allocating_calls:   # the kernel's calls synchronize nothing; the checker's comparison does
+        what = " (the calls allocating their output)"
+        result = check_allocating_calls(kernel, check.a, check.b, check.bias, out, tol,
+                                        lambda got, what: _judge(check, got, tol, what), lambda: None) or result
+        wrote_elsewhere = check.wrote_elsewhere() if result.ok else None
+        if wrote_elsewhere:
+            return VerifyResult(False, math.inf, tol, wrote_elsewhere + what)
+    return result
+
+
+def _call(kernel, check: _Check, out: torch.Tensor, tol: float, what: str, judge=None, declined_ok: bool = False
+          ) -> Optional[VerifyResult]:
+    """Call the kernel on `check`'s inputs into `out`; a failure (it raised, wrote elsewhere, returned another
+    tensor, or `judge`'s verdict on `out`), or None."""
     try:
         returned = kernel(check.a, check.b, bias=check.bias, out=out)
+    except ValueError as err:
+        if declined_ok:
+            return None
+        return VerifyResult(False, math.inf, tol, f"kernel raised ValueError: {err}{what}")
     except Exception as err:  # noqa: BLE001 - a kernel that raises is a failed check
-        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}")
+        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+    wrote_elsewhere = check.wrote_elsewhere()
+    if wrote_elsewhere:
+        return VerifyResult(False, math.inf, tol, wrote_elsewhere + what)
     if returned is not out:
-        return VerifyResult(False, math.inf, tol, "kernel did not return the `out` tensor it was given")
-    result = _judge(check, out, tol, "")
-    if result.ok and allocating_calls:   # the kernel's calls synchronize nothing; the checker's comparison does
-        return check_allocating_calls(kernel, check.a, check.b, check.bias, out, tol,
-                                      lambda got, what: _judge(check, got, tol, what), lambda: None) or result
-    return result
+        return VerifyResult(False, math.inf, tol, "kernel did not return the `out` tensor it was given" + what)
+    if judge is None:
+        return None
+    result = judge(check, out, tol, what)
+    return None if result.ok else result
+
+
+def _judge_exact(check: _Check, out: torch.Tensor, tol: float, what: str) -> VerifyResult:
+    """Every output equal to the reference (the checker's bound is the output type's smallest normal: any
+    difference is over it)."""
+    totals = check.compare(out)
+    if not totals.nan_count and not totals.nonfinite and totals.diff2 == 0.0:
+        return VerifyResult(True, 0.0, tol)
+    judged = _judge(check, out, 0.0, what)
+    return VerifyResult(False, judged.rel_error, tol, f"not exact: {judged.reason or 'outputs differ' + what}")
 
 
 def _judge(check: _Check, out: torch.Tensor, tol: float, what: str) -> VerifyResult:

@@ -9,7 +9,8 @@ they have, bias none and per column), at the entry's shape and at a ragged M ins
 - the correct kernel passes both checks;
 - the kernel with a fault injected into every output it writes fails both: one element off by 1% (bf16: 10%), one
   element left unwritten (NaN), a 3x3 block zeroed, eight columns replaced by the eight before them, the last row
-  unwritten.
+  unwritten, one element a unit in the last place off (found by the inputs where the result is exact), one element
+  stored past the output's end; and kernels that write into B, or err only on a B with a padded leading dimension.
 Also the seconds of each check (warm) and the checker's relative error against verify's. Exits 1 on any
 disagreement.
 """
@@ -68,8 +69,49 @@ def _unwritten_row(out):
     out[-1, :] = float("nan")
 
 
+def _one_unit_off(out):
+    """One element a unit in the last place off: within the bound of normal inputs, not exact on integer ones."""
+    i, j = out.shape[0] // 2, out.shape[1] // 3
+    out[i, j] = torch.nextafter(out[i, j], torch.tensor(float("inf"), dtype=out.dtype, device=out.device))
+
+
+def _past_the_end(out):
+    """One element stored just past the output's last one (the verified output sits between guards; the first
+    check fails, so no allocating call, whose output has no guard, is made)."""
+    out.as_strided((1,), (1,), out.storage_offset() + out.numel()).fill_(0)
+
+
 FAULTS = {"off_by_a_percent": _off_by_a_percent, "unwritten_element": _unwritten_element,
-          "zero_block": _zero_block, "neighbour_columns": _neighbour_columns, "unwritten_row": _unwritten_row}
+          "zero_block": _zero_block, "neighbour_columns": _neighbour_columns, "unwritten_row": _unwritten_row,
+          "one_unit_off": _one_unit_off, "past_the_end": _past_the_end}
+
+
+class WritesIntoB(Faulty):
+    """A kernel that also adds 1 to its B operand's first element."""
+
+    def __init__(self, kernel):
+        super().__init__(kernel, lambda out: None)
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        result = self.kernel(a, b, c=c, bias=bias, out=out)
+        b[0, 0] += 1
+        return result
+
+
+class WrongWhenPadded(Faulty):
+    """A kernel whose result is off by one at one element when B's leading dimension exceeds its extent."""
+
+    def __init__(self, kernel):
+        super().__init__(kernel, lambda out: None)
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        result = self.kernel(a, b, c=c, bias=bias, out=out)
+        if max(b.stride()) > (b.shape[1] if b.stride(1) == 1 else b.shape[0]):
+            result[0, 0] += 1
+        return result
+
+
+WRAPPED_FAULTS = {"writes_into_b": WritesIntoB, "wrong_when_padded": WrongWhenPadded}
 
 
 def _timed(fn):
@@ -124,8 +166,8 @@ def main(argv=None) -> int:
                        checker_reason=got.reason, verify_reason=ref.reason)
             ok = got.ok and ref.ok
             row["faults"] = {}
-            for name, fault in FAULTS.items():
-                bad = Faulty(kernel, fault)
+            for name, bad in [*((name, Faulty(kernel, fault)) for name, fault in FAULTS.items()),
+                              *((name, wrap(kernel)) for name, wrap in WRAPPED_FAULTS.items())]:
                 fault_got = checker.verify(bad, m, entry.n, entry.k)
                 fault_ref = verify(bad, m, entry.n, entry.k)
                 row["faults"][name] = {"checker": fault_got.ok, "verify": fault_ref.ok,

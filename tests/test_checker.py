@@ -1,10 +1,11 @@
 """l2c's checker (l2c.checker): which kernels it may verify on a caller's thread, that its CUDA source builds with
-real nvcc into the four entry points the Python side binds, that a machine without nvcc loads it from the shipped
+real nvcc into the entry points the Python side binds, that a machine without nvcc loads it from the shipped
 pack, and that the totals its comparison returns are judged as l2c.verify judges (`verify.verdict`). Its verdicts
 on real kernels against l2c.verify, with faults injected, need a GPU: scripts/checker_check.py (`python scripts/gpu.py
 check`)."""
 from __future__ import annotations
 
+import ctypes
 import subprocess
 
 import pytest
@@ -60,8 +61,9 @@ def test_the_checker_builds_with_nvcc_and_exports_its_entry_points(tmp_path, mon
     assert not loads_without_compiler(checker.source(), checker.NAME)
     library = compile_source(checker.source(), checker.NAME)
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True).stdout
-    for name in ("fill_normal", "poison", "compare", "point"):
+    for name in ("fill", "changed", "poison", "unpoisoned", "compare", "point"):
         assert f"l2c_checker_{name}" in symbols
+    checker._bind(ctypes.CDLL(str(library)))   # every entry point the Python side binds (loads without a GPU)
     assert loads_without_compiler(checker.source(), checker.NAME)
 
 

@@ -45,14 +45,65 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {   // splitmix64's finalise
   return z ^ (z >> 31);
 }
 
-// Normal(0, scale) values (Box-Muller on two 24-bit uniforms drawn from a hash of the seed and the index).
-__global__ void fill_normal(void* p, int64_t count, int t, uint64_t seed, float scale) {
+// Element i of a fill drawn from `seed`: with density <= 0 a Normal(0, 1) value (Box-Muller on two 24-bit uniforms
+// drawn from a hash of the seed and the index); else -1, 0 or 1, nonzero with probability `density`.
+__device__ __forceinline__ float drawn(uint64_t seed, int64_t i, float density) {
+  uint64_t r = mix(seed ^ mix((uint64_t)i));
+  float u1 = (float)((r >> 40) + 1) * (1.0f / 16777216.0f);    // (0, 1]
+  float u2 = (float)(r & 0xFFFFFFull) * (1.0f / 16777216.0f);  // [0, 1)
+  if (density > 0.0f) return u1 <= density ? (u2 < 0.5f ? -1.0f : 1.0f) : 0.0f;
+  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+__global__ void fill(void* p, int64_t count, int t, uint64_t seed, float density) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    store(p, i, t, drawn(seed, i, density));
+}
+
+__device__ __forceinline__ uint32_t bits(const void* p, int64_t i, int t) {
+  if (t == F32) return static_cast<const uint32_t*>(p)[i];
+  return static_cast<const uint16_t*>(p)[i];
+}
+
+// Counts the elements of `p` whose bits differ from what `fill` with the same arguments stored.
+__global__ void count_changed(const void* p, int64_t count, int t, uint64_t seed, float density,
+                              unsigned long long* changed) {
+  unsigned long long local = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-    uint64_t r = mix(seed ^ mix((uint64_t)i));
-    float u1 = (float)((r >> 40) + 1) * (1.0f / 16777216.0f);    // (0, 1]
-    float u2 = (float)(r & 0xFFFFFFull) * (1.0f / 16777216.0f);  // [0, 1)
-    store(p, i, t, sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2) * scale);
+    uint32_t expected;
+    if (t == F32) { float v = drawn(seed, i, density); expected = __float_as_uint(v); }
+    else if (t == F16) expected = __half_as_ushort(__float2half_rn(drawn(seed, i, density)));
+    else expected = __bfloat16_as_ushort(__float2bfloat16_rn(drawn(seed, i, density)));
+    local += bits(p, i, t) != expected;
   }
+  for (int offset = 16; offset > 0; offset >>= 1) local += __shfl_down_sync(0xffffffffu, local, offset);
+  if ((threadIdx.x & 31) == 0 && local) atomicAdd(changed, local);
+}
+
+// Counts the bytes of `p` that are no longer the poison (0xFF).
+__global__ void count_unpoisoned(const unsigned char* p, int64_t bytes, unsigned long long* changed) {
+  unsigned long long local = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < bytes; i += (int64_t)gridDim.x * blockDim.x)
+    local += p[i] != 0xFF;
+  for (int offset = 16; offset > 0; offset >>= 1) local += __shfl_down_sync(0xffffffffu, local, offset);
+  if ((threadIdx.x & 31) == 0 && local) atomicAdd(changed, local);
+}
+
+unsigned grid_for(int64_t count) {
+  int64_t blocks = (count + 255) / 256;
+  return (unsigned)(blocks < 65536 ? blocks : 65536);
+}
+
+// Zero the device counter in `scratch`, run `launch`, read the counter into `result` (host): the stream synchronized.
+template <typename Launch>
+int counted(void* scratch, void* result, cudaStream_t s, Launch launch) {
+  cudaError_t err = cudaMemsetAsync(scratch, 0, sizeof(unsigned long long), s);
+  if (err != cudaSuccess) return (int)err;
+  launch();
+  if ((err = cudaGetLastError()) != cudaSuccess) return (int)err;
+  err = cudaMemcpyAsync(result, scratch, sizeof(unsigned long long), cudaMemcpyDeviceToHost, s);
+  if (err != cudaSuccess) return (int)err;
+  return (int)cudaStreamSynchronize(s);
 }
 
 struct Operands {
@@ -186,12 +237,31 @@ __global__ void point(Operands op, Bound bd, int i, int j, float* result) {
 
 extern "C" {
 
-int l2c_checker_fill_normal(void* p, int64_t count, int dtype, uint64_t seed, float scale, void* stream) {
+// `count` elements drawn from `seed` (see `drawn`: density <= 0 for Normal(0, 1), else -1, 0 and 1).
+int l2c_checker_fill(void* p, int64_t count, int dtype, uint64_t seed, float density, void* stream) {
   if (count <= 0) return 0;
-  int64_t blocks = (count + 255) / 256;
-  fill_normal<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, (cudaStream_t)stream>>>(p, count, dtype, seed,
-                                                                                             scale);
+  fill<<<grid_for(count), 256, 0, (cudaStream_t)stream>>>(p, count, dtype, seed, density);
   return (int)cudaGetLastError();
+}
+
+// How many of the `count` elements at `p` differ from what l2c_checker_fill stored with these arguments, into
+// `changed` (8 bytes of host memory); `scratch` is 8 bytes of device memory.
+int l2c_checker_changed(const void* p, int64_t count, int dtype, uint64_t seed, float density, void* scratch,
+                        void* changed, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  return counted(scratch, changed, s, [&] {
+    if (count > 0)
+      count_changed<<<grid_for(count), 256, 0, s>>>(p, count, dtype, seed, density, (unsigned long long*)scratch);
+  });
+}
+
+// How many of the `bytes` bytes at `p` are no longer l2c_checker_poison's, into `changed` (as for changed).
+int l2c_checker_unpoisoned(const void* p, int64_t bytes, void* scratch, void* changed, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  return counted(scratch, changed, s, [&] {
+    if (bytes > 0)
+      count_unpoisoned<<<grid_for(bytes), 256, 0, s>>>((const unsigned char*)p, bytes, (unsigned long long*)scratch);
+  });
 }
 
 // NaN in every float type: all bits set.
