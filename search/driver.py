@@ -28,7 +28,7 @@ from .warmstart import warm_start
 from .workers import StudyWorker, run_studies, share_best
 
 
-def _run_worker(problems, cfg, runner: Runner, store, storage, policy, worker_index, progress=None):
+def _run_worker(problems, cfg, runner: Runner, store, storage, policy, worker_index, progress=None, evaluating=None):
     studies = open_studies(storage, problems, cfg, runner.gpu, policy, worker_index)
     pool = None
     if cfg.compile_workers > 0 and runner.uses_compile_pool:
@@ -37,7 +37,7 @@ def _run_worker(problems, cfg, runner: Runner, store, storage, policy, worker_in
         workers: List[StudyWorker] = []
         hook = (lambda w, r: share_best(w, r, workers)) if cfg.share_best and len(problems) > 1 else None
         for s, p in zip(studies, problems):
-            workers.append(StudyWorker(s, p, runner, store, cfg, pool=pool, on_result=hook))
+            workers.append(StudyWorker(s, p, runner, store, cfg, pool=pool, on_result=hook, evaluating=evaluating))
         k = worker_index % max(1, len(workers))   # workers start on different studies
         run_studies(workers[k:] + workers[:k], batch=max(1, cfg.compile_workers), progress=progress)
     finally:
@@ -45,8 +45,9 @@ def _run_worker(problems, cfg, runner: Runner, store, storage, policy, worker_in
             pool.shutdown()
 
 
-def _worker_main(index, problems, cfg, runner_kind, store_path, storage_arg, storage_dir, policy_path):
-    """Entry point of one GPU worker process: sees only its GPU (CUDA_VISIBLE_DEVICES)."""
+def _worker_main(index, problems, cfg, runner_kind, store_path, storage_arg, storage_dir, policy_path, busy_since):
+    """Entry point of one GPU worker process: sees only its GPU (CUDA_VISIBLE_DEVICES); `busy_since` (shared
+    with the supervisor) holds when the trial it evaluates began, 0.0 between trials."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     policy = None
@@ -55,7 +56,8 @@ def _worker_main(index, problems, cfg, runner_kind, store_path, storage_arg, sto
         policy = Policy.load(policy_path)
     storage = parse_storage(storage_arg, Path(storage_dir))
     try:
-        _run_worker(problems, cfg, make_runner(runner_kind, cfg.protocol), Store(store_path), storage, policy, index)
+        _run_worker(problems, cfg, make_runner(runner_kind, cfg.protocol), Store(store_path), storage, policy, index,
+                    evaluating=lambda since: setattr(busy_since, "value", since))
     except RunnerPoisoned as err:   # the parent reclaims this worker's trials and starts a fresh process
         print(f"worker {index}: a kernel broke the CUDA context ({str(err)[:200]}); restarting",
               file=sys.stderr, flush=True)
@@ -99,10 +101,13 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner: Union[Runner, str
         if policy is not None and policy_path is None:
             raise ValueError("worker processes load the policy from a file: pass policy_path")
         ctx = mp.get_context("spawn")
+        busy = [ctx.Value("d", 0.0) for _ in range(workers)]
 
         def start(i):
+            busy[i].value = 0.0
             pr = ctx.Process(target=_worker_main, args=(i, list(problems), cfg, runner, store.path, storage_arg,
-                                                         str(storage_dir), str(policy_path) if policy else None))
+                                                         str(storage_dir), str(policy_path) if policy else None,
+                                                         busy[i]))
             pr.start()
             return pr
 
@@ -110,6 +115,7 @@ def tune(problems: Sequence[Problem], cfg: TuneConfig, runner: Union[Runner, str
             for s in studies:
                 reclaim_lost_trials(s, orphan_after_s=cfg.orphan_after_s)
 
-        supervise(start, workers, on_restart=reclaim, tick=progress, log=log)
+        supervise(start, workers, on_restart=reclaim, tick=progress, log=log,
+                  busy_since=[lambda i=i: busy[i].value for i in range(workers)], trial_timeout_s=cfg.trial_timeout_s)
     progress(force=True)
     return studies

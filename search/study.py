@@ -38,6 +38,7 @@ class TuneConfig:
     share_best: bool = True            # enqueue each study's new best into its sibling studies
     seed_specs: Tuple = ()             # KernelSpecs a user supplies (e.g. a prebuilt pool), enqueued first
     orphan_after_s: float = ORPHAN_AFTER_S
+    trial_timeout_s: float = 300.0     # a GPU worker evaluating one trial longer than this is stopped (supervisor.py)
 
     @property
     def max_asks(self) -> int:

@@ -45,10 +45,14 @@ class StudyWorker:
     """Runs the trials of one study for one runner; `step()` evaluates one batch of asked trials."""
 
     def __init__(self, study: optuna.Study, problem: Problem, runner: Runner, store: Store, cfg: TuneConfig,
-                 pool: Optional[CompilePool] = None, on_result: Optional[Callable] = None):
+                 pool: Optional[CompilePool] = None, on_result: Optional[Callable] = None,
+                 evaluating: Optional[Callable[[float], None]] = None):
         self.study, self.problem, self.runner, self.store, self.cfg = study, problem, runner, store, cfg
         self.pool = pool
         self.on_result = on_result
+        # told the wall-clock time an evaluation starts, then 0.0 when it ends: what the supervisor's per-trial
+        # time limit watches (a kernel that hangs the GPU never returns)
+        self.evaluating = evaluating or (lambda since: None)
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self.pending: List[_Pending] = []     # asked, building or built, not yet evaluated
         self._last_reclaim = 0.0
@@ -200,7 +204,11 @@ class StudyWorker:
                 built = p.build.result() if p.build is not None else None
                 if built is not None and built.failure is not None:   # a failed candidate, never built again
                     self.runner.note_build_failure(p.spec, built.failure)
-                outcome = self.runner.evaluate(p.spec, self.problem)
+                self.evaluating(time.time())
+                try:
+                    outcome = self.runner.evaluate(p.spec, self.problem)
+                finally:
+                    self.evaluating(0.0)
                 r = self._result(p, outcome.status, outcome)
                 self.store.record(r)
                 seconds = {"build_s": (built.seconds if built is not None else 0.0) + outcome.build_seconds,

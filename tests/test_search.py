@@ -624,6 +624,48 @@ def test_a_point_that_kills_its_worker_twice_is_a_failed_candidate(tmp_path):
     assert statuses == ["lost", KILLED_WORKER] and KILLED_WORKER in COUNTED
 
 
+def _hangs_on_its_first_start(busy, marker):
+    """A worker process whose first start "evaluates" forever (a kernel that hangs the GPU) and whose next one
+    finishes."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        busy.value = time.time()
+        time.sleep(600)
+
+
+def test_a_worker_past_the_trial_time_limit_is_stopped_and_started_again(tmp_path):
+    """A worker that has evaluated one trial longer than `trial_timeout_s` is killed (its trial is then a lost one,
+    retried once, then failed: the tests above) and a fresh worker started after `on_restart` reclaims."""
+    import multiprocessing as mp
+    from l2c.search.supervisor import supervise
+    ctx = mp.get_context("fork")
+    busy, marker, started, restarts, said = ctx.Value("d", 0.0), str(tmp_path / "started"), [], [], []
+
+    def start(i):
+        busy.value = 0.0
+        pr = ctx.Process(target=_hangs_on_its_first_start, args=(busy, marker))
+        pr.start()
+        started.append(pr)
+        return pr
+
+    t0 = time.time()
+    supervise(start, 1, on_restart=lambda: restarts.append(1), log=said.append, busy_since=[lambda: busy.value],
+              trial_timeout_s=1.0, poll_s=0.1)
+    assert time.time() - t0 < 60 and len(started) == 2 and len(restarts) == 1
+    assert started[0].exitcode == -9 and started[1].exitcode == 0
+    assert any("past the 1 s limit" in line for line in said)
+
+
+def test_the_trial_loop_marks_each_evaluation_for_the_time_limit():
+    """StudyWorker tells `evaluating` when each evaluation starts (wall-clock time) and that it ended (0.0)."""
+    marks = []
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    cfg = TuneConfig(targets=("cutlass",), n_trials=3)
+    run_studies([StudyWorker(study, Problem(512, 512, 512), ModelRunner(), Store(":memory:"), cfg,
+                             evaluating=marks.append)])
+    assert len(marks) == 6 and marks[1::2] == [0.0] * 3 and all(abs(m - time.time()) < 60 for m in marks[::2])
+
+
 def test_trials_killed_before_naming_their_worker_are_reclaimed_once_old(tmp_path):
     """A run killed between `ask` and naming the trial leaves a RUNNING trial nobody owns. A resumed run must
     not count it against the budget forever: it waits until the orphan is `orphan_after_s` old, reclaims it

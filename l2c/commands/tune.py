@@ -47,6 +47,10 @@ def add_parser(sub) -> None:
                         "(default 3; 0: the store's best as it stands, which may be stale or a lucky draw)")
     p.add_argument("--export", default=None, metavar="DIR",
                    help="write the tuned table (<arch>.json) and the winning .l2 specs here")
+    p.add_argument("--trial-timeout", type=float, default=300.0, metavar="S",
+                   help="stop (and restart) a GPU worker that evaluates one trial for longer than S seconds: a "
+                        "kernel that hangs; its trial is retried once, then failed (default 300, which covers an "
+                        "in-process nvcc build)")
     p.add_argument("--reclaim", choices=["dead", "all"], default="dead",
                    help="trials left running: retry those of dead local workers (default) or all of them "
                         "(when no other worker anywhere is running)")
@@ -129,6 +133,8 @@ def run(args) -> int:
         raise UsageError("--trials and --workers must be at least 1")
     if args.confirm < 0:
         raise UsageError("--confirm must be 0 or more")
+    if not args.trial_timeout > 0:
+        raise UsageError("--trial-timeout must be a positive number of seconds")
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise UsageError(f"--seed must be between 0 and {MAX_SEED} (each worker and shape adds its own offset)")
     if args.runner == "gpu":
@@ -152,7 +158,7 @@ def run(args) -> int:
         compile_workers = min(8, os.cpu_count() or 1) if args.runner == "gpu" and "cutlass" in targets else 0
     cfg = TuneConfig(targets=targets, n_trials=args.trials, protocol=args.protocol, sampler=args.sampler,
                      policy_fraction=args.policy_fraction, warm_start=args.warm_start, seed=args.seed,
-                     compile_workers=compile_workers,
+                     compile_workers=compile_workers, trial_timeout_s=args.trial_timeout,
                      seed_specs=tuple(spec for path in args.seed_specs for spec in parse_file(path)))
 
     from l2c.search.runners import make_runner
