@@ -9,7 +9,8 @@ dtype's tolerance and must have been served by the tuned kernel (dispatcher stat
 require grad it must keep autograd, with gradients equal to torch's. Triton entries are also called with a fused
 column bias + GELU (the dispatcher specialises the spec's epilogue). A token count the table holds no measurement
 for (3 below an exact entry, outside any range) must be served by torch. Then the C++ call table on a side stream and
-in a replayed CUDA graph, and kernels that write a workspace on two streams at once. Exits 1 on any failure.
+in a replayed CUDA graph, kernels that write a workspace on two streams at once, and a B whose leading dimension the
+kernel declines (torch serves it). Exits 1 on any failure.
 """
 from __future__ import annotations
 
@@ -96,11 +97,13 @@ def main(argv=None) -> int:
     failures += not replayed["ok"]
     concurrent = workspace_check(disp, entries)
     failures += sum(not r["ok"] for r in concurrent)
+    declined = declined_check(disp, rows)
+    failures += not declined["ok"]
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "table": table.source,
                        "command": " ".join(["python"] + sys.argv), "checks": rows, "replayed": replayed,
-                       "concurrent_workspaces": concurrent}, f, indent=1)
+                       "concurrent_workspaces": concurrent, "declined_signature": declined}, f, indent=1)
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 
@@ -144,6 +147,33 @@ def replay_check(disp, rows) -> dict:
           f"{side_rel:.2e}, CUDA graph replay rel error {graph_rel:.2e}, {launched} launches from the table")
     return {"ok": ok, "shape": [r["m"], r["n"], r["k"]], "dtype": r["dtype"], "side_stream_rel_error": side_rel,
             "graph_replay_rel_error": graph_rel, "table_launches": launched}
+
+
+def declined_check(disp, rows) -> dict:
+    """A served CUTLASS shape called with B a column slice whose leading dimension TMA cannot take (not a multiple
+    of 16 bytes): the kernel declines the signature, torch serves it, and the result equals torch's, three times."""
+    served = [r for r in rows if r["ok"] and r["served_by"] == "tuned" and r["target"] == "cutlass"
+              and r["bias"] is None and r["layout"] == "row,row,row"]
+    if not served:
+        return {"ok": True, "reason": "no plain row-major CUTLASS entry served"}
+    r = served[0]
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[r["dtype"]]
+    a = torch.randn(r["m"], r["k"], device="cuda", dtype=dtype)
+    b = torch.randn(r["k"], r["n"] + 1, device="cuda", dtype=dtype)[:, :r["n"]]
+    ref = a.float() @ b.float()
+    tol = 5e-3 if dtype == torch.float16 else 2e-2
+    before = dict(disp.stats)
+    errors = []
+    for _ in range(3):
+        y = l2c.matmul(a, b)
+        torch.cuda.synchronize()
+        errors.append(((y.float() - ref).norm() / ref.norm()).item())
+    tuned = disp.stats["tuned"] - before["tuned"]
+    ok = tuned == 0 and max(errors) < tol
+    print(f"{'ok  ' if ok else 'FAIL'} B sliced to a leading dimension of {r['n'] + 1} at {r['m']}x{r['n']}x{r['k']} "
+          f"{r['dtype']}: {tuned} tuned calls, worst rel error {max(errors):.2e}")
+    return {"ok": ok, "shape": [r["m"], r["n"], r["k"]], "dtype": r["dtype"], "tuned_calls": tuned,
+            "rel_errors": errors}
 
 
 def workspace_check(disp, entries, calls_per_stream: int = 4) -> list:
