@@ -757,3 +757,71 @@ def test_a_row_of_a_table_file_names_the_spec_of_its_own_dtype(tmp_path):
     assert spec_text(dict(row, dtype="bf16"), {}) == bf16
     assert spec_text(dict(row, dtype="f16"), {}) == f16
     assert spec_text(dict(row, dtype="f32"), {}) == ""
+
+
+def test_a_range_under_two_protocols_never_spans_an_m_where_every_row_failed():
+    """With two protocols an M whose every row failed (in both) still counts as measured: a range never spans it."""
+    from l2c.commands.table import combined_rows, range_rows
+    spec = KernelSpec(name="g", tile_m=16, problem_m="any").to_l2()
+    rows = [row("g", m, 1.2, protocol=p, spec=spec) for m in (8, 16, 32, 128, 256, 512) for p in ("kernel", "call")]
+    rows += [row("g", 64, None, status="verify_failed", protocol=p, spec=spec) for p in ("kernel", "call")]
+    made = range_rows(combined_rows(rows, ["kernel", "call"], 1.03, {}), "kernel,call", 1.03)
+    assert made and all(not lo <= 64 <= hi for _, lo, hi, _ in made)
+
+
+def test_a_cell_never_spans_a_value_where_its_kernel_failed():
+    """A kernel measured (and failed) at N = 128 between wins at 64 and 256: no box of it joins 64 to 256."""
+    from l2c.commands.table import cell_rows
+    spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    rows = [_at("g", m, n, k, 1.2, spec) for m in (16, 32) for n in (64, 256) for k in (64, 128)]
+    rows += [dict(_at("g", m, 128, k, None, spec), status="error") for m in (16, 32) for k in (64, 128)]
+    cells = cell_rows(rows, "kernel", 1.05, 132)
+    assert not any(ns[0] < 128 < ns[1] or ns == (64, 256) for _, _, ns, _ in cells)
+
+
+def test_a_kernel_measured_with_another_epilogue_is_no_evidence_for_plain_calls(tmp_path):
+    """A win measured with a fused activation, an alpha or an f32 output makes no entry (the dispatcher would serve
+    plain calls with the plain epilogue); a win with nn.Linear's column bias does."""
+    fused = KernelSpec(name="fused", tile_m=64, epilogue_activation="gelu").to_l2()
+    scaled = KernelSpec(name="scaled", tile_m=64, epilogue_alpha=2.0).to_l2()
+    wide = KernelSpec(name="wide", tile_m=64, types_c="f32").to_l2()
+    bias = KernelSpec(name="bias", tile_m=64, epilogue_bias="col").to_l2()
+    rows = [row("fused", 128, 1.6, spec=fused), row("scaled", 256, 1.6, spec=scaled), row("wide", 512, 1.6, spec=wide),
+            row("bias", 1024, 1.6, spec=bias)]
+    assert [e["m"] for e in _table_run(tmp_path, rows)["entries"]] == [1024]
+
+
+def test_neighbourhood_cells_hold_no_source_shape_where_their_kernel_lost(tmp_path):
+    """--near: a box whose kernel lost at a shape among the table's sources (slower than torch in any protocol)
+    is not served, though its neighbourhood won; the other boxes still are."""
+    from l2c.commands.table import near_rows, source_losses
+    spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
+    points = [_at("g", m, n, k, 1.2, spec) for m in (4, 8, 16) for n in (128, 256, 512) for k in (128, 256, 512)]
+    boxes = near_rows(points, ["kernel"], 1.05)
+    assert boxes
+    r, ms, ns, ks = boxes[0]
+    inside = (ms[0], ns[0], ks[0])
+    lost = [_at("g", *inside, 0.98, spec)]
+    kept = near_rows(points, ["kernel"], 1.05, losses=source_losses(lost, "kernel", {}))
+    assert kept and not any(all(lo <= x <= hi for x, (lo, hi) in zip(inside, sides)) for _, *sides in kept)
+
+
+def test_a_merge_drops_an_entry_the_new_results_measured_losing(tmp_path):
+    """--into: an entry of the base table whose kernel the new results measured slower than torch at a shape it
+    serves leaves the merged table (an entry counts at its worst row, whichever run measured it)."""
+    g = KernelSpec(name="g", tile_m=16, problem_m="any").to_l2()
+    base_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("a", 128, 1.20), row("b", 256, 1.30)]
+    base_rows += [row("g", m, 1.2, spec=g) for m in (1024, 2048, 4096)]
+    new_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("b", 256, 0.98), row("g", 3000, 0.9, spec=g),
+                row("d", 512, 1.10)]
+    base = tmp_path / "base.json"
+    for name, rows in (("base", base_rows), ("new", new_rows)):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert _table(tmp_path / "base.jsonl", "-o", base, "--ranges").returncode == 0
+    assert any("m_range" in e for e in json.loads(base.read_text())["entries"])
+    out = tmp_path / "merged.json"
+    done = _table(tmp_path / "new.jsonl", "-o", out, "--into", base)
+    assert done.returncode == 0, done.stderr
+    got = sorted((e["m"], e["spec"].split()[1]) for e in json.loads(out.read_text())["entries"] if "m_range" not in e)
+    assert got == [(128, "a"), (512, "d"), (1024, "g"), (2048, "g"), (4096, "g")]   # b lost at its own shape
+    assert not any("m_range" in e for e in json.loads(out.read_text())["entries"])   # g lost inside its range

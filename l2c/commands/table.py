@@ -237,11 +237,17 @@ def best_rows(rows, protocol: str, min_speedup: float, charges=None, every_shape
     return [r for r in best.values() if r["speedup"] >= min_speedup and r["charged_speedup"] >= 1.0]
 
 
+NOT_PLAIN = "not_plain_epilogue"   # the status of a row whose kernel's epilogue is not one the dispatcher serves
+
+
 def as_candidates(rows, cache):
     """Result rows of kernels as table candidates: a `dispatch:`/`linear:` row served by a table entry becomes a row
     of that entry's spec and target; one torch served is a measurement of torch (kept: it marks the M measured).
     A row a kernel served whose entry cannot be found (no `served_spec`, the table gone or changed) keeps no spec,
-    so that `l2c table` refuses it by name rather than count a kernel's measurement as torch's."""
+    so that `l2c table` refuses it by name rather than count a kernel's measurement as torch's. A kernel measured
+    with an epilogue the dispatcher does not serve plain calls with (`_serves_plain`: an alpha, a C input, an
+    activation, another output type) is no evidence for them: its row stays as a measurement that won nothing
+    (status NOT_PLAIN), so its shape still breaks ranges and cells."""
     out = []
     for r in rows:
         if r.get("type") == "result" and r.get("target") == "dispatch":
@@ -250,15 +256,29 @@ def as_candidates(rows, cache):
                 r = dict(r, spec=served[0], target=served[1])
             elif r.get("served_by", "torch") == "torch":
                 r = dict(r, kernel="torch")
+        if r.get("type") == "result" and r.get("status") == "ok" and r.get("kernel") != "torch":
+            text = spec_text(r, cache)
+            if text and not _serves_plain(text):
+                r = dict(r, status=NOT_PLAIN)
         out.append(r)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _serves_plain(spec_text: str) -> bool:
+    """Whether a measured kernel's epilogue is one of those the dispatcher builds from a table entry (alpha 1, no C
+    input, no activation, the output in the inputs' type; no bias or nn.Linear's per-column one; a gate only for
+    the gated problem its row names)."""
+    spec = _spec(spec_text)
+    return (spec.epilogue_alpha == 1.0 and spec.epilogue_beta == 0.0 and spec.epilogue_activation == "none"
+            and spec.types_c == spec.types_a and spec.epilogue_bias in ("none", "col"))
 
 
 def combined_rows(rows, protocols, min_speedup: float, cache):
     """One row per (shape, spec) measured in every protocol of `protocols`, in the protocol named by all of them
     joined: its figures are the first protocol's worst row, `speedups` each protocol's worst speedup. A candidate
     slower than torch in any protocol, or winning by the margin in none, gets a speedup below 1 (a measured loss)."""
-    worst, failed = {}, set()
+    worst, failed = {}, {}
     for r in rows:
         if r.get("type") != "result" or r.get("protocol") not in protocols or r.get("kernel") == "torch":
             continue
@@ -267,7 +287,7 @@ def combined_rows(rows, protocols, min_speedup: float, cache):
             continue
         key = (*shape_key(r), text)
         if r.get("status") != "ok" or r.get("speedup") is None:
-            failed.add(key)
+            failed.setdefault(key, dict(r, spec=text))
             continue
         slot = worst.setdefault(key, {})
         p = r["protocol"]
@@ -283,6 +303,9 @@ def combined_rows(rows, protocols, min_speedup: float, cache):
         first = next(slot[p] for p in protocols if p in slot)
         speedup = first["speedup"] if won else min(0.999, *speedups.values())
         out.append(dict(first, protocol=joined, speedup=speedup, speedups=speedups))
+    for key, r in failed.items():   # a candidate that failed every row: its shape stays measured, as a failure
+        if key not in worst:
+            out.append(dict(r, protocol=joined))
     for r in rows:   # torch's rows: the M they measured still bound the token-count ranges
         if r.get("type") == "result" and r.get("protocol") == protocols[0] and r.get("kernel") == "torch":
             out.append(dict(r, protocol=joined))
@@ -372,18 +395,22 @@ def cell_fits(spec_text: str, ms: tuple, ns: tuple, ks: tuple, sm_count: int, ar
 
 def kernel_points(rows, protocol: str, cache) -> dict:
     """((batch, dtype, layout), (m, n, k)) -> {spec text: its worst row there} of the shape-generic kernels with a
-    plain epilogue measured in `protocol`; every shape measured in it is a key (an empty dict where only torch, or
-    kernels that serve no other shape, were): what cells and neighbourhood cells are made from."""
+    plain epilogue measured in `protocol` (a failed row is a worst row of speedup 0: the kernel was measured there and
+    won nothing); every shape measured in it is a key (an empty dict where only torch, or kernels that serve no other
+    shape, were): what cells and neighbourhood cells are made from."""
     out: dict = {}
     for r in rows:
-        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("status") != "ok":
+        if r.get("type") != "result" or r.get("protocol") != protocol or r.get("gate", "none") != "none":
             continue
-        if r.get("gate", "none") != "none":
+        text = spec_text(r, cache) if r.get("kernel") != "torch" else ""
+        ok = r.get("status") == "ok" and r.get("speedup") is not None
+        if not ok and (not text or _cell_tiling(text) is None):
             continue
         kernels = out.setdefault((shape_key(r)[3:], (r["m"], r["n"], r["k"])), {})
-        text = spec_text(r, cache) if r.get("kernel") != "torch" else ""
-        if not text or r.get("speedup") is None or _cell_tiling(text) is None:
+        if not text or _cell_tiling(text) is None:
             continue
+        if not ok:   # a failed row (a build, verification, a timing): the kernel's worst there, no win
+            r = dict(r, speedup=0.0)
         if text not in kernels or r["speedup"] < kernels[text]["speedup"]:   # a repeated point counts its worst
             kernels[text] = dict(r, spec=text)
     return out
@@ -558,10 +585,26 @@ def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEA
     return out
 
 
-def near_rows(rows, protocols, min_speedup: float, cache=None, sm_count: Optional[int] = None, arch: str = "sm_90"):
-    """The neighbourhood cells `l2c table --near` writes: `near_boxes` with the module's constants, the boxes of one
-    kernel that touch joined into one (`_merged_boxes`: the same shapes served by fewer entries)."""
-    return _merged_boxes(near_boxes(rows, protocols, min_speedup, cache, sm_count=sm_count, arch=arch))
+def near_rows(rows, protocols, min_speedup: float, cache=None, sm_count: Optional[int] = None, arch: str = "sm_90",
+              losses=frozenset()):
+    """The neighbourhood cells `l2c table --near` writes: `near_boxes` with the module's constants, less the boxes
+    holding a shape where their kernel lost among the table's sources (`losses`, `source_losses`: an entry counts
+    at its worst row, wherever it was measured), the boxes of one kernel that touch joined into one
+    (`_merged_boxes`: the same shapes served by fewer entries)."""
+    def lost_inside(box) -> bool:
+        r, *sides = box
+        group = shape_key(r)[3:]
+        return any(g == group and text == r["spec"] and all(lo <= x <= hi for x, (lo, hi) in zip(at, sides))
+                   for g, at, text in losses)
+    return _merged_boxes([box for box in near_boxes(rows, protocols, min_speedup, cache, sm_count=sm_count, arch=arch)
+                          if not lost_inside(box)])
+
+
+def source_losses(rows, protocol: str, cache) -> set:
+    """(group, (m, n, k), spec text) of every shape-generic kernel that failed or was slower than torch at a shape of
+    `rows` in `protocol` (with several protocols, `combined_rows`' joined one: slower in any)."""
+    return {(group, at, text) for (group, at), kernels in kernel_points(rows, protocol, cache).items()
+            for text, r in kernels.items() if r["speedup"] < 1.0}
 
 
 def _merged_boxes(cells):
@@ -621,15 +664,30 @@ def faster_than_served(base: dict, new: dict, ratio: float) -> dict:
     return dict(new, entries=kept)
 
 
-def merged(base: dict, new: dict, error) -> dict:
-    """`base` with `new`'s entries added, each replacing base's entry of the same problem. Both must come from one
-    GPU and one protocol (a table's figures are ratios in its protocol); the margin kept is the smaller."""
+def _serves_at(entry: dict, row) -> bool:
+    """Whether a table file's entry serves the shape of a result row (its batch, dtype, layouts and gate too)."""
+    if shape_key(entry)[3:] != shape_key(row)[3:]:
+        return False
+    return all(lo <= row[axis] <= hi for axis, (lo, hi) in
+               (("m", entry.get("m_range", (entry["m"], entry["m"]))), ("n", entry.get("n_range", (entry["n"],) * 2)),
+                ("k", entry.get("k_range", (entry["k"],) * 2))))
+
+
+def merged(base: dict, new: dict, error, lost_rows=()) -> dict:
+    """`base` with `new`'s entries added, each replacing base's entry of the same problem, less base's entries whose
+    kernel `lost_rows` (rows of the new results: a failure or a loss to torch) measured losing at a shape they serve:
+    an entry counts at its worst row, in whichever run it was measured. Both must come from one GPU and one
+    protocol (a table's figures are ratios in its protocol); the margin kept is the smaller."""
     if new["gpu"] is not None and base.get("gpu") not in (None, new["gpu"]):
         raise error(f"--into table is for {base.get('gpu')}, the results for {new['gpu']}")
     if base.get("protocol") != new["protocol"]:
         raise error(f"--into table is in the {base.get('protocol')} protocol, the new entries in {new['protocol']}")
     replaced = {problem_key(e) for e in new["entries"]}
-    kept = [e for e in base["entries"] if problem_key(e) not in replaced]
+    lost = {}
+    for r in lost_rows:
+        lost.setdefault(r["spec"], []).append(r)
+    kept = [e for e in base["entries"] if problem_key(e) not in replaced
+            and not any(_serves_at(e, r) for r in lost.get(e["spec"], ()))]
     margins = [m for m in (base.get("min_speedup"), new["min_speedup"]) if m is not None]
     return dict(base, gpu=base.get("gpu") or new["gpu"], min_speedup=min(margins) if margins else None,
                 sources=list(base.get("sources", [])) + new["sources"],
@@ -713,7 +771,8 @@ def run(args) -> int:
                          range_min_speedup=r["speedup"])
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     if args.near:
-        near = near_rows(near_points, protocols, args.min_speedup, cache, sm_count, args.arch)
+        near = near_rows(near_points, protocols, args.min_speedup, cache, sm_count, args.arch,
+                         losses=source_losses(rows, protocol, cache))
         # each at its box's first corner, with the figures of its worst supporting point
         entries += [dict(entry(r), m=ms[0], n=ns[0], k=ks[0], m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"], near=True)
@@ -734,7 +793,10 @@ def run(args) -> int:
         if args.only_faster is not None:
             table = faster_than_served(base, table, args.only_faster)
             entries = table["entries"]
-        table = merged(base, table, UsageError)
+        lost_rows = [r for r in rows if r.get("type") == "result" and r.get("protocol") == protocol
+                     and r.get("kernel") != "torch" and spec_text(r, cache)
+                     and (r.get("status") != "ok" or (r.get("speedup") or 0.0) < 1.0)]
+        table = merged(base, table, UsageError, [dict(r, spec=spec_text(r, cache)) for r in lost_rows])
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
