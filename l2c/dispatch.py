@@ -109,6 +109,20 @@ _functorch_transform = getattr(torch._C._functorch, "peek_interpreter_stack", No
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+# the thread's included dispatch keys when no mode watches torch's ops (with and without inference mode's
+# ADInplaceOrView): a Python dispatch mode, a torch.func transform or torch.jit.trace adds its own
+_included_keys = torch._C._dispatch_tls_local_include_set
+_UNWATCHED = frozenset({torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect).raw_repr(),
+                        torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect).add(
+                            torch._C.DispatchKey.ADInplaceOrView).raw_repr()})
+_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None) or (lambda: False)
+
+
+def mode_watching() -> bool:
+    """Whether a mode watches torch's ops on this thread (as the C++ call table's `no_mode_watching`, plus a torch
+    function mode): FakeTensorMode or another dispatch mode, a torch.func transform, torch.jit.trace. Their calls are
+    torch's: a launch would be invisible to them, and their tensors may have no memory to launch on."""
+    return _included_keys().raw_repr() not in _UNWATCHED or _function_mode()
 
 
 def autocast_recasts(a) -> bool:
@@ -121,12 +135,13 @@ def autocast_recasts(a) -> bool:
 
 
 def _torch_serves(a, *tensors) -> bool:
-    """Calls no tuned kernel may serve, as the C++ call table's `records_grad`, `autocast_recasts` and `own_memory`
-    send them here: inside a torch.func transform (vmap's batched tensors and grad's wrappers have no memory of their
-    own to launch on), a forward-mode AD tangent on an operand (dual tensors inside `forward_ad.dual_level()`: the
+    """Calls no tuned kernel may serve, as the C++ call table's `records_grad`, `autocast_recasts`, `own_memory` and
+    `no_mode_watching` send them here: inside a torch.func transform (vmap's batched tensors and grad's wrappers have
+    no memory of their own to launch on) or under another mode watching torch's ops (`mode_watching`), a forward-mode
+    AD tangent on an operand (dual tensors inside `forward_ad.dual_level()`: the
     kernels have no forward derivative), or a `torch.autocast` region whose dtype for a's device is not a's (torch
     casts, and the result must have torch's dtype)."""
-    if _functorch_transform() is not None:
+    if _functorch_transform() is not None or mode_watching():
         return True
     if any(t is not None and type(t) not in _PLAIN_TENSORS for t in (a, *tensors)):
         return True   # a subclass: a wrapper (DTensor) has no memory to launch on, and torch's op honours the type

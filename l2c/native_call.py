@@ -67,6 +67,7 @@ SOURCE = r"""
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -127,10 +128,19 @@ c10::optional<at::Tensor> optional_tensor(py::handle h) {
   return h.is_none() ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(unpack(h));
 }
 
-// Operands torch.matmul would run as they are: plain tensors (the bias may be None) and no torch function mode.
+// No mode is watching torch's ops on this thread: a Python dispatch mode (FakeTensorMode, FlopCounterMode), a
+// torch.func transform (grad, vmap, functionalize) or torch.jit.trace adds its dispatch key to the thread's included
+// set. Their calls are torch's: a launch would be invisible to them, their tensors (and so an output allocated
+// here) may have no memory to launch on, and a trace's sizes are not the first test's to keep.
+bool no_mode_watching() {
+  return (c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set).empty();
+}
+
+// Operands torch.matmul would run as they are: plain tensors (the bias may be None), no torch function mode and no
+// mode watching the dispatcher.
 bool plain_operands(py::handle a, py::handle b, py::handle bias) {
   return plain_tensor(a) && plain_tensor(b) && (bias.is_none() || plain_tensor(bias)) &&
-         !at::impl::torch_function_mode_enabled();
+         !at::impl::torch_function_mode_enabled() && no_mode_watching();
 }
 
 py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))); }
@@ -178,10 +188,14 @@ bool records_grad(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Te
   return forward_grad(a) || forward_grad(b) || (bias.has_value() && forward_grad(*bias));
 }
 
-// Whether the operands have memory of their own to launch on: not functorch wrappers (vmap's batched tensors,
-// torch.func's gradient-tracking ones), which only torch's ops can run.
+// Whether a tensor has memory of its own to launch on: not a functorch wrapper (vmap's batched tensors,
+// torch.func's gradient-tracking ones) nor a functionalization wrapper, which only torch's ops can run.
+bool own_memory(at::Tensor const& t) {
+  return t.has_storage() && !t.key_set().has(c10::DispatchKey::Functionalize);
+}
+
 bool own_memory(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
-  return a.has_storage() && b.has_storage() && (!bias.has_value() || bias->has_storage());
+  return own_memory(a) && own_memory(b) && (!bias.has_value() || own_memory(*bias));
 }
 
 // Whether torch.autocast would run this call in another dtype than its operands' (the region's dtype for a's device

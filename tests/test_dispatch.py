@@ -965,3 +965,14 @@ def test_a_cutlass_kernel_declines_by_signature_what_its_signature_fixes():
     with pytest.raises(ValueError) as caught:
         _leading_dims("b", torch.zeros(64 * 72 + 1, dtype=torch.float16)[1:].view(64, 72), "row")
     assert not isinstance(caught.value, SignatureDeclined)
+
+
+def test_a_cutlass_kernel_declines_sizes_its_c_entry_points_cannot_hold():
+    """M, N, K and batch are C ints in the CUTLASS entry points: a size of 2^31 or more is declined (ctypes would
+    wrap it silently to a small one)."""
+    from l2c.errors import SignatureDeclined
+    from l2c.targets.cutlass.kernel import _check_sizes
+    _check_sizes(2 ** 31 - 1, 8, 8, 1)
+    for sizes in ((2 ** 31, 8, 8, 1), (8, 2 ** 32 + 8, 8, 1), (8, 8, 2 ** 40, 1), (8, 8, 8, 2 ** 31)):
+        with pytest.raises(SignatureDeclined, match="below 2"):
+            _check_sizes(*sizes)

@@ -443,3 +443,88 @@ def test_a_kernel_whose_launch_fails_leaves_the_call_to_torch(new_table, recorde
         for _ in range(2):
             torch.testing.assert_close(ops.matmul_with(dispatcher, a, b), torch.matmul(a, b), rtol=0, atol=0)
     assert caplog.text.count("failed to launch") == 1
+
+
+@pytest.fixture
+def served(new_table, recorder):
+    """A dispatcher whose C++ table holds a (recorder) plan for 8x64 @ 64x8 f16, as after one eager served call:
+    (dispatcher, a, b)."""
+    from l2c.dispatch import Dispatcher, TunedEntry, TunedTable
+    from l2c.ir import KernelSpec
+    from l2c.kernel import call_signature
+    from tests.test_cutlass_shim import _bound_kernel
+    entry = TunedEntry(m=8, n=8, k=64, batch=1, dtype="f16", layout="row,row,row", target="cutlass",
+                       spec_text=KernelSpec(name="k", target="cutlass").to_l2(), tflops=2.0, baseline_tflops=1.0)
+    dispatcher = Dispatcher(TunedTable([entry]), allow_cpu=True)
+    kernel = _bound_kernel(recorder, 8, 8)
+    a, b = torch.randn(8, 64, dtype=torch.float16), torch.randn(64, 8, dtype=torch.float16)
+    sig = call_signature(a, b, None)
+    kernel._plans = {sig: dataclasses.replace(kernel._plans["sig"], device=CPU)}
+    kernel._get_device = lambda: CPU
+    dispatcher._remember_served((sig, None), kernel, a, b, None)
+    assert dispatcher.native.size() == 1
+    return dispatcher, a, b
+
+
+def _launches(dispatcher) -> int:
+    return dispatcher.stats["tuned"]   # the C++ table's served calls included
+
+
+@pytest.mark.parametrize("path", ["C++", "Python"])
+@pytest.mark.parametrize("transform", ["functionalize", "functionalize_operand", "grad", "vjp", "jvp", "jacrev"])
+def test_calls_inside_torch_func_transforms_are_torchs_on_both_paths(served, transform, path):
+    """Inside a torch.func transform the table's plan never launches (functionalization's wrappers and an output
+    allocated there have no memory: a launch would write to address 0) and the result is torch's."""
+    dispatcher, a, b = served
+    if path == "Python":
+        dispatcher.native = None
+    before = _launches(dispatcher)
+
+    def f(x):   # a and b captured: plain tensors with memory
+        return (ops.matmul_with(dispatcher, a, b).float().sum() * x).sum()
+    x = torch.ones(2)
+    if transform == "functionalize":
+        y = torch.func.functionalize(lambda z: ops.matmul_with(dispatcher, a, b) + z)(torch.zeros(8, 8).half())
+        torch.testing.assert_close(y, a @ b)
+    elif transform == "functionalize_operand":
+        torch.testing.assert_close(torch.func.functionalize(lambda z: ops.matmul_with(dispatcher, z, b))(a.clone()),
+                                   a @ b)
+    else:
+        {"grad": lambda: torch.func.grad(f)(x), "vjp": lambda: torch.func.vjp(f, x),
+         "jvp": lambda: torch.func.jvp(f, (x,), (x,)), "jacrev": lambda: torch.func.jacrev(f)(x)}[transform]()
+    after = _launches(dispatcher)
+    assert after == before
+
+
+@pytest.mark.parametrize("path", ["C++", "Python"])
+def test_a_traced_call_records_torchs_op_and_leaves_the_table_serving(served, path):
+    """torch.jit.trace of a served call records torch's matmul (a launch would be invisible to the trace, which
+    would then replay only the output's allocation), and eager calls are served again afterwards (the trace's sizes
+    are not kept as the first test's answer)."""
+    dispatcher, a, b = served
+    if path == "Python":
+        dispatcher.native = None
+    ops.matmul_with(dispatcher, a, b)
+    traced = torch.jit.trace(lambda x, y: ops.matmul_with(dispatcher, x, y), (a, b), check_trace=False)
+    kinds = [node.kind() for node in traced.graph.nodes()]
+    assert "aten::matmul" in kinds or "aten::mm" in kinds, kinds
+    other = torch.randn(8, 64, dtype=torch.float16)
+    torch.testing.assert_close(traced(other, b), other @ b)
+    before = _launches(dispatcher)
+    ops.matmul_with(dispatcher, a, b)
+    assert _launches(dispatcher) == before + 1
+
+
+@pytest.mark.parametrize("path", ["C++", "Python"])
+def test_calls_under_a_dispatch_mode_are_torchs(served, path):
+    """Under a TorchDispatchMode (FakeTensorMode here) the mode sees torch's op; no plan launches (the output
+    allocated there has no memory)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    dispatcher, a, b = served
+    if path == "Python":
+        dispatcher.native = None
+    before = _launches(dispatcher)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        y = ops.matmul_with(dispatcher, a, b)
+    assert tuple(y.shape) == (8, 8) and type(y).__name__ == "FakeTensor"
+    assert _launches(dispatcher) == before

@@ -25,6 +25,7 @@ from .rules import parallel_split_k
 # Status codes of the generated entry points (templates/cutlass/gemm.cu.j2).
 _STATUS = {1: "bad shape", 2: "cannot implement", 3: "workspace too small", 4: "initialize failed",
            5: "launch failed", 6: "CUDA error"}
+INT_MAX = 2 ** 31 - 1        # M, N, K and batch are C ints in the entry points and the call plan
 _ARGUMENT_ERRORS = (1, 2)   # raised as ValueError: the call, not the kernel, is at fault
 UNUSED_WORKSPACE_BYTES = 16   # the buffer passed to a launch that writes no workspace (the entry wants a pointer)
 
@@ -234,6 +235,7 @@ class CutlassKernel(Kernel):
         batch = a.shape[0] if a.dim() == 3 else 1
         if a.dim() == 3 and b.shape[0] != batch:
             raise SignatureDeclined(f"batch of a is {batch} but of b is {b.shape[0]}")
+        _check_sizes(m, n, k, batch)
         for name, value, fixed in zip(("M", "N", "K", "batch"), (m, n, k, batch), self._fixed):
             if fixed != ANY and value != fixed:
                 raise SignatureDeclined(f"{self.valid.name} is built for problem {name}={fixed}, got {value}")
@@ -324,6 +326,13 @@ class _CallPlan:
 def _torch_dtype(name: str):
     import torch
     return {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[name]
+
+
+def _check_sizes(m: int, n: int, k: int, batch: int) -> None:
+    """M, N, K and batch are C ints in the entry points and the call plan: ctypes would wrap a larger one silently
+    (2^32 + 8 rows would run as 8)."""
+    if max(m, n, k, batch) > INT_MAX:
+        raise SignatureDeclined(f"M, N, K and batch must be below 2^31; got {m}, {n}, {k}, {batch}")
 
 
 def _check_tensor(name: str, t, dtype, shape: Optional[Sequence[int]] = None) -> None:
