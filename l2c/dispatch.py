@@ -808,9 +808,11 @@ _default: Optional[Dispatcher] = None
 _default_lock = threading.Lock()
 
 
-def table_for_arch(arch: str) -> Optional[TunedTable]:
+def table_for_arch(arch: str, gpu: Optional[str] = None) -> Optional[TunedTable]:
     """The table for `arch` (see default_table_path), or None with one warning when it cannot be used: l2c then
-    runs torch rather than fail the caller."""
+    runs torch rather than fail the caller. A shipped table measured on another GPU than `gpu` (an H100 or H20 is
+    sm_90 as the H200 is, with other SM counts, bandwidth and cuBLAS kernels) is not used: its wins are that GPU's
+    measurements. A table named by L2C_TUNED_TABLE is used as it is."""
     path = default_table_path(arch)
     if path is None:
         return None
@@ -818,6 +820,11 @@ def table_for_arch(arch: str) -> Optional[TunedTable]:
         table = load_table(path)
     except TableError as err:
         log.warning("l2c: %s; l2c.matmul runs torch", err)
+        return None
+    if gpu is not None and table.gpu not in (None, gpu) and not settings.value("L2C_TUNED_TABLE"):
+        log.warning("l2c: the tuned table shipped for %s was measured on %s, not this %s: l2c.matmul runs torch "
+                    "(L2C_TUNED_TABLE=%s uses it anyway; `l2c tune` or `l2c bench` + `l2c table` make one for this "
+                    "GPU)", arch, table.gpu, gpu, path)
         return None
     if table.skipped:
         log.warning("l2c: %s: %d malformed entr%s skipped (first: %s)", path, table.skipped,
@@ -839,7 +846,7 @@ def default_dispatcher() -> Dispatcher:
                 table = None
                 if torch.cuda.is_available():
                     major, minor = torch.cuda.get_device_capability()
-                    table = table_for_arch(f"sm_{major}{minor}")
+                    table = table_for_arch(f"sm_{major}{minor}", torch.cuda.get_device_name())
                 try:
                     settings.overlap()
                 except ValueError as err:   # reported once here; every kernel then launches as by default

@@ -261,8 +261,9 @@ class TunedTable:
     dispatcher (`l2c bench serving:FILE`), never one read from a file."""
 
     def __init__(self, entries: List[TunedEntry], arch: str = "sm_90", source: str = "<memory>", skipped: int = 0,
-                 first_skipped: str = "", gate: str = "none", serve_all: bool = False):
+                 first_skipped: str = "", gate: str = "none", serve_all: bool = False, gpu: Optional[str] = None):
         self.arch = arch
+        self.gpu = gpu                  # the GPU its entries were measured on (its file's "gpu"), if it says
         self.source = source
         self.skipped = skipped          # malformed rows left out when the table was read
         self.first_skipped = first_skipped   # the first of them and what is wrong with it
@@ -483,4 +484,6 @@ def load_table(path) -> TunedTable:
         except (ValueError, TypeError) as err:
             skipped += 1
             first = first or f"entries[{i}]: {err}"
-    return TunedTable(entries, arch=arch, source=str(path), skipped=skipped, first_skipped=first)
+    gpu = data.get("gpu")
+    return TunedTable(entries, arch=arch, source=str(path), skipped=skipped, first_skipped=first,
+                      gpu=gpu if isinstance(gpu, str) else None)

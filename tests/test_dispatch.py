@@ -976,3 +976,18 @@ def test_a_cutlass_kernel_declines_sizes_its_c_entry_points_cannot_hold():
     for sizes in ((2 ** 31, 8, 8, 1), (8, 2 ** 32 + 8, 8, 1), (8, 8, 2 ** 40, 1), (8, 8, 8, 2 ** 31)):
         with pytest.raises(SignatureDeclined, match="below 2"):
             _check_sizes(*sizes)
+
+
+def test_the_shipped_table_serves_only_the_gpu_it_was_measured_on(monkeypatch, caplog):
+    """The shipped sm_90 table's wins are H200 measurements: on another sm_90 GPU (H100, H20) l2c runs torch, with
+    one warning naming both; L2C_TUNED_TABLE uses a table as it is."""
+    import logging
+    from l2c.dispatch import default_table_path, table_for_arch
+    monkeypatch.delenv("L2C_TUNED_TABLE", raising=False)
+    shipped = table_for_arch("sm_90", "NVIDIA H200")
+    assert shipped is not None and shipped.gpu == "NVIDIA H200" and len(shipped) > 0
+    with caplog.at_level(logging.WARNING, logger="l2c.dispatch"):
+        assert table_for_arch("sm_90", "NVIDIA H100 80GB HBM3") is None
+    assert "measured on NVIDIA H200, not this NVIDIA H100 80GB HBM3" in caplog.text
+    monkeypatch.setenv("L2C_TUNED_TABLE", str(default_table_path("sm_90")))
+    assert table_for_arch("sm_90", "NVIDIA H100 80GB HBM3") is not None
