@@ -69,9 +69,13 @@ class TunedEntry:
     k_lo: Optional[int] = None
     k_hi: Optional[int] = None
     near: bool = False     # a neighbourhood cell: decided by the measured shapes nearest its box, not by corners
+    recorded_speedup: Optional[float] = None   # the table's own figure (`l2c table`'s: paired per repetition)
 
     @property
     def speedup(self) -> float:
+        """The figure `l2c table` admitted the entry by (its row's `speedup`), else the ratio of its rates."""
+        if self.recorded_speedup is not None:
+            return self.recorded_speedup
         return self.tflops / self.baseline_tflops if self.baseline_tflops else 0.0
 
     @property
@@ -162,7 +166,8 @@ def entry_from_row(row) -> TunedEntry:
     return TunedEntry(m=m, n=n, k=k, batch=_whole(row.get("batch", 1), "batch"), dtype=dtype, layout=layout,
                       target=target, spec_text=spec, tflops=_rate(row["tflops"], "tflops"),
                       baseline_tflops=_rate(row["baseline_tflops"], "baseline_tflops"), m_lo=m_lo, m_hi=m_hi,
-                      range_min_speedup=worst, gate=gate, n_lo=n_lo, n_hi=n_hi, k_lo=k_lo, k_hi=k_hi, near=near)
+                      range_min_speedup=worst, gate=gate, n_lo=n_lo, n_hi=n_hi, k_lo=k_lo, k_hi=k_hi, near=near,
+                      recorded_speedup=_rate(row["speedup"], "speedup") if row.get("speedup") is not None else None)
 
 
 def _span(rng, value: int, axis: str) -> Tuple[int, int]:

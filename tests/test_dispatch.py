@@ -991,3 +991,18 @@ def test_the_shipped_table_serves_only_the_gpu_it_was_measured_on(monkeypatch, c
     assert "measured on NVIDIA H200, not this NVIDIA H100 80GB HBM3" in caplog.text
     monkeypatch.setenv("L2C_TUNED_TABLE", str(default_table_path("sm_90")))
     assert table_for_arch("sm_90", "NVIDIA H100 80GB HBM3") is not None
+
+
+def test_an_entry_is_served_by_the_figure_its_table_admitted_it_by():
+    """The loader judges an entry by its row's `speedup` (what `l2c table` admitted it by: paired per repetition),
+    not by the ratio of its median rates, which may fall either side of 1.0 for a tie; a row without one, by the
+    ratio."""
+    from l2c.tuned_table import entry_from_row
+    row = {"m": 8, "n": 64, "k": 32, "dtype": "f16", "layout": "row,col,row", "target": "triton",
+           "spec": KernelSpec(name="t", problem_m=8, problem_n=64, problem_k=32).to_l2(), "tflops": 0.996,
+           "baseline_tflops": 1.0}
+    admitted = TunedTable([entry_from_row(dict(row, speedup=1.0065))])
+    assert admitted.lookup("f16", "row,col,row", 8, 64, 32).speedup == 1.0065
+    assert TunedTable([entry_from_row(row)]).lookup("f16", "row,col,row", 8, 64, 32) is None
+    assert TunedTable([entry_from_row(dict(row, tflops=1.2, speedup=0.99))]).lookup(
+        "f16", "row,col,row", 8, 64, 32) is None
