@@ -115,14 +115,14 @@ _included_keys = torch._C._dispatch_tls_local_include_set
 _UNWATCHED = frozenset({torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect).raw_repr(),
                         torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect).add(
                             torch._C.DispatchKey.ADInplaceOrView).raw_repr()})
-_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None) or (lambda: False)
 
 
 def mode_watching() -> bool:
-    """Whether a mode watches torch's ops on this thread (as the C++ call table's `no_mode_watching`, plus a torch
-    function mode): FakeTensorMode or another dispatch mode, a torch.func transform, torch.jit.trace. Their calls are
-    torch's: a launch would be invisible to them, and their tensors may have no memory to launch on."""
-    return _included_keys().raw_repr() not in _UNWATCHED or _function_mode()
+    """Whether a mode watches torch's ops on this thread (as the C++ call table's `no_mode_watching`): FakeTensorMode
+    or another dispatch mode, a torch.func transform, torch.jit.trace. Their calls are torch's: a launch would be
+    invisible to them, and their tensors may have no memory to launch on. A torch function mode is not one of them
+    (`with torch.device(...)` is such a mode): it sees the call to l2c, not torch's ops."""
+    return _included_keys().raw_repr() not in _UNWATCHED
 
 
 def autocast_recasts(a) -> bool:

@@ -528,3 +528,13 @@ def test_calls_under_a_dispatch_mode_are_torchs(served, path):
         y = ops.matmul_with(dispatcher, a, b)
     assert tuple(y.shape) == (8, 8) and type(y).__name__ == "FakeTensor"
     assert _launches(dispatcher) == before
+
+
+def test_a_call_under_a_torch_function_mode_is_still_served(served):
+    """`with torch.device(...)` is a torch function mode, which sees the call to l2c rather than torch's ops: the
+    C++ table leaves the call to the Python path, which serves it."""
+    dispatcher, a, b = served
+    before = _launches(dispatcher)
+    with torch.device("cpu"):
+        y = ops.matmul_with(dispatcher, a, b)
+    assert _launches(dispatcher) == before + 1 and tuple(y.shape) == (8, 8)
