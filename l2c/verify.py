@@ -162,8 +162,10 @@ def memory_needed(spec, m: int, n: int, k: int, batch: int = 1) -> int:
     return operands * (in_bytes + 2 * 8) + outputs * (4 * out_bytes + 7 * 8)
 
 
-# Every integer from 0 to this is exact in the type (the reach of its significand).
-EXACT_INTEGERS = {"f16": 2 ** 11, "bf16": 2 ** 8, "f32": 2 ** 24}
+# Bits of each type's significand (the implicit one included): every multiple of a power of two g from 0 to 2^bits * g
+# is exact in it, while normal.
+SIGNIFICAND_BITS = {"f16": 11, "bf16": 8, "f32": 24}
+MIN_EXACT_SUM = 16   # below this largest |A @ B| sum the exact inputs would be mostly zero: no such check
 
 
 def _power_of_two(x: float) -> bool:
@@ -174,16 +176,23 @@ def _power_of_two(x: float) -> bool:
 def exact_density(spec, k: int) -> Optional[float]:
     """The density of inputs of -1, 0 and 1 at which every correct kernel for `spec` computes each output exactly,
     or None where there is none (a gate, an activation other than ReLU, an alpha or beta that is not a power of
-    two). Each output and each partial sum an accumulator may hold is then an integer (times alpha) within half the
-    range its type holds exactly, eight standard deviations out (a K-term sum of products nonzero with probability
-    density^2), so every summation order, split and accumulator type is exact, and a product term left out or added
-    twice shows however loose the tolerance of normal inputs is (an f16 accumulator at large K)."""
+    two). The output alpha * S + beta * C + bias (S the K-term integer sum, C and the bias of -1, 0 and 1) is then a
+    multiple of the finest of its terms' scales and, eight standard deviations of S out (a sum of products nonzero
+    with probability density^2), within the significand of the output type (and S within the accumulator's): every
+    summation order, split and accumulator type gives it exactly, no rounding is left to differ, and a product term
+    left out or added twice shows however loose the tolerance of normal inputs is (an f16 accumulator at large K)."""
     if _gated(spec) or spec.epilogue_activation not in ("none", "relu"):
         return None
-    if not _power_of_two(spec.epilogue_alpha) or (spec.epilogue_beta != 0.0 and not _power_of_two(spec.epilogue_beta)):
+    alpha, beta = abs(spec.epilogue_alpha), abs(spec.epilogue_beta)
+    if not _power_of_two(alpha) or (beta != 0.0 and not _power_of_two(beta)):
         return None
-    limit = min(EXACT_INTEGERS[spec.types_c], EXACT_INTEGERS[spec.types_acc])
-    return min(1.0, limit / (16 * math.sqrt(max(k, 1))))
+    others = ([beta] if beta else []) + ([1.0] if spec.epilogue_bias != "none" else [])
+    grain = min([alpha] + others)   # every term is a whole multiple of its own scale
+    widest_sum = min((2 ** SIGNIFICAND_BITS[spec.types_c] * grain - sum(others)) / alpha,
+                     2 ** SIGNIFICAND_BITS[spec.types_acc])
+    if widest_sum < MIN_EXACT_SUM:
+        return None
+    return min(1.0, widest_sum / (8 * math.sqrt(max(k, 1))))
 
 
 def reference(spec, a: torch.Tensor, b: torch.Tensor, c: Optional[torch.Tensor] = None,

@@ -303,6 +303,20 @@ def test_launcher_checks_operands():
         kernel(a, b, c=torch.randn(8, 8).half(), bias=torch.randn(8).half())
 
 
+@pytest.mark.parametrize("family", ["gemm", "gemv"])
+def test_a_bias_that_is_not_contiguous_is_refused(family):
+    """The kernels read the bias at consecutive addresses: a strided bias (a view such as wide[::2]) is refused
+    rather than read as if it were contiguous; a contiguous one serves."""
+    knobs = dict(launch_family="gemv", tile_m=1, tile_n=16, tile_k=16) if family == "gemv" else {}
+    kernel = kernel_for(epilogue_bias="col", **knobs)
+    m = 1 if family == "gemv" else 16
+    a, b, wide = torch.randn(m, 16).half(), torch.randn(16, 16).half(), torch.randn(32).half()
+    with pytest.raises(ValueError, match="bias must be contiguous"):
+        kernel(a, b, bias=wide[::2])
+    torch.testing.assert_close(kernel(a, b, bias=wide[::2].contiguous()).float(),
+                               a.float() @ b.float() + wide[::2].float(), rtol=2e-3, atol=2e-2)
+
+
 def _broken(kernel: TritonKernel, old: str, new: str) -> TritonKernel:
     assert old in kernel.source
     source = kernel.source.replace(old, new)

@@ -275,3 +275,38 @@ def test_a_dropped_k_tile_fails_on_inputs_where_a_correct_kernel_is_exact():
         result = verify(DropsTheLastKTile(valid), 64, 64, 8192, seed=seed)
         assert not result.ok and "inputs of -1, 0 and 1" in result.reason, result
 
+
+
+class RoundsOnce:
+    """A perfect kernel: float64 product and epilogue, rounded once to types.c."""
+
+    def __init__(self, valid):
+        self.valid = valid
+
+    def __call__(self, a, b, c=None, bias=None, out=None):
+        from l2c.verify import epilogue
+        spec = self.valid.spec
+        z = epilogue(spec, a.double() @ b.double(), c, bias).to(TORCH_DTYPES[spec.types_c])
+        if out is None:
+            out = torch.empty_like(z)
+        out.copy_(z)
+        return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(alpha=st.sampled_from((1.0, 16.0, 2.0, 0.5, 0.0625, -4.0)), beta=st.sampled_from((0.0, 1.0, 0.0625, 16.0)),
+       bias=st.sampled_from(("none", "row", "col")), types=st.sampled_from((("f16", "f16"), ("f16", "bf16"),
+                                                                          ("f16", "f32"), ("f32", "f32"))),
+       activation=st.sampled_from(("none", "relu")), shape=st.sampled_from(((32, 32, 64), (16, 16, 16),
+                                                                           (64, 64, 4096), (8, 24, 152))),
+       seed=st.integers(0, 2 ** 31))
+def test_a_kernel_that_rounds_once_passes_on_exact_inputs(alpha, beta, bias, types, activation, shape, seed):
+    """Inputs of -1, 0 and 1 are drawn so that alpha * A @ B + beta * C + bias fits the output type exactly: a kernel
+    that computes the epilogue exactly and rounds once (as every correct one does) equals the reference, whatever
+    scales alpha, beta and the bias mix (alpha = 16 with a bias once needed more bits than bf16 holds)."""
+    types_a, types_c = types
+    spec = KernelSpec(name="r", target="triton", types_a=types_a, types_b=types_a, types_c=types_c, tile_m=16,
+                      tile_n=16, tile_k=16, epilogue_alpha=alpha, epilogue_beta=beta, epilogue_bias=bias,
+                      epilogue_activation=activation)
+    result = verify(RoundsOnce(validate(spec, "triton")), *shape, seed=seed)
+    assert result.ok, (spec.to_l2(), shape, result)
