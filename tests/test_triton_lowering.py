@@ -317,6 +317,22 @@ def test_a_bias_that_is_not_contiguous_is_refused(family):
                                a.float() @ b.float() + wide[::2].float(), rtol=2e-3, atol=2e-2)
 
 
+def test_operands_past_32_bit_offsets_are_refused():
+    """The kernels index inside a matrix in 32 bits: an operand whose farthest element lies 2^31 elements or more
+    from its first is refused before any launch (views on the meta device hold no memory)."""
+    kernel = kernel_for()
+    meta = torch.empty(1, dtype=torch.float16, device="meta")
+    b = torch.empty(16, 16, dtype=torch.float16, device="meta")
+    for rows, refused in ((16, False), (17, True)):   # the last row at 15 x 2^27 < 2^31, or at 16 x 2^27 = 2^31
+        a = meta.as_strided((rows, 16), (2 ** 27, 0))
+        try:
+            kernel.module.prepare(a, b)
+            raised = ""
+        except Exception as err:  # noqa: BLE001 - the meta device stops a call that got past the checks
+            raised = str(err)
+        assert ("2^31 elements" in raised) == refused, raised
+
+
 def _broken(kernel: TritonKernel, old: str, new: str) -> TritonKernel:
     assert old in kernel.source
     source = kernel.source.replace(old, new)
