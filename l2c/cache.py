@@ -74,6 +74,7 @@ def write_atomic(path: Union[str, Path], data: Union[str, bytes]) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)   # as a file open() creates (mkstemp's 0600 hid it from other users of a shared cache)
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
@@ -88,30 +89,32 @@ class KeyedRecords:
     process learned, later processes of the same identity reuse. The file is named by a hash of the identity, so
     another identity starts empty; concurrent writers merge under the file lock; an unreadable file reads empty."""
 
-    def __init__(self, folder: str, prefix: str, identity: Dict[str, str]):
+    def __init__(self, folder: str, prefix: str, identity: Dict[str, object]):
         self.key = dict(identity)
         digest = content_hash(json.dumps(self.key, sort_keys=True))[:16]
         self.path = cache_dir(folder) / f"{prefix}_{digest}.json"
         self.entries: Dict[str, object] = self._on_disk()
 
     @classmethod
-    def of_gpu(cls, folder: str, prefix: str, gpu: str, driver: str, version: Optional[str] = None) -> "KeyedRecords":
-        """The records of one GPU (name), driver and l2c code (this one, `code_identity`, unless given)."""
-        return cls(folder, prefix, {"gpu": gpu, "driver": driver, "l2c": version or code_identity()})
+    def of_gpu(cls, folder: str, prefix: str, gpu: str, driver: str, version: Optional[str] = None,
+               **more: object) -> "KeyedRecords":
+        """The records of one GPU (name), driver and l2c code (this one, `code_identity`, unless given), and of
+        whatever else `more` names."""
+        return cls(folder, prefix, {"gpu": gpu, "driver": driver, "l2c": version or code_identity(), **more})
 
     def _on_disk(self) -> Dict[str, object]:
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return {}
         if not isinstance(data, dict) or data.get("key") != self.key or not isinstance(data.get("entries"), dict):
             return {}
         return data["entries"]
 
     def put(self, name: str, value: object) -> None:
-        """Record `name` = `value` here and in the file (with whatever other processes recorded meanwhile)."""
-        self.entries[name] = value
+        """Record `name` = `value` here and in the file, over whatever other processes recorded meanwhile (which this
+        process then reads: its own older records never overwrite theirs, nor bring back one deleted)."""
         with locked(self.path):
-            merged = {**self._on_disk(), **self.entries}
+            merged = {**self._on_disk(), name: value}
             write_atomic(self.path, json.dumps({"key": self.key, "entries": merged}, indent=1))
             self.entries = merged

@@ -251,9 +251,13 @@ class Dispatcher:
         self.tune_targets: Tuple[str, ...] = ()
         if self.online:
             from .devices import gpu_identity
-            from .online import Decisions, tuned_targets
-            self.tune_targets = tuned_targets()
-            self.decisions = Decisions(*gpu_identity())
+            from .online import Decisions, decision_settings, tuned_targets
+            self.tune_targets = tuned_targets()   # a malformed L2C_TUNE_TARGETS is the caller's to hear of
+            try:
+                self.decisions = Decisions(*gpu_identity(), **decision_settings(table))
+            except OSError as err:   # a cache folder that cannot be made: never the caller's call's failure
+                log.warning("l2c: online choice off: its decisions cannot be kept (%s: %s)", type(err).__name__, err)
+                self.online = False
         # per torch dtype, the Ms the entries serve at each (N, K) (`d[nk]` is never missing: an empty set where
         # nothing serves): served_nk keyed by a weight's shape, nn.Linear's layouts (`linear`, l2c.nn.Linear);
         # served_kn a pair keyed by b's (K, N) for `a @ b` (l2c.ops.matmul), (b row-major, b column-major). A plain
@@ -415,7 +419,9 @@ class Dispatcher:
                     self._inline_verified.add(job.key)
                 else:
                     log.warning("tuned kernel not served (torch runs this call): %s", reason)
-                self._kernels[key] = kernel if ok else None
+                self._kernels[key] = kernel   # a build that failed: None; one that failed at this shape only is
+                if not ok:                    # verified again at each other shape, as the worker would
+                    return None, True
             kernel = self._kernels[key]
             if kernel is not None and job.key not in self._inline_verified:   # built, but not verified at this shape
                 from .verify import verify
@@ -479,6 +485,9 @@ class Dispatcher:
             return None, True
         key = self.decisions.signature(dtype, layout, m, n, k, has_bias, activation)
         decided, spec_text = self.decisions.get(key)
+        if decided and spec_text is not None and not self.decisions.fits(spec_text, dtype, layout, has_bias,
+                                                                         activation):
+            decided = False   # a record that does not compute these calls (edited, copied): tuned again
         if decided and spec_text is None:
             if not has_bias and activation == "none":
                 self._decided_torch(dtype, layout, m, n, k)
@@ -507,6 +516,11 @@ class Dispatcher:
         if state != READY:   # the worker failed on the job (it died, ran out of time or memory): no decision to keep,
             return None, True   # torch serves in this process and a later one tunes again
         reply = self.preparer.reply(job)
+        if reply.get("spec") is None and not reply.get("timed"):   # nothing could be timed (every candidate
+            # skipped or failed): no evidence that torch is faster, so nothing persisted; torch in this process
+            if not has_bias and activation == "none":
+                self._decided_torch(dtype, layout, m, n, k)
+            return None, True
         self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
         self.online_timings[key] = dict(reply.get("timings") or {})
         if reply.get("spec") is not None:   # the worker verified the winner at this shape on this GPU

@@ -186,11 +186,26 @@ def _checked(text: str) -> Optional[str]:
         return None
 
 
-class Decisions:
-    """The persisted online decisions of one (GPU, driver, l2c code): signature -> spec text or None (torch)."""
+def decision_settings(table=None) -> Dict[str, object]:
+    """What a decision depends on beside the GPU, driver and l2c code: the margins it was judged by, the targets
+    timed, the table whose kernels were the candidates (its file's digest), and torch's version with its CUDA
+    (the baseline it was timed against: another cuBLAS may be faster)."""
+    import torch
+    source = getattr(table, "source", None)
+    try:
+        table_digest = cache.content_hash(open(source, "rb").read())[:16] if source else None
+    except OSError:
+        table_digest = source
+    return {"margin": margin(), "eager_margin": eager_margin(), "targets": list(tuned_targets()),
+            "table": table_digest, "torch": torch.__version__, "torch_cuda": torch.version.cuda}
 
-    def __init__(self, gpu: str, driver: str, version: Optional[str] = None):
-        self.records = cache.KeyedRecords.of_gpu("online", "decisions", gpu, driver, version)
+
+class Decisions:
+    """The persisted online decisions of one (GPU, driver, l2c code) and `settings` (`decision_settings`): signature
+    -> spec text or None (torch)."""
+
+    def __init__(self, gpu: str, driver: str, version: Optional[str] = None, **settings: object):
+        self.records = cache.KeyedRecords.of_gpu("online", "decisions", gpu, driver, version, **settings)
 
     @property
     def entries(self) -> Dict[str, Optional[dict]]:
@@ -199,6 +214,22 @@ class Decisions:
     @staticmethod
     def signature(dtype: str, layout: str, m: int, n: int, k: int, bias: bool, activation: str) -> str:
         return f"{dtype}:{layout}:{m}x{n}x{k}:bias={int(bias)}:{activation}"
+
+    @staticmethod
+    def fits(spec_text: str, dtype: str, layout: str, bias: bool, activation: str) -> bool:
+        """Whether a decided kernel computes the calls of its signature: their dtype and layouts, the epilogue
+        online choice gives them (alpha 1, no C input, the output in the inputs' type, their bias and activation).
+        A record that does not (edited, copied from elsewhere) is no decision."""
+        from .errors import L2Error
+        from .parser import parse_one
+        try:
+            spec = parse_one(spec_text, file="<online decision>")
+        except L2Error:
+            return False
+        return (spec.types_a == spec.types_b == spec.types_c == dtype
+                and f"{spec.layout_a},{spec.layout_b},{spec.layout_c}" == layout
+                and spec.epilogue_alpha == 1.0 and spec.epilogue_beta == 0.0 and spec.epilogue_gate == "none"
+                and spec.epilogue_bias == ("col" if bias else "none") and spec.epilogue_activation == activation)
 
     def get(self, signature: str):
         """(decided, spec text or None)."""
@@ -218,6 +249,7 @@ class OnlineChoice(NamedTuple):
     speedup: Optional[float]     # the winner's (or, with none, the best candidate's) device-time speedup over torch
     note: str
     timings: Dict[str, float]    # spec text -> speedup of each candidate timed (twice from the margin on: the lower)
+    timed: int = 0               # candidates timed: none (every one skipped or failed) is no evidence for torch
 
 
 def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activation: str, device_kind: str,
@@ -277,5 +309,5 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
             best, best_speedup = rendered, measured
     note = f"{tried} timed" + (f", {lost_eager} lost an eager call" if lost_eager else "")
     if best is not None and best_speedup >= margin():
-        return OnlineChoice(best, best_speedup, note, timings)
-    return OnlineChoice(None, best_speedup or None, f"{note}; none beat torch by {margin()}x", timings)
+        return OnlineChoice(best, best_speedup, note, timings, tried)
+    return OnlineChoice(None, best_speedup or None, f"{note}; none beat torch by {margin()}x", timings, tried)

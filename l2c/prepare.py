@@ -226,7 +226,8 @@ def main() -> int:
                 from .online import tune_one
                 choice = tune_one(list(job.candidates), job.m, job.n, job.k, job.bias, job.activation, job.device)
                 ok, reason = True, choice.note
-                reply = {"spec": choice.spec, "speedup": choice.speedup, "timings": choice.timings}
+                reply = {"spec": choice.spec, "speedup": choice.speedup, "timings": choice.timings,
+                         "timed": choice.timed}
             else:
                 ok, reason, _ = prepare_one(job)
         except Exception as err:  # noqa: BLE001 - every failure is a reply, never a dead worker

@@ -483,7 +483,7 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
     Triton interpreter) builds, verifies and times candidates; the decision is persisted per GPU, driver and l2c
     version, served from then on, reused by a new dispatcher (a later process) without tuning, and not reused
     under another l2c version. The margins are 0 here: on the CPU no interpreted kernel beats torch."""
-    from l2c.online import Decisions, candidate_specs
+    from l2c.online import Decisions, candidate_specs, decision_settings
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
     monkeypatch.setenv("L2C_TUNE_EAGER_MARGIN", "0")
@@ -499,18 +499,21 @@ def test_online_tuning_times_candidates_once_and_later_processes_reuse_the_decis
     torch.testing.assert_close(l2c.matmul(a, w.t()).float(), expect, atol=2e-2, rtol=2e-2)
     assert dispatcher.stats == {"tuned": 1, "fallback": 1}
     signature = Decisions.signature("f16", "row,col,row", 2, 48, 64, False, "none")
-    decided, spec = Decisions("cpu", "none").get(signature)
+    decided, spec = Decisions("cpu", "none", **decision_settings()).get(signature)
     assert decided and "family=gemv" in spec
     timings = dispatcher.online_timings[signature]   # every verified candidate's speedup, the winner's too
     assert spec in timings and all(isinstance(v, float) and v > 0 for v in timings.values())
     later = set_tuned_table(None, allow_cpu=True, online=True)          # a new process: the decision is on disk
     l2c.matmul(a, w.t())
     assert later.stats == {"tuned": 1, "fallback": 0} and not later.preparer.replies
-    assert not Decisions("cpu", "none", version="0.0.0-other").entries   # another l2c version starts afresh
+    settings = decision_settings()
+    assert not Decisions("cpu", "none", version="0.0.0-other", **settings).entries   # another l2c starts afresh
     from l2c import cache
-    assert Decisions("cpu", "none").records.key["l2c"] == cache.code_identity()   # l2c's code, not its version alone
+    assert Decisions("cpu", "none", **settings).records.key["l2c"] == cache.code_identity()   # its code, too
     assert cache.code_identity().startswith(l2c.__version__ + "+")
-    assert not Decisions("cpu", "other-driver").entries
+    assert not Decisions("cpu", "other-driver", **settings).entries
+    monkeypatch.setenv("L2C_TUNE_MARGIN", "1.05")   # decided under another margin: tuned again
+    assert not Decisions("cpu", "none", **decision_settings()).entries
     set_tuned_table(None)
 
 
@@ -588,11 +591,13 @@ def test_online_choice_with_nothing_to_time_sends_the_shape_to_torch_from_the_fi
 def test_a_persisted_decision_of_a_target_not_timed_now_is_not_served(tmp_path, monkeypatch):
     """A Triton decision persisted while Triton was among the targets is not served by a process whose targets leave
     Triton out (it is timed again among those targets: here none, so torch), and is served where Triton is in."""
-    from l2c.online import Decisions, candidate_specs
+    from l2c.online import Decisions, candidate_specs, decision_settings
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("L2C_TUNE_TARGETS", raising=False)
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "cutlass,triton")
     spec = candidate_specs("f16", "row,col,row", 2, 48, 64, targets=("triton",))[0]
-    Decisions("cpu", "none").record(Decisions.signature("f16", "row,col,row", 2, 48, 64, False, "none"), spec, 1.2)
+    Decisions("cpu", "none", **decision_settings()).record(
+        Decisions.signature("f16", "row,col,row", 2, 48, 64, False, "none"), spec, 1.2)
+    monkeypatch.delenv("L2C_TUNE_TARGETS")
     a, w = torch.randn(2, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
     dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
     torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())
@@ -663,11 +668,11 @@ def test_a_triton_candidate_that_loses_an_eager_call_is_not_chosen(tmp_path, mon
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_TUNE_MARGIN", "0")
     candidates = candidate_specs("f16", "row,col,row", 2, 48, 64, targets=("triton",))[:1]
-    best, speedup, note, timings = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
+    best, speedup, note, timings, timed = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
     assert best is None and speedup is None and note.startswith("1 timed, 1 lost an eager call"), note
-    assert timings == {}   # no evidence of a win either: its callers would lose
+    assert timings == {} and timed == 1   # no evidence of a win either: its callers would lose
     monkeypatch.setenv("L2C_TUNE_EAGER_MARGIN", "0")
-    best, speedup, note, timings = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
+    best, speedup, note, timings, timed = tune_one(candidates, 2, 48, 64, False, "none", "cpu")
     assert best is not None and "family=gemv" in best and speedup > 0 and note == "1 timed"
     assert timings[best] == speedup
 
@@ -688,13 +693,14 @@ def test_online_tuning_leaves_empty_products_to_torch(tmp_path, monkeypatch):
 def test_a_persisted_online_decision_is_not_built_on_the_calling_thread(tmp_path, monkeypatch):
     """A later process meets a decision whose CUTLASS library is no longer in the build cache (nor in a pack): its
     calls run torch while the worker prepares it, and the calling thread never starts a build."""
-    from l2c.online import Decisions
+    from l2c.online import Decisions, decision_settings
     from tests.test_pack import _hide_nvcc
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_PACK", str(tmp_path / "no_pack.zip"))
     _hide_nvcc(monkeypatch, tmp_path)
     spec = KernelSpec(name="evicted", target="cutlass", tile_m=64, tile_n=64, tile_k=64, layout_b="col").to_l2()
-    Decisions("cpu", "none").record(Decisions.signature("f16", "row,col,row", 32, 48, 64, False, "none"), spec, 1.2)
+    Decisions("cpu", "none", **decision_settings()).record(
+        Decisions.signature("f16", "row,col,row", 32, 48, 64, False, "none"), spec, 1.2)
     dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
     a = torch.randn(32, 64, dtype=torch.float16)
     w = torch.randn(48, 64, dtype=torch.float16)
@@ -714,8 +720,8 @@ def test_online_tuning_never_compiles_a_cutlass_candidate(tmp_path, monkeypatch)
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_PACK", str(tmp_path / "no_pack.zip"))
     spec = KernelSpec(name="never_built", target="cutlass", tile_m=64, tile_n=64, tile_k=64, layout_b="col")
-    best, speedup, note, timings = tune_one([spec.to_l2()], 64, 64, 64, False, "none", "cpu")
-    assert (best, speedup, timings) == (None, None, {}) and note.startswith("0 timed")
+    best, speedup, note, timings, timed = tune_one([spec.to_l2()], 64, 64, 64, False, "none", "cpu")
+    assert (best, speedup, timings, timed) == (None, None, {}, 0) and note.startswith("0 timed")
     assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.cu"))
 
 
@@ -902,7 +908,7 @@ def test_an_online_job_the_worker_failed_on_is_no_persisted_decision(tmp_path, m
     """A worker that fails an online-tuning job (here it runs out of L2C_PREPARE_TIMEOUT_S) leaves torch serving in
     this process and no decision on disk: a later process tunes the shape again, as a crash or an out-of-memory
     candidate is no evidence that torch is faster."""
-    from l2c.online import Decisions
+    from l2c.online import Decisions, decision_settings
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("L2C_TUNE_TARGETS", "cutlass,triton")
     monkeypatch.setenv("L2C_PREPARE_TIMEOUT_S", "0.3")
@@ -912,7 +918,7 @@ def test_an_online_job_the_worker_failed_on_is_no_persisted_decision(tmp_path, m
         torch.testing.assert_close(l2c.matmul(a, w.t()), torch.matmul(a, w.t()))
         assert dispatcher.wait(timeout=120)
     assert dispatcher.stats == {"tuned": 0, "fallback": 2}
-    assert not Decisions("cpu", "none").entries
+    assert not Decisions("cpu", "none", **decision_settings()).entries
     set_tuned_table(None)
 
 
@@ -1006,3 +1012,61 @@ def test_an_entry_is_served_by_the_figure_its_table_admitted_it_by():
     assert TunedTable([entry_from_row(row)]).lookup("f16", "row,col,row", 8, 64, 32) is None
     assert TunedTable([entry_from_row(dict(row, tflops=1.2, speedup=0.99))]).lookup(
         "f16", "row,col,row", 8, 64, 32) is None
+
+
+def test_a_persisted_decision_that_does_not_compute_its_calls_is_tuned_again(tmp_path, monkeypatch):
+    """A decision record whose kernel computes something else than its signature's calls (a ReLU, an alpha: an
+    edited or copied file) is no decision: those calls are tuned again, never served by it."""
+    from l2c.online import Decisions, candidate_specs, decision_settings
+    from l2c.parser import parse_one
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "cutlass,triton")
+    signature = Decisions.signature("f16", "row,col,row", 2, 48, 64, False, "none")
+    plain = candidate_specs("f16", "row,col,row", 2, 48, 64, targets=("triton",))[0]
+    assert Decisions.fits(plain, "f16", "row,col,row", False, "none")
+    for wrong in (dict(epilogue_activation="relu"), dict(epilogue_alpha=2.0), dict(types_c="f32")):
+        text = parse_one(plain).replace(**wrong).to_l2()
+        assert not Decisions.fits(text, "f16", "row,col,row", False, "none")
+    Decisions("cpu", "none", **decision_settings()).record(
+        signature, parse_one(plain).replace(epilogue_activation="relu").to_l2(), 1.2)
+    dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
+    a, w = torch.randn(2, 64, dtype=torch.float16), -torch.ones(48, 64, dtype=torch.float16)
+    for _ in range(2):
+        torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())   # a ReLU kernel would zero the negatives
+        assert dispatcher.wait(timeout=600)
+    assert not dispatcher._kernels or all(k is None or "relu" not in k.valid.spec.to_l2()
+                                          for k in dispatcher._kernels.values())
+    set_tuned_table(None)
+
+
+def test_an_online_job_that_timed_nothing_persists_no_decision(tmp_path, monkeypatch):
+    """When every candidate is skipped (a CUTLASS library neither built nor packed) the job measured nothing: torch
+    serves in this process and no "torch" decision is kept for later processes."""
+    from l2c.online import Decisions, decision_settings
+    from tests.test_pack import _hide_nvcc
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no_pack.zip"))
+    _hide_nvcc(monkeypatch, tmp_path)
+    spec = KernelSpec(name="unbuilt", target="cutlass", tile_m=64, tile_n=64, tile_k=64, layout_b="col")
+    dispatcher = set_tuned_table(TunedTable([entry(64, 48, 64, spec=spec, target="cutlass")]), allow_cpu=True,
+                                 online=True)
+    a, w = torch.randn(32, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
+    for _ in range(2):
+        torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())
+        assert dispatcher.wait(timeout=600)
+    assert not Decisions("cpu", "none", **decision_settings(dispatcher.table)).entries
+    set_tuned_table(None)
+
+
+def test_online_choice_with_a_cache_that_cannot_be_made_warns_and_runs_torch(tmp_path, monkeypatch, caplog):
+    """L2C_TUNE=online with a cache folder that cannot be made (a file where it must be): one warning, online
+    choice off, every call torch's; never an exception in the user's call."""
+    import logging
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    with caplog.at_level(logging.WARNING, logger="l2c.dispatch"):
+        dispatcher = set_tuned_table(None, allow_cpu=True, online=True)
+    assert not dispatcher.online and "online choice off" in caplog.text
+    a, w = torch.randn(2, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
+    torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())
+    set_tuned_table(None)

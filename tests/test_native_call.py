@@ -374,9 +374,10 @@ def test_a_shape_online_tuning_gave_to_torch_goes_to_torch_in_cxx(new_table, tmp
     it); once the decision for a plain call is torch, later calls of that shape go to torch from the C++ table's
     first test, as a shape no table serves does, while other Ms of the same (K, N) still reach the Python path."""
     from l2c.dispatch import Dispatcher
-    from l2c.online import Decisions
+    from l2c.online import Decisions, decision_settings
     monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
-    Decisions("cpu", "none").record(Decisions.signature("f16", "row,row,row", 8, 8, 64, False, "none"), None, 0.9)
+    Decisions("cpu", "none", **decision_settings()).record(
+        Decisions.signature("f16", "row,row,row", 8, 8, 64, False, "none"), None, 0.9)
     dispatcher = Dispatcher(None, allow_cpu=True, online=True)
     assert dispatcher.native is not None
     a, b, _ = operands()
