@@ -103,6 +103,12 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
     return _python_path(dispatcher, a, b, bias, activation, out, residual)
 
 
+def _holds(ms, m) -> bool:
+    """`m in ms` for a holder of `tuned_table.served_shapes`, in comparisons that torch.compile traces with a
+    symbolic M (guarding on their outcome) where `range.__contains__` would make it fail."""
+    return ms.start <= m < ms.stop if type(ms) is range else m in ms
+
+
 def _python_path(dispatcher, a, b, bias, activation, out, residual):
     """A call the C++ call table did not take (not loaded, `out=`, a residual, tracing, or a call it leaves to
     Python: see l2c.native_call): the first test in Python, then the traced custom op or the dispatcher."""
@@ -110,8 +116,8 @@ def _python_path(dispatcher, a, b, bias, activation, out, residual):
         # the Ms an entry of a's dtype and b's layout serves at b's (K, N): empty where none (a b that is neither
         # row- nor column-major is the column-major map's to let through, and the signature's to refuse)
         ms = dispatcher.served_kn.get(a.dtype, NO_LAYOUTS)[b_map_index(b)][b.shape]
-        m = a.shape[0] if a.ndim == 2 else None   # a symbolic M (traced with dynamic shapes) is the custom op's to test
-        if not ms or (type(m) is int and m not in ms):   # no entry for this (N, K) and M: torch, eager and traced
+        m = a.shape[0] if a.ndim == 2 else None
+        if not ms or (m is not None and not _holds(ms, m)):   # no entry for this (N, K) and M: torch, eager and traced
             if not _is_compiling():   # a count in a traced graph would make it guard on the count's value
                 dispatcher.counts["fallback"] += 1
             return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)

@@ -1070,3 +1070,19 @@ def test_online_choice_with_a_cache_that_cannot_be_made_warns_and_runs_torch(tmp
     a, w = torch.randn(2, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
     torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())
     set_tuned_table(None)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_a_bias_free_layer_served_by_a_range_compiles_with_a_symbolic_token_count(tmp_path, monkeypatch, dynamic):
+    """torch.compile of a bias-free l2c.nn.Linear whose (N, K) a token-count range serves, with dynamic shapes (or
+    the automatic ones from the second token count on): the first test traces with a symbolic M, and the results
+    are torch's at every token count, served or not."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    set_tuned_table(TunedTable([entry(8, 48, 64, m_range=(1, 12))]), allow_cpu=True, prepare="inline")
+    layer = l2c.nn.Linear(64, 48, bias=False, dtype=torch.float16)
+    compiled = torch.compile(layer, dynamic=dynamic)
+    with torch.no_grad():
+        for m in (5, 9, 13):
+            x = torch.randn(m, 64, dtype=torch.float16)
+            torch.testing.assert_close(compiled(x), x @ layer.weight.t(), rtol=2e-3, atol=2e-2)
+    set_tuned_table(None)
