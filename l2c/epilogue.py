@@ -57,6 +57,9 @@ def torch_gated(a, b, bias, gate):
     then act(g) * u, as the MLP modules l2c replaces do. One GEMM over both halves was measured slower on the H200
     (cuBLAS's pick for 2N columns: 0.91-0.99x at 512-8192 tokens of Llama-8B's MLP), and a fallback slower than
     the module it replaces would make a model slower."""
+    if b.shape[-1] % 2:
+        raise ValueError(f"a gated call's b holds the gate's columns then the up projection's: an even width, got "
+                         f"{b.shape[-1]}")
     n = b.shape[-1] // 2
     g, u = (torch_matmul(a, b[..., cols], None if bias is None else bias[cols], "none", None)
             for cols in (slice(0, n), slice(n, 2 * n)))
@@ -66,6 +69,9 @@ def torch_gated(a, b, bias, gate):
 def torch_gated_linear(x, weight, bias, gate):
     """`torch_gated` for nn.Linear's layout: weight (2N, K), the gate's rows then the up projection's, two F.linear
     calls on the halves (views) as the replaced MLP module runs them."""
+    if weight.shape[0] % 2:
+        raise ValueError(f"a gated weight holds the gate's rows then the up projection's: an even count, got "
+                         f"{weight.shape[0]}")
     n = weight.shape[0] // 2
     g = F.linear(x, weight[:n], None if bias is None else bias[:n])
     u = F.linear(x, weight[n:], None if bias is None else bias[n:])

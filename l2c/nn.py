@@ -88,6 +88,8 @@ class GatedMLP(torch.nn.Module):
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias, device=device, dtype=dtype)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias if down_bias is None else down_bias,
                                 device=device, dtype=dtype)
+        self.register_state_dict_post_hook(GatedMLP._split_state)
+        self.register_load_state_dict_pre_hook(GatedMLP._join_state)
 
     @classmethod
     def from_hf(cls, mlp: torch.nn.Module) -> "GatedMLP":
@@ -96,6 +98,7 @@ class GatedMLP(torch.nn.Module):
         tanh form, projections whose shapes do not make such a block, or a forward that computes anything else
         (`_check_plain_forward`)."""
         gate_proj, up_proj, down_proj = (getattr(mlp, name) for name in GATED_MLP_PARTS)
+        _check_swappable(mlp)
         gate = gate_of(mlp.act_fn)
         inter, hidden = gate_proj.weight.shape
         if tuple(up_proj.weight.shape) != (inter, hidden) or tuple(down_proj.weight.shape) != (hidden, inter):
@@ -116,7 +119,37 @@ class GatedMLP(torch.nn.Module):
             new.down_proj.weight.copy_(down_proj.weight)
             if down_proj.bias is not None:
                 new.down_proj.bias.copy_(down_proj.bias)
+        for old_part, new_part, parts in ((gate_proj, new.gate_up_proj, (gate_proj, up_proj)),
+                                          (down_proj, new.down_proj, (down_proj,))):
+            trainable = any(p.requires_grad for part in parts for p in part.parameters())
+            for parameter in new_part.parameters():   # frozen stays frozen
+                parameter.requires_grad_(trainable)
+        new.train(mlp.training)
         return new
+
+    @staticmethod
+    def _split_state(module, state_dict, prefix, local_metadata) -> None:
+        """state_dict() under the replaced module's keys (gate_proj.*, up_proj.*, down_proj.*): a checkpoint saved
+        after the swap loads into the original model class (`save_pretrained` / `from_pretrained`)."""
+        for kind in ("weight", "bias"):
+            fused = state_dict.pop(f"{prefix}gate_up_proj.{kind}", None)
+            if fused is not None:
+                gate, up = fused.chunk(2)
+                state_dict[f"{prefix}gate_proj.{kind}"] = gate
+                state_dict[f"{prefix}up_proj.{kind}"] = up
+
+    @staticmethod
+    def _join_state(module, state_dict, prefix, *args) -> None:
+        """load_state_dict() of the replaced module's keys (or of this module's own)."""
+        for kind in ("weight", "bias"):
+            gate, up = state_dict.pop(f"{prefix}gate_proj.{kind}", None), state_dict.pop(f"{prefix}up_proj.{kind}", None)
+            if gate is not None and up is not None:
+                state_dict[f"{prefix}gate_up_proj.{kind}"] = torch.cat([gate, up])
+            elif gate is not None or up is not None:   # a bias on one projection only: the other's is zero
+                present = gate if gate is not None else up
+                zeros = present.new_zeros(present.shape)
+                state_dict[f"{prefix}gate_up_proj.{kind}"] = torch.cat([gate if gate is not None else zeros,
+                                                                          up if up is not None else zeros])
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The block's output; with `residual`, residual + the block's output, added in the down projection's GEMM."""
@@ -148,25 +181,62 @@ def gate_of(act_fn) -> str:
     raise ValueError(f"act_fn {act_fn!r} is neither SiLU nor GELU's tanh form: l2c has no gated epilogue for it")
 
 
+def _check_swappable(mlp: torch.nn.Module) -> None:
+    """ValueError unless the swap keeps everything `mlp` does: its projections are plain `torch.nn.Linear` (or
+    l2c's, without an activation; another subclass, a quantized linear among them, computes something else from its
+    weight) in a float type, and neither
+    it nor they carry hooks or parametrizations (the swap would drop them)."""
+    parts = [getattr(mlp, name) for name in GATED_MLP_PARTS]
+    if any(type(part) is not torch.nn.Linear and not (type(part) is Linear and part.activation is None)
+           for part in parts):
+        raise ValueError(f"{type(mlp).__name__}: its projections are not plain torch.nn.Linear "
+                         f"({', '.join(sorted({type(part).__name__ for part in parts}))})")
+    if any(not part.weight.is_floating_point() or part.weight.dtype not in (torch.float16, torch.bfloat16,
+                                                                             torch.float32) for part in parts):
+        raise ValueError(f"{type(mlp).__name__}: its weights are not f16, bf16 or f32")
+    for module in [mlp] + parts:
+        hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
+                 getattr(module, "_backward_pre_hooks", {}), getattr(module, "parametrizations", {}))
+        if any(hooks):
+            raise ValueError(f"{type(mlp).__name__}: it or a projection carries hooks or parametrizations, which "
+                             "a GatedMLP would drop")
+
+
+# Standard deviation of the gate's pre-activation in the second probe: past the clamps some MLPs put on it (7-10)
+PROBE_LARGE_GATE = 32.0
+
+
 def _check_plain_forward(mlp: torch.nn.Module) -> None:
-    """ValueError unless `mlp(x)` is `down_proj(act_fn(gate_proj(x)) * up_proj(x))` on a probe input: modules with
-    the same parts may add a step (Gemma 3n's activation sparsity, Falcon-H1's multipliers, BitNet's norm before
-    down_proj, clamps, dropout while training) that a GatedMLP would silently drop."""
+    """ValueError unless `mlp(x)` is `down_proj(act_fn(gate_proj(x)) * up_proj(x))` on probe inputs, in training
+    mode as in eval mode and at pre-activations far past unit scale: modules with the same parts may add a step
+    (Gemma 3n's activation sparsity, Falcon-H1's multipliers, BitNet's norm before down_proj, clamps of the gate,
+    dropout while training) that a GatedMLP would silently drop. Runs under the module's own RNG state restored."""
     weight = mlp.gate_proj.weight
     if weight.device.type == "meta":
         raise ValueError(f"{type(mlp).__name__} has its weights on the meta device: its forward cannot be checked")
     generator = torch.Generator(device=weight.device).manual_seed(0)
     x = torch.randn(4, weight.shape[1], generator=generator, device=weight.device, dtype=weight.dtype)
+    training = mlp.training
+    devices = [weight.device] if weight.device.type == "cuda" else []
     try:
-        with torch.no_grad():
-            got = mlp(x)
-            plain = mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            spread = float(mlp.gate_proj(x).float().std()) or 1.0
+            for probe in (x, x * (PROBE_LARGE_GATE / spread)):
+                for mode in (False, True):
+                    mlp.train(mode)
+                    got = mlp(probe)
+                    plain = mlp.down_proj(mlp.act_fn(mlp.gate_proj(probe)) * mlp.up_proj(probe))
+                    if not isinstance(got, torch.Tensor) or got.shape != plain.shape or not torch.allclose(
+                            got.float(), plain.float(), rtol=1e-3, atol=1e-3 * float(plain.abs().max()) + 1e-6):
+                        raise ValueError(f"{type(mlp).__name__}'s forward is not down_proj(act_fn(gate_proj(x)) * "
+                                         f"up_proj(x)){' while training' if mode else ''}: a GatedMLP would change "
+                                         "its output")
+    except ValueError:
+        raise
     except Exception as err:  # noqa: BLE001 - a forward that takes more than x is not the plain block
         raise ValueError(f"{type(mlp).__name__}'s forward cannot be checked on one input: {err}") from None
-    if not isinstance(got, torch.Tensor) or got.shape != plain.shape or \
-            not torch.allclose(got.float(), plain.float(), rtol=1e-3, atol=1e-3 * float(plain.abs().max()) + 1e-6):
-        raise ValueError(f"{type(mlp).__name__}'s forward is not down_proj(act_fn(gate_proj(x)) * up_proj(x)): "
-                         "a GatedMLP would change its output")
+    finally:
+        mlp.train(training)
 
 
 def is_gated_mlp(module: torch.nn.Module) -> bool:
@@ -183,12 +253,20 @@ def replace_mlps(module: torch.nn.Module, linears: bool = True) -> torch.nn.Modu
     return replace_linears(module) if linears else module
 
 
-def _swap_mlps(module: torch.nn.Module) -> None:
+def _swap_mlps(module: torch.nn.Module, swapped: Optional[dict] = None) -> None:
+    """The swap, depth first; `swapped` maps each MLP already swapped (by identity) to its GatedMLP, so an MLP
+    reachable from two places stays one module."""
+    swapped = {} if swapped is None else swapped
     for name, child in module.named_children():
-        if is_gated_mlp(child):
+        if id(child) in swapped:
+            if swapped[id(child)][1] is not None:
+                setattr(module, name, swapped[id(child)][1])
+        elif is_gated_mlp(child):
             try:
-                setattr(module, name, GatedMLP.from_hf(child))
+                swapped[id(child)] = (child, GatedMLP.from_hf(child))   # the MLP held: its id stays its own
+                setattr(module, name, swapped[id(child)][1])
             except ValueError as err:
+                swapped[id(child)] = (child, None)
                 log.warning("l2c.nn.replace_mlps: %s left as it is: %s", name, err)
         else:
-            _swap_mlps(child)
+            _swap_mlps(child, swapped)

@@ -145,6 +145,9 @@ def gated_matmul(a: torch.Tensor, b: torch.Tensor, gate: str, bias: Optional[tor
     gated problem; otherwise torch runs the two halves' GEMMs apart (views, no copy), then act(g) * u.
     """
     dispatcher = dispatch._default or default_dispatcher()
-    if torch.compiler.is_compiling() and a.dim() == 2 and b.dim() == 2:
-        return _gated_matmul_op(a, b, bias, check_gate(gate))
+    if torch.compiler.is_compiling():
+        if dispatch.autocast_recasts(a):   # traced as torch's ops, which autocast casts (the custom op would not)
+            return torch_gated(a, b, bias, check_gate(gate))
+        if a.dim() == 2 and b.dim() == 2:
+            return _gated_matmul_op(a, b, bias, check_gate(gate))
     return dispatcher.gated_matmul(a, b, gate, bias)

@@ -395,3 +395,28 @@ def test_serve_sweep_gated_stage_measures_the_gated_pool(tmp_path):
     families = {m: {"gemv" if "family=gemv" in r["spec"] else "gemm" for r in rows if r["m"] == m} for m in (3, 40)}
     assert families == {3: {"gemv", "gemm"}, 40: {"gemm"}}   # GEMV up to 16 tokens, tensor-core tiles from 2
     assert any("loads=tma" in r["spec"] for r in rows if r["m"] == 40)
+
+
+def test_a_gated_call_of_an_odd_width_is_an_error_not_a_dropped_column():
+    """b holds the gate's columns then the up projection's: an odd width is an error (it used to drop the last
+    column), in a @ b's layout and in nn.Linear's."""
+    set_tuned_table(None)
+    a = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="even width"):
+        l2c.gated_matmul(a, torch.randn(8, 7), "silu")
+    from l2c.epilogue import torch_gated_linear
+    with pytest.raises(ValueError, match="even count"):
+        torch_gated_linear(a, torch.randn(7, 8), None, "silu")
+
+
+def test_a_compiled_gated_call_under_autocast_is_torchs_autocast_ops():
+    """Under torch.compile and an autocast region to another dtype, the gated call is traced as torch's ops (which
+    autocast casts), as l2c.matmul's is: its result is autocast's dtype and value."""
+    set_tuned_table(None)
+    a, b = torch.randn(4, 8), torch.randn(8, 6)
+    f = torch.compile(lambda a, b: l2c.gated_matmul(a, b, "silu"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = f(a, b)
+        want = torch.nn.functional.silu(a @ b[:, :3]) * (a @ b[:, 3:])
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)

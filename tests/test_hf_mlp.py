@@ -183,3 +183,72 @@ def test_an_mlp_whose_forward_adds_a_step_is_left_as_it_is(caplog):
             torch.testing.assert_close(holder.mlp(x), want)
         with pytest.raises(ValueError, match="is not down_proj"):
             l2c.nn.GatedMLP.from_hf(block)
+
+
+class _PlainMLP(torch.nn.Module):
+    """The gated block with optional extras: dropout on the product, a clamp of the gate, projection classes."""
+
+    def __init__(self, linear=torch.nn.Linear, dropout=0.0, clamp=None):
+        super().__init__()
+        self.gate_proj, self.up_proj = linear(64, 96, bias=False), linear(64, 96, bias=False)
+        self.down_proj = linear(96, 64, bias=False)
+        self.act_fn, self.dropout, self.clamp = torch.nn.SiLU(), torch.nn.Dropout(dropout), clamp
+
+    def forward(self, x):
+        gate = self.gate_proj(x)
+        if self.clamp is not None:
+            gate = gate.clamp(max=self.clamp)
+        return self.down_proj(self.dropout(self.act_fn(gate) * self.up_proj(x)))
+
+
+class _OwnForwardLinear(torch.nn.Linear):
+    """A Linear subclass computing something else from its weight (as a quantized linear does)."""
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight.sign() * self.weight.abs().mean())
+
+
+@pytest.mark.parametrize("block", ["subclass", "dropout", "clamp", "hooked"])
+def test_what_a_gated_mlp_would_drop_keeps_the_mlp_as_it_is(block, caplog):
+    """An MLP is left as it is where the swap would drop what it does: projections of a Linear subclass (their own
+    forward), dropout (seen in training mode, though the model is in eval mode), a clamp of the gate (seen at
+    pre-activations past unit scale), hooks on the MLP."""
+    set_tuned_table(None)
+    torch.manual_seed(0)
+    mlp = {"subclass": lambda: _PlainMLP(linear=_OwnForwardLinear), "dropout": lambda: _PlainMLP(dropout=0.3),
+           "clamp": lambda: _PlainMLP(clamp=7.0), "hooked": _PlainMLP}[block]().eval()
+    if block == "hooked":
+        mlp.register_forward_hook(lambda module, args, out: out * 2)
+    holder = torch.nn.Module()
+    holder.mlp = mlp
+    with caplog.at_level(logging.WARNING, logger="l2c.nn"):
+        l2c.nn.replace_mlps(holder, linears=False)
+    assert holder.mlp is mlp and "left as it is" in caplog.text
+    assert not mlp.training   # the probe's training mode is undone
+
+
+def test_replace_mlps_keeps_frozen_state_checkpoint_keys_sharing_and_mode():
+    """After replace_mlps: frozen weights stay frozen, state_dict has the original keys (a checkpoint saved after the
+    swap loads into the original model class, and the original's into the swapped model), an MLP reachable from
+    two places stays one module, and the training mode is the model's."""
+    set_tuned_table(None)
+    model = tiny_model()
+    original = tiny_model()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    shared = model.model.layers[0].mlp
+    model.model.layers[1].mlp = shared
+    keys = set(model.state_dict())
+    l2c.nn.replace_mlps(model)
+    assert not any(p.requires_grad for p in model.parameters())
+    assert set(model.state_dict()) == keys
+    assert model.model.layers[0].mlp is model.model.layers[1].mlp and not model.model.layers[0].mlp.training
+    ids = torch.randint(0, TINY["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(2))
+    swapped_logits = logits(model, ids)
+    fresh = tiny_model()
+    fresh.model.layers[1].mlp = fresh.model.layers[0].mlp
+    fresh.load_state_dict(model.state_dict())          # the swapped model's checkpoint, into the original class
+    torch.testing.assert_close(logits(fresh, ids), swapped_logits, rtol=1e-5, atol=1e-5)
+    l2c.nn.replace_mlps(original)
+    original.load_state_dict(tiny_model().state_dict())   # the original class's checkpoint, into a swapped model
+    torch.testing.assert_close(logits(original, ids), logits(tiny_model(), ids), rtol=1e-5, atol=1e-5)
