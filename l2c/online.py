@@ -190,11 +190,13 @@ def decision_settings(table=None) -> Dict[str, object]:
     """What a decision depends on beside the GPU, driver and l2c code: the margins it was judged by, the targets
     timed, the table whose kernels were the candidates (its file's digest), and torch's version with its CUDA
     (the baseline it was timed against: another cuBLAS may be faster)."""
+    from pathlib import Path
+
     import torch
     source = getattr(table, "source", None)
     try:
-        table_digest = cache.content_hash(open(source, "rb").read())[:16] if source else None
-    except OSError:
+        table_digest = cache.content_hash(Path(source).read_text(errors="replace"))[:16] if source else None
+    except OSError:   # a table made in memory ("<memory>"): its name
         table_digest = source
     return {"margin": margin(), "eager_margin": eager_margin(), "targets": list(tuned_targets()),
             "table": table_digest, "torch": torch.__version__, "torch_cuda": torch.version.cuda}

@@ -1086,3 +1086,18 @@ def test_a_bias_free_layer_served_by_a_range_compiles_with_a_symbolic_token_coun
             x = torch.randn(m, 64, dtype=torch.float16)
             torch.testing.assert_close(compiled(x), x @ layer.weight.t(), rtol=2e-3, atol=2e-2)
     set_tuned_table(None)
+
+
+def test_online_decisions_are_kept_per_table_file(tmp_path, monkeypatch):
+    """The table whose kernels were the candidates is part of a decision's key, by its file's content: the shipped
+    table gives one key, another table file another, a table made in memory its name."""
+    from l2c.dispatch import default_table_path
+    from l2c.online import decision_settings
+    from l2c.tuned_table import load_table
+    monkeypatch.delenv("L2C_TUNED_TABLE", raising=False)
+    shipped = decision_settings(load_table(default_table_path("sm_90")))["table"]
+    assert isinstance(shipped, str) and len(shipped) == 16
+    other = tmp_path / "t.json"
+    other.write_text(json.dumps({"entries": []}))
+    assert decision_settings(load_table(other))["table"] not in (shipped, None)
+    assert decision_settings(TunedTable([]))["table"] == "<memory>" and decision_settings(None)["table"] is None
