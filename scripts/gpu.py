@@ -51,6 +51,11 @@ def _check(a):
             script("scripts/overlap_check.py", "--out", f"{a.out}/overlap_check.json")]
 
 
+def _call_checks(a):
+    return [script("scripts/checker_check.py", "--out", f"{a.out}/checker_check.json"),
+            script("scripts/dispatch_check.py", "--out", f"{a.out}/dispatch_check.json")]
+
+
 def _overhead(a):
     return [script("scripts/call_overhead.py", "--out", f"{a.out}/call_overhead.json"),
             script("scripts/cublas_gemmex_probe.py", f"{a.out}/cublas_gemmex_probe.json"),
@@ -274,6 +279,10 @@ STAGES: Dict[str, Stage] = {
                    "on both targets, l2c.matmul through a tuned table (served kernels, autograd), l2c's checker "
                    "against l2c.verify (faults injected), every shipped CUTLASS-target kernel in chains of calls "
                    "with and without overlapping launches", _check),
+    "call_checks": Stage("what a served call relies on, quickly (about 2 minutes): l2c's checker against l2c.verify "
+                         "with faults injected, and l2c.matmul through the default table (served kernels, autograd, "
+                         "a side stream, a CUDA graph, workspaces on two streams, a declined signature)",
+                         _call_checks),
     "overhead": Stage("host cost per call of the kernels' call paths against torch.matmul, and of each step inside "
                       "a CUTLASS kernel's entry point", _overhead),
     "dispatch": Stage("l2c.matmul and l2c.nn.Linear with the default table on shapes no table was tuned for "
