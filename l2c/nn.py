@@ -119,8 +119,7 @@ class GatedMLP(torch.nn.Module):
             new.down_proj.weight.copy_(down_proj.weight)
             if down_proj.bias is not None:
                 new.down_proj.bias.copy_(down_proj.bias)
-        for old_part, new_part, parts in ((gate_proj, new.gate_up_proj, (gate_proj, up_proj)),
-                                          (down_proj, new.down_proj, (down_proj,))):
+        for new_part, parts in ((new.gate_up_proj, (gate_proj, up_proj)), (new.down_proj, (down_proj,))):
             trainable = any(p.requires_grad for part in parts for p in part.parameters())
             for parameter in new_part.parameters():   # frozen stays frozen
                 parameter.requires_grad_(trainable)
@@ -184,8 +183,7 @@ def gate_of(act_fn) -> str:
 def _check_swappable(mlp: torch.nn.Module) -> None:
     """ValueError unless the swap keeps everything `mlp` does: its projections are plain `torch.nn.Linear` (or
     l2c's, without an activation; another subclass, a quantized linear among them, computes something else from its
-    weight) in a float type, and neither
-    it nor they carry hooks or parametrizations (the swap would drop them)."""
+    weight) in a float type, and neither it nor they carry hooks or parametrizations (the swap would drop them)."""
     parts = [getattr(mlp, name) for name in GATED_MLP_PARTS]
     if any(type(part) is not torch.nn.Linear and not (type(part) is Linear and part.activation is None)
            for part in parts):
