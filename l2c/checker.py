@@ -144,7 +144,7 @@ class _Check:
     def __init__(self, spec, m: int, n: int, k: int, device: torch.device, stream: int, density: float = 0.0,
                  padded: bool = False):
         self.spec, self.m, self.n, self.k, self.stream, self.density = spec, m, n, k, stream, density
-        self.filled = []   # (the buffer an input was drawn into, its seed): what a kernel must leave as it is
+        self.filled = []   # (the buffer an input was drawn into, its dtype code, its seed): what a kernel must leave
         self.a = self._random((m, k), spec.layout_a, spec.types_a, device, padded)
         self.b = self._random((k, n), spec.layout_b, spec.types_a, device, padded)
         self.bias = None

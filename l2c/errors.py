@@ -66,5 +66,6 @@ class LaunchError(RuntimeError):
 
 
 class SignatureDeclined(ValueError):
-    """A kernel declines a call for what its signature fixes (shapes, strides, dtypes, devices: `kernel.call_signature`),
-    so it declines every call of that signature; a plain ValueError declines one call (a misaligned pointer)."""
+    """A kernel declines a call for what its signature fixes (shapes, strides, dtypes, devices:
+    `kernel.call_signature`), so it declines every call of that signature; a plain ValueError declines one call (a
+    misaligned pointer)."""

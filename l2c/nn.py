@@ -141,7 +141,8 @@ class GatedMLP(torch.nn.Module):
     def _join_state(module, state_dict, prefix, *args) -> None:
         """load_state_dict() of the replaced module's keys (or of this module's own)."""
         for kind in ("weight", "bias"):
-            gate, up = state_dict.pop(f"{prefix}gate_proj.{kind}", None), state_dict.pop(f"{prefix}up_proj.{kind}", None)
+            gate = state_dict.pop(f"{prefix}gate_proj.{kind}", None)
+            up = state_dict.pop(f"{prefix}up_proj.{kind}", None)
             if gate is not None and up is not None:
                 state_dict[f"{prefix}gate_up_proj.{kind}"] = torch.cat([gate, up])
             elif gate is not None or up is not None:   # a bias on one projection only: the other's is zero

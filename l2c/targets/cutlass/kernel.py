@@ -266,7 +266,8 @@ class CutlassKernel(Kernel):
             raise SignatureDeclined("this kernel has no bias epilogue; `bias` must be None")
         for name, t in (("b", b), ("c", c), ("bias", bias), ("out", out)):
             if t is not None and t.device != a.device:
-                raise SignatureDeclined(f"`{name}` is on {t.device} and `a` on {a.device}: one device, as torch requires")
+                raise SignatureDeclined(f"`{name}` is on {t.device} and `a` on {a.device}: one device, as torch "
+                                        "requires")
         if m == 0 or n == 0:
             return out, None
         if k == 0:
@@ -358,8 +359,9 @@ def _leading_dims(name: str, t, layout: str) -> Tuple[int, int]:
     else:
         contiguous, extent, outer, ld = t.stride(-2), rows, cols, t.stride(-1)
     if contiguous != 1 and extent > 1:
-        raise SignatureDeclined(f"`{name}` must be {layout}-major (stride {'(-1)' if layout == 'row' else '(-2)'} == 1), "
-                         f"got strides {tuple(t.stride())}")
+        which = "(-1)" if layout == "row" else "(-2)"
+        raise SignatureDeclined(f"`{name}` must be {layout}-major (stride {which} == 1), "
+                                f"got strides {tuple(t.stride())}")
     if outer == 1:
         ld = extent   # a single row/column: its stride is arbitrary, pass the packed one
     nbytes = t.element_size()
