@@ -341,6 +341,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="out", help="where results, logs and stages.json go (default out/)")
     p.add_argument("--eager-table", default=str(ROOT / "l2c" / "tuned" / "sm_90.json"))
     p.add_argument("--graphs-table", default=str(ROOT / "l2c" / "tuned" / "sm_90_graphs.json"))
+    p.add_argument("--total-s", type=float, default=None, help="stop the whole run after this many seconds (the "
+                                                               "command then running is cut, what it wrote stays; "
+                                                               "under the device machine's per-call limit)")
     p.add_argument("--limit-s", type=float, default=None, help="stop each command after this many seconds "
                                                                "(what it wrote so far stays)")
     p.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
@@ -369,11 +372,17 @@ def main(argv=None) -> int:
     record_path = out / "stages.json"
     records = json.loads(record_path.read_text()) if record_path.exists() else []
     failed = 0
+    run_start = time.monotonic()
     for name in args.stages:
         for command in STAGES[name].commands(args):
             shown = " ".join(command)
             if args.dry_run:
                 print(shown)
+                continue
+            timeout = command_timeout(args.limit_s, args.total_s, time.monotonic() - run_start)
+            if timeout is not None and timeout <= 0:
+                print(f"[{name}] skipped: --total-s {args.total_s:.0f} spent", flush=True)
+                records.append({"stage": name, "command": shown, "rc": None, "seconds": 0.0})
                 continue
             print(f"[{name}] {shown}", flush=True)
             start = time.monotonic()
@@ -382,7 +391,7 @@ def main(argv=None) -> int:
                 log.flush()
                 try:
                     rc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                        timeout=args.limit_s, env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
+                                        timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
                 except subprocess.TimeoutExpired:
                     rc = 124
             seconds = time.monotonic() - start
@@ -393,6 +402,14 @@ def main(argv=None) -> int:
             if args.bundle:
                 bundle(out, Path(args.bundle))
     return 1 if failed else 0
+
+
+def command_timeout(limit_s: float | None, total_s: float | None, elapsed_s: float) -> float | None:
+    """The next command's time limit: its own limit, cut to what is left of the whole run's (None: no limit)."""
+    left = None if total_s is None else total_s - elapsed_s
+    if limit_s is None:
+        return left
+    return limit_s if left is None else min(limit_s, left)
 
 
 def start_from(source: Path, target: Path) -> None:

@@ -322,6 +322,12 @@ def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path, monkeypatch)
     bad = subprocess.run([sys.executable, "scripts/gpu.py", "points", "--dry-run", "--start-from", "x.jsonl"],
                          capture_output=True, text=True, cwd=root)
     assert bad.returncode == 2 and "expected NAME=FILE" in bad.stderr
+    # --total-s: the run's own deadline cuts each command's limit, and a spent one skips what is left
+    assert gpu.command_timeout(None, None, 100.0) is None
+    assert gpu.command_timeout(300.0, None, 100.0) == 300.0
+    assert gpu.command_timeout(300.0, 500.0, 100.0) == 300.0
+    assert gpu.command_timeout(300.0, 500.0, 450.0) == 50.0
+    assert gpu.command_timeout(None, 500.0, 520.0) <= 0
 
 
 def test_a_results_file_that_is_not_one_is_a_one_line_error(tmp_path):
