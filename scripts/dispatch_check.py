@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import l2c
+from l2c import native_call
 from l2c.dispatch import default_dispatcher
 
 
@@ -34,6 +35,10 @@ def main(argv=None) -> int:
     p.add_argument("--also", metavar="TEXT", help="also check every entry whose spec text contains TEXT "
                                                   "(e.g. loads=tma: a path the random sample may miss)")
     args = p.parse_args(argv)
+    # the C++ call table builds off the calling thread (a minute of g++ on a fresh machine): the checks below are of
+    # the path users get once it is loaded, so they wait for it
+    if native_call.enabled() and not native_call.build_now():
+        print(f"dispatch_check: the C++ call table did not build: {native_call.failure()}", file=sys.stderr)
     disp = default_dispatcher()
     table = disp.table
     if table is None:
