@@ -572,7 +572,7 @@ def test_near_points_make_neighbourhood_cells_and_no_other_entry(tmp_path):
     """`l2c table R --near P`: P's shapes make neighbourhood cells (marked `near`) the dispatcher serves, and no exact
     entry, range or corner cell; the table records P under `near` (and not under `sources`); a corner cell serves
     before a neighbourhood cell that overlaps it."""
-    from l2c.commands.table import NEAR_M_EDGES, NEAR_NK_EDGES
+    from l2c.commands.table import NEAR_LATTICES
     spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
     points = [_at("g", m, n, k, 1.2, spec) for m in (4, 8, 16) for n in (128, 256, 512) for k in (128, 256, 512)]
     near = tmp_path / "points.jsonl"
@@ -584,8 +584,11 @@ def test_near_points_make_neighbourhood_cells_and_no_other_entry(tmp_path):
     data = _table_run(tmp_path, sources, "--near", str(near), "--ranges", "--cells")
     assert data["near"] == [str(near)] and str(near) not in data["sources"]
     near_cells = [e for e in data["entries"] if e.get("near")]
-    assert near_cells and all(e["m_range"][0] in NEAR_M_EDGES and e["n_range"][0] in NEAR_NK_EDGES
-                              and e["spec"] == spec for e in near_cells)
+    assert near_cells and all(any(e["m_range"][0] in m_edges and e["n_range"][0] in nk_edges and e["k_range"][0]
+                                  in nk_edges for m_edges, nk_edges in NEAR_LATTICES) and e["spec"] == spec
+                              for e in near_cells)
+    shifted = NEAR_LATTICES[1][1]
+    assert any(e["n_range"][0] in shifted and e["n_range"][0] not in NEAR_LATTICES[0][1] for e in near_cells)
     assert [e for e in data["entries"] if not e.get("near")] == without   # the points made no other entry
     assert any("n_range" in e for e in without)
     table = TunedTable.load(tmp_path / "t.json")
