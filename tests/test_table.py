@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -597,6 +598,24 @@ def test_near_points_make_neighbourhood_cells_and_no_other_entry(tmp_path):
     assert table.lookup("f16", "row,row,row", 40, 300, 200) is None   # past the wins along M
 
 
+@pytest.mark.parametrize("how", ["served", "timed", "neither"])
+def test_a_corner_cell_holding_a_point_where_its_kernel_lost_is_dropped(tmp_path, how):
+    """--cells with --near: a corner cell whose box holds a measured point where its kernel was slower than torch in
+    device time (it served the point, or online tuning timed it there) is no entry; a loss elsewhere leaves it."""
+    spec = KernelSpec(name="c", tile_m=32, tile_n=8).to_l2()
+    corners = [_at("c", m, n, k, 1.1, spec) for m in (8, 16) for n in (256, 512) for k in (256, 512)]
+    other = KernelSpec(name="o", tile_m=16, tile_n=16).to_l2()
+    at = (12, 300, 300) if how != "neither" else (40, 300, 300)
+    point = (_at("c", *at, 0.95, spec) if how == "served" else
+             dict(_at("o", *at, 1.2, other), online_timings={spec: 0.97}) if how == "timed" else
+             _at("c", *at, 0.9, spec))
+    near = tmp_path / "points.jsonl"
+    near.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H200"}, point]) + "\n")
+    data = _table_run(tmp_path, corners, "--near", str(near), "--cells")
+    cells = [e for e in data["entries"] if "n_range" in e and not e.get("near")]
+    assert bool(cells) == (how == "neither")
+
+
 def test_near_points_count_a_torch_served_or_failed_shape_as_lost_and_a_tie_as_no_win():
     """measured_points: a shape where torch served a row, or a kernel failed one, holds no kernel; a kernel holds a
     shape only where every row of it there won by the margin."""
@@ -705,7 +724,6 @@ def test_near_points_of_another_gpu_are_refused(tmp_path):
 
 def test_near_is_a_flag_of_cells_only():
     """The table format: `near` is true or false, and true only on a cell (docs/CONTRACTS.md)."""
-    import pytest
     from l2c.tuned_table import entry_from_row
     base = {"m": 4, "n": 128, "k": 128, "dtype": "f16", "layout": "row,row,row", "target": "cutlass",
             "spec": KernelSpec(name="g", tile_m=16, tile_n=16).to_l2(), "tflops": 1.2, "baseline_tflops": 1.0}

@@ -18,7 +18,8 @@ layouts, batch), an entry with `m_range`, `n_range` and `k_range` serves every s
 shapes all launch the kernel's tiles in one number of waves (`launch_waves`: clusters counted in how many of their
 size the GPU runs at once); its tiles are at most 16 wide along N (`MAX_CELL_TILE_N`), or wider in a box whose N
 starts at 32 of its tiles or more and whose K starts at 1024 or more (`WIDE_CELL_MIN_TILES`, `WIDE_CELL_MIN_K`).
-Where several kernels qualify, the one with the best worst corner; its figures are that worst corner's.
+Where several kernels qualify, the one with the best worst corner; its figures are that worst corner's. No cell
+holds a shape where its kernel lost: among the sources, or, with `--near`, among the points in device time.
 
 `--near POINTS...` adds neighbourhood cells (docs/CONTRACTS.md, the dispatch rule) from shapes measured at random
 (`--shapes points`, each through `l2c.matmul` with online choice: the table's entry, the best of its nearest
@@ -593,16 +594,20 @@ def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEA
 def near_rows(rows, protocols, min_speedup: float, cache=None, sm_count: Optional[int] = None, arch: str = "sm_90",
               losses=frozenset()):
     """The neighbourhood cells `l2c table --near` writes: `near_boxes` with the module's constants, less the boxes
-    holding a shape where their kernel lost among the table's sources (`losses`, `source_losses`: an entry counts
-    at its worst row, wherever it was measured), the boxes of one kernel that touch joined into one
+    holding a shape where their kernel lost (`losses`: among the table's sources, `source_losses`, an entry counting
+    at its worst row wherever it was measured; among the points, `point_losses`), the boxes of one kernel that touch joined into one
     (`_merged_boxes`: the same shapes served by fewer entries)."""
-    def lost_inside(box) -> bool:
-        r, *sides = box
-        group = shape_key(r)[3:]
-        return any(g == group and text == r["spec"] and all(lo <= x <= hi for x, (lo, hi) in zip(at, sides))
-                   for g, at, text in losses)
     return _merged_boxes([box for box in near_boxes(rows, protocols, min_speedup, cache, sm_count=sm_count, arch=arch)
-                          if not lost_inside(box)])
+                          if not lost_inside(box, losses)])
+
+
+def lost_inside(box, losses) -> bool:
+    """Whether the cell `box` (row, *sides) holds a shape where its kernel lost (`losses`: `source_losses`,
+    `point_losses`)."""
+    r, *sides = box
+    group = shape_key(r)[3:]
+    return any(g == group and text == r["spec"] and all(lo <= x <= hi for x, (lo, hi) in zip(at, sides))
+               for g, at, text in losses)
 
 
 def source_losses(rows, protocol: str, cache) -> set:
@@ -610,6 +615,19 @@ def source_losses(rows, protocol: str, cache) -> set:
     `rows` in `protocol` (with several protocols, `combined_rows`' joined one: slower in any)."""
     return {(group, at, text) for (group, at), kernels in kernel_points(rows, protocol, cache).items()
             for text, r in kernels.items() if r["speedup"] < 1.0}
+
+
+def point_losses(rows, cache) -> set:
+    """`source_losses` of the measured points (`--near`'s rows) in device time: a kernel that served a point slower
+    than torch in the `kernel` protocol, or that online tuning timed there slower than torch (`online_timings`)."""
+    out = source_losses(rows, "kernel", cache)
+    for r in rows:
+        if r.get("type") != "result" or r.get("status") != "ok":
+            continue
+        for text, speedup in (r.get("online_timings") or {}).items():
+            if speedup < 1.0 and _cell_tiling(text) is not None:
+                out.add((shape_key(r)[3:], (r["m"], r["n"], r["k"]), text))
+    return out
 
 
 def _merged_boxes(cells):
@@ -770,14 +788,15 @@ def run(args) -> int:
         if sm_count is None:
             raise UsageError(f"--cells and --near need the GPU's SM count: the results record none and --arch "
                              f"{args.arch} is not one l2c knows ({', '.join(ARCHS)})")
-    if args.cells:
-        cells = cell_rows(rows, protocol, margin, sm_count, cache, args.arch)
+    losses = source_losses(rows, protocol, cache) | point_losses(near_points, cache)
+    if args.cells:   # no cell holds a shape where its kernel lost, among the sources or the points
+        cells = [box for box in cell_rows(rows, protocol, margin, sm_count, cache, args.arch)
+                 if not lost_inside(box, losses)]
         entries += [dict(entry(r), m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"])
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     if args.near:
-        near = near_rows(near_points, protocols, args.min_speedup, cache, sm_count, args.arch,
-                         losses=source_losses(rows, protocol, cache))
+        near = near_rows(near_points, protocols, args.min_speedup, cache, sm_count, args.arch, losses=losses)
         # each at its box's first corner, with the figures of its worst supporting point
         entries += [dict(entry(r), m=ms[0], n=ns[0], k=ks[0], m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"], near=True)
