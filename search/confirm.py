@@ -17,8 +17,12 @@ from .store import Result, Store
 from .supervisor import POISONED_EXIT, probe_gpu_name, supervise
 
 
+HUNG = "its measurement did not finish: the worker died or was stopped past the trial time limit (a kernel that hangs?)"
+
+
 def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, since: float, budget: int,
-                    log: Callable[[str], None] = print) -> Dict[str, Optional[Result]]:
+                    log: Callable[[str], None] = print,
+                    evaluating: Callable[[float], None] = lambda t: None) -> Dict[str, Optional[Result]]:
     """Measure each shape's stored leader again until the leader is a result confirmed at or after `since`, or
     `budget` measurements of that shape were spent; returns each shape's best confirmed result (or None).
 
@@ -29,6 +33,9 @@ def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, s
     0.890x apart; benchmarks/NOTES.md).
     A re-measured leader that drops lets the next one lead; a re-measurement that fails to build or verify replaces
     the stored success, so it cannot win. Resumable: a restarted run skips leaders already confirmed since `since`.
+    Each leader is recorded as failed (HUNG) before it is measured and its outcome replaces that record after, so a
+    leader whose measurement never returns (the supervisor kills the worker, `evaluating` telling it when each
+    began) is a failed candidate to the restarted worker, not measured again.
     """
     winners: Dict[str, Optional[Result]] = {}
     for p in problems:
@@ -38,7 +45,16 @@ def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, s
             lead = store.best(p.key(), runner.gpu, runner.protocol)
             if lead is None or (lead.confirmed is not None and lead.confirmed >= since):
                 break
-            outcome = runner.evaluate(parse_one(lead.spec), p)
+            now = time.time()
+            store.record(replace(lead, status="verify_failed", tflops=None, baseline_tflops=None, speedup=None,
+                                 reason=HUNG, time=now, confirmed=now))
+            evaluating(now)
+            try:
+                outcome = runner.evaluate(parse_one(lead.spec), p)
+            except KeyboardInterrupt:   # stopped by its user, not by the kernel: the leader stands as it was
+                store.record(lead)
+                raise
+            evaluating(0.0)
             spent += 1
             build_s += outcome.build_seconds
             measure_s += outcome.seconds - outcome.build_seconds
@@ -57,12 +73,17 @@ def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, s
     return winners
 
 
-def _confirm_main(index, problems, protocol, runner_kind, store_path, since, budget):
-    """Entry point of one confirming GPU worker process: sees only its GPU (CUDA_VISIBLE_DEVICES)."""
+def _confirm_main(index, problems, protocol, runner_kind, store_path, since, budget, busy=None):
+    """Entry point of one confirming GPU worker process: sees only its GPU (CUDA_VISIBLE_DEVICES); `busy` (a shared
+    double) holds when its measurement in progress began, 0.0 between them."""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
+    def evaluating(t):
+        if busy is not None:
+            busy.value = t
     try:
-        confirm_leaders(problems, make_runner(runner_kind, protocol), Store(store_path), since, budget, log)
+        confirm_leaders(problems, make_runner(runner_kind, protocol), Store(store_path), since, budget, log,
+                        evaluating)
     except RunnerPoisoned as err:
         log(f"worker {index}: a kernel broke the CUDA context ({str(err)[:200]}); restarting")
         sys.exit(POISONED_EXIT)
@@ -110,10 +131,11 @@ def prebuild_leaders(problems: Sequence[Problem], store: Store, gpu: str, protoc
 
 
 def confirm(problems: Sequence[Problem], runner, store: Store, protocol: str, budget: int, workers: int = 1,
-            log: Callable[[str], None] = print, compile_workers: int = 0) -> float:
+            log: Callable[[str], None] = print, compile_workers: int = 0, trial_timeout_s: float = 0.0) -> float:
     """Confirm every shape's leader (confirm_leaders) in this process, or, for a runner kind ("gpu"), in `workers`
-    processes, one per GPU, each taking every `workers`-th shape; with `compile_workers`, the candidates are built
-    first in a CPU pool (prebuild_leaders). Returns the round's start: export and Store.best take it as
+    processes, one per GPU, each taking every `workers`-th shape, stopped and started again where one measurement
+    runs past `trial_timeout_s` (the tune's per-trial limit; 0: none); with `compile_workers`, the candidates are
+    built first in a CPU pool (prebuild_leaders). Returns the round's start: export and Store.best take it as
     `confirmed_since`."""
     gpu = probe_gpu_name(runner) if isinstance(runner, str) else runner.gpu
     prebuild_leaders(problems, store, gpu, protocol, budget, compile_workers, log)
@@ -124,12 +146,15 @@ def confirm(problems: Sequence[Problem], runner, store: Store, protocol: str, bu
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     workers = max(1, min(workers, len(problems)))
+    busy = [ctx.Value("d", 0.0) for _ in range(workers)]
 
     def start(i):
+        busy[i].value = 0.0
         pr = ctx.Process(target=_confirm_main, args=(i, list(problems[i::workers]), protocol, runner, store.path,
-                                                     since, budget))
+                                                     since, budget, busy[i]))
         pr.start()
         return pr
 
-    supervise(start, workers, log=log)
+    supervise(start, workers, log=log, busy_since=[lambda i=i: busy[i].value for i in range(workers)],
+              trial_timeout_s=trial_timeout_s)
     return since

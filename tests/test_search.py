@@ -245,6 +245,42 @@ def test_confirmation_measures_leaders_until_one_holds_and_only_confirmed_result
     assert store.best(p.key(), runner.gpu, "kernel", confirmed_since=time.time() + 1) is None
 
 
+def test_a_leader_whose_confirmation_never_returns_is_a_failed_candidate_to_the_restarted_worker(tmp_path):
+    """A measurement that hangs ends with its worker (killed past the trial time limit): the leader is on record as
+    failed before it is measured, so the restarted worker confirms the next one instead of hanging on it again;
+    `evaluating` marks when each measurement began and that it ended, for the supervisor."""
+    from l2c.search.confirm import HUNG, confirm_leaders
+
+    class Killed(BaseException):
+        pass
+
+    def reward(params, problem):
+        if params["tile_n"] == 128:
+            raise Killed()   # the worker dies inside the measurement
+        return 1.1
+
+    runner = FunctionRunner(reward)
+    p = Problem(512, 1024, 1024)
+    store = _stale_store(tmp_path, runner, p, {128: 3.0, 64: 1.5})
+    since, marks = time.time(), []
+    with pytest.raises(Killed):
+        confirm_leaders([p], runner, store, since, budget=3, log=lambda s: None, evaluating=marks.append)
+    rows = {r.params["tile_n"]: r for r in store.results(problem=p.key())}
+    assert rows[128].status == "verify_failed" and rows[128].reason == HUNG and rows[128].confirmed >= since
+    assert len(marks) == 1 and marks[0] >= since   # began, never ended
+    marks.clear()
+    won = confirm_leaders([p], runner, store, since, budget=3, log=lambda s: None, evaluating=marks.append)
+    assert won[p.key()].params["tile_n"] == 64 and won[p.key()].speedup == 1.1
+    assert len(marks) == 2 and marks[1] == 0.0
+    # stopped by its user (Ctrl-C) instead, the leader keeps its record
+    store = _stale_store(tmp_path / "b", FunctionRunner(reward), p, {128: 3.0})
+    runner.fn = lambda params, problem: (_ for _ in ()).throw(KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        confirm_leaders([p], runner, store, time.time(), budget=3, log=lambda s: None)
+    (kept,) = store.results(problem=p.key())
+    assert kept.status == "ok" and kept.speedup == 3.0 and kept.confirmed is None
+
+
 def test_a_store_written_before_confirmation_existed_opens_and_records(tmp_path):
     import sqlite3
     path = tmp_path / "old.sqlite"

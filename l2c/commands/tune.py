@@ -49,8 +49,8 @@ def add_parser(sub) -> None:
                    help="write the tuned table (<arch>.json) and the winning .l2 specs here")
     p.add_argument("--trial-timeout", type=float, default=300.0, metavar="S",
                    help="stop (and restart) a GPU worker that evaluates one trial for longer than S seconds: a "
-                        "kernel that hangs; its trial is retried once, then failed (default 300, which covers an "
-                        "in-process nvcc build)")
+                        "kernel that hangs; its trial is retried once, then failed; a leader hanging in "
+                        "confirmation is failed at once (default 300, which covers an in-process nvcc build)")
     p.add_argument("--reclaim", choices=["dead", "all"], default="dead",
                    help="trials left running: retry those of dead local workers (default) or all of them "
                         "(when no other worker anywhere is running)")
@@ -215,7 +215,7 @@ def run(args) -> int:
     if args.confirm:
         log(f"confirming each shape's leader: up to {args.confirm} re-measurement(s) per shape")
         since = confirm(probs, runner, store, args.protocol, args.confirm, workers=args.workers, log=log,
-                        compile_workers=compile_workers)
+                        compile_workers=compile_workers, trial_timeout_s=args.trial_timeout)
     if save_path is not None:   # learn from this run for the next one
         from l2c.search.policy import Policy
         fresh = Policy(seed=args.seed or 0)
