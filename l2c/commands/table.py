@@ -24,8 +24,8 @@ holds a shape where its kernel lost: among the sources, or, with `--near`, among
 `--near POINTS...` adds neighbourhood cells (docs/CONTRACTS.md, the dispatch rule) from shapes measured at random
 (`--shapes points`, each through `l2c.matmul` with online choice: the table's entry, the best of its nearest
 prebuilt kernels that beat torch, or torch): boxes half an octave wide along M, N and K, on a lattice
-(`NEAR_M_EDGES`, `NEAR_NK_EDGES`) and on the same shifted a quarter octave (`NEAR_LATTICES`); a box is served by one shape-generic kernel where the NEAR_COUNT measured shapes
-nearest its centre (within NEAR_RADIUS octaves, at least NEAR_SUPPORT of them) were all won by some kernel, two in
+(`NEAR_M_EDGES`, `NEAR_NK_EDGES`) and on the same shifted a quarter octave (`NEAR_LATTICES`); a box is served by
+one shape-generic kernel where the NEAR_COUNT measured shapes nearest its centre (within NEAR_RADIUS octaves, at least NEAR_SUPPORT of them) were all won by some kernel, two in
 three of them by that one, at shapes on both sides of the box along each axis, in one number of launch waves
 across the box; a shape where torch served or a kernel failed counts as lost, and a candidate online tuning timed
 at a shape (the row's `online_timings`) won it from NEAR_TIMED_MARGIN on. Those rows make no other entry (among
@@ -595,8 +595,8 @@ def near_rows(rows, protocols, min_speedup: float, cache=None, sm_count: Optiona
               losses=frozenset()):
     """The neighbourhood cells `l2c table --near` writes: `near_boxes` with the module's constants, less the boxes
     holding a shape where their kernel lost (`losses`: among the table's sources, `source_losses`, an entry counting
-    at its worst row wherever it was measured; among the points, `point_losses`), the boxes of one kernel that touch joined into one
-    (`_merged_boxes`: the same shapes served by fewer entries)."""
+    at its worst row wherever it was measured; among the points, `point_losses`), the boxes of one kernel that touch
+    joined into one (`_merged_boxes`: the same shapes served by fewer entries)."""
     return _merged_boxes([box for box in near_boxes(rows, protocols, min_speedup, cache, sm_count=sm_count, arch=arch)
                           if not lost_inside(box, losses)])
 
