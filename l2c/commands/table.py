@@ -24,13 +24,14 @@ holds a shape where its kernel lost: among the sources, or, with `--near`, among
 `--near POINTS...` adds neighbourhood cells (docs/CONTRACTS.md, the dispatch rule) from shapes measured at random
 (`--shapes points`, each through `l2c.matmul` with online choice: the table's entry, the best of its nearest
 prebuilt kernels that beat torch, or torch): boxes half an octave wide along M, N and K, on a lattice
-(`NEAR_M_EDGES`, `NEAR_NK_EDGES`) and on the same shifted a quarter octave (`NEAR_LATTICES`); a box is served by
-one shape-generic kernel where the NEAR_COUNT measured shapes nearest its centre (within NEAR_RADIUS octaves, at least NEAR_SUPPORT of them) were all won by some kernel, two in
-three of them by that one, at shapes on both sides of the box along each axis, in one number of launch waves
-across the box; a shape where torch served or a kernel failed counts as lost, and a candidate online tuning timed
-at a shape (the row's `online_timings`) won it from NEAR_TIMED_MARGIN on. Those rows make no other entry (among
-the sources their ragged shapes would cut the corner cells' boxes); the table records them under `near`, and marks
-the cells `near`, which serve only where no exact entry, range or corner cell does.
+(`NEAR_M_EDGES`, `NEAR_NK_EDGES`) and on the same shifted a quarter octave (`NEAR_LATTICES`); a box is served by one
+shape-generic kernel where the NEAR_COUNT measured shapes nearest its centre (within NEAR_RADIUS octaves, at least
+NEAR_SUPPORT of them) were all won by some kernel, two in three of them by that one, at shapes on both sides of the
+box along each axis, in one number of launch waves across the box; a shape where torch served or a kernel failed
+counts as lost, and a candidate online tuning timed at a shape (the row's `online_timings`) won it from
+NEAR_TIMED_MARGIN on. Those rows make no other entry (among the sources their ragged shapes would cut the corner
+cells' boxes); the table records them under `near`, and marks the cells `near`, which serve only where no exact
+entry, range or corner cell does.
 
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
 every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in
