@@ -336,8 +336,9 @@ def main(argv=None) -> int:
     p.add_argument("--eager-table", default=str(ROOT / "l2c" / "tuned" / "sm_90.json"))
     p.add_argument("--graphs-table", default=str(ROOT / "l2c" / "tuned" / "sm_90_graphs.json"))
     p.add_argument("--total-s", type=float, default=None, help="stop the whole run after this many seconds (the "
-                                                               "command then running is cut, what it wrote stays; "
-                                                               "under the device machine's per-call limit)")
+                                                               "command then running is cut, what it wrote stays, "
+                                                               "the later ones are skipped; leave a minute under the "
+                                                               "device machine's per-call limit for the bundle)")
     p.add_argument("--limit-s", type=float, default=None, help="stop each command after this many seconds "
                                                                "(what it wrote so far stays)")
     p.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
@@ -375,8 +376,9 @@ def main(argv=None) -> int:
                 continue
             timeout = command_timeout(args.limit_s, args.total_s, time.monotonic() - run_start)
             if timeout is not None and timeout <= 0:
-                print(f"[{name}] skipped: --total-s {args.total_s:.0f} spent", flush=True)
+                print(f"[{name}] skipped: --total-s {args.total_s:g} spent", flush=True)
                 records.append({"stage": name, "command": shown, "rc": None, "seconds": 0.0})
+                record_path.write_text(json.dumps(records, indent=1) + "\n")
                 continue
             print(f"[{name}] {shown}", flush=True)
             start = time.monotonic()

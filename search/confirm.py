@@ -17,7 +17,8 @@ from .store import Result, Store
 from .supervisor import POISONED_EXIT, probe_gpu_name, supervise
 
 
-HUNG = "its measurement did not finish: the worker died or was stopped past the trial time limit (a kernel that hangs?)"
+HUNG = ("its measurement did not finish: the worker died or was stopped past the trial time limit (a kernel that "
+        "hangs?)")
 
 
 def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, since: float, budget: int,
@@ -51,8 +52,8 @@ def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, s
             evaluating(now)
             try:
                 outcome = runner.evaluate(parse_one(lead.spec), p)
-            except KeyboardInterrupt:   # stopped by its user, not by the kernel: the leader stands as it was
-                store.record(lead)
+            except BaseException:   # raised, not killed (its user's Ctrl-C, a fault of this process's own code):
+                store.record(lead)   # the leader stands as it was; a hung kernel's worker is killed, no handler runs
                 raise
             evaluating(0.0)
             spent += 1

@@ -328,6 +328,10 @@ def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path, monkeypatch)
     assert gpu.command_timeout(300.0, 500.0, 100.0) == 300.0
     assert gpu.command_timeout(300.0, 500.0, 450.0) == 50.0
     assert gpu.command_timeout(None, 500.0, 520.0) <= 0
+    spent = subprocess.run([sys.executable, "scripts/gpu.py", "near_check", "--out", str(tmp_path / "spent"),
+                            "--total-s", "0"], capture_output=True, text=True, cwd=root)
+    skipped = json.loads((tmp_path / "spent" / "stages.json").read_text())
+    assert spent.returncode == 0 and len(skipped) == 4 and all(r["rc"] is None for r in skipped)
 
 
 def test_a_results_file_that_is_not_one_is_a_one_line_error(tmp_path):

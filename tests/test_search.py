@@ -245,40 +245,55 @@ def test_confirmation_measures_leaders_until_one_holds_and_only_confirmed_result
     assert store.best(p.key(), runner.gpu, "kernel", confirmed_since=time.time() + 1) is None
 
 
-def test_a_leader_whose_confirmation_never_returns_is_a_failed_candidate_to_the_restarted_worker(tmp_path):
-    """A measurement that hangs ends with its worker (killed past the trial time limit): the leader is on record as
-    failed before it is measured, so the restarted worker confirms the next one instead of hanging on it again;
-    `evaluating` marks when each measurement began and that it ended, for the supervisor."""
-    from l2c.search.confirm import HUNG, confirm_leaders
-
-    class Killed(BaseException):
-        pass
+def _confirm_dying_on(store_path, since, tile_n, marks_path):
+    """A confirming worker whose measurement of the `tile_n` leader kills its own process (SIGKILL: no handler runs,
+    as when the supervisor stops a hung worker); each `evaluating` mark is appended to `marks_path`."""
+    from l2c.search.confirm import confirm_leaders
 
     def reward(params, problem):
-        if params["tile_n"] == 128:
-            raise Killed()   # the worker dies inside the measurement
+        if params["tile_n"] == tile_n:
+            os.kill(os.getpid(), signal.SIGKILL)
         return 1.1
 
-    runner = FunctionRunner(reward)
+    def mark(t):
+        with open(marks_path, "a") as f:
+            f.write(f"{t}\n")
+    confirm_leaders([Problem(512, 1024, 1024)], FunctionRunner(reward), Store(store_path), since, budget=3,
+                    log=lambda s: None, evaluating=mark)
+
+
+def test_a_leader_whose_confirmation_never_returns_is_a_failed_candidate_to_the_restarted_worker(tmp_path):
+    """A measurement that never returns ends with its worker (killed past the trial time limit): the leader is on
+    record as failed before it is measured, so the restarted worker confirms the next one instead of hanging on it
+    again; `evaluating` marks when each measurement began and that it ended, for the supervisor."""
+    import multiprocessing as mp
+    from l2c.search.confirm import HUNG, confirm_leaders
     p = Problem(512, 1024, 1024)
-    store = _stale_store(tmp_path, runner, p, {128: 3.0, 64: 1.5})
-    since, marks = time.time(), []
-    with pytest.raises(Killed):
-        confirm_leaders([p], runner, store, since, budget=3, log=lambda s: None, evaluating=marks.append)
+    store = _stale_store(tmp_path, FunctionRunner(lambda params, problem: 1.1), p, {128: 3.0, 64: 1.5})
+    since, marks = time.time(), tmp_path / "marks"
+    worker = mp.get_context("fork").Process(target=_confirm_dying_on, args=(store.path, since, 128, str(marks)))
+    worker.start()
+    worker.join(60)
+    assert worker.exitcode == -9
     rows = {r.params["tile_n"]: r for r in store.results(problem=p.key())}
     assert rows[128].status == "verify_failed" and rows[128].reason == HUNG and rows[128].confirmed >= since
-    assert len(marks) == 1 and marks[0] >= since   # began, never ended
-    marks.clear()
-    won = confirm_leaders([p], runner, store, since, budget=3, log=lambda s: None, evaluating=marks.append)
-    assert won[p.key()].params["tile_n"] == 64 and won[p.key()].speedup == 1.1
-    assert len(marks) == 2 and marks[1] == 0.0
-    # stopped by its user (Ctrl-C) instead, the leader keeps its record
-    store = _stale_store(tmp_path / "b", FunctionRunner(reward), p, {128: 3.0})
-    runner.fn = lambda params, problem: (_ for _ in ()).throw(KeyboardInterrupt())
-    with pytest.raises(KeyboardInterrupt):
-        confirm_leaders([p], runner, store, time.time(), budget=3, log=lambda s: None)
-    (kept,) = store.results(problem=p.key())
-    assert kept.status == "ok" and kept.speedup == 3.0 and kept.confirmed is None
+    began = [float(t) for t in marks.read_text().split()]
+    assert len(began) == 1 and began[0] >= since   # began, never ended
+    restarted = mp.get_context("fork").Process(target=_confirm_dying_on, args=(store.path, since, 128, str(marks)))
+    restarted.start()
+    restarted.join(60)
+    assert restarted.exitcode == 0
+    assert [float(t) for t in marks.read_text().split()][1:] == [pytest.approx(time.time(), abs=60), 0.0]
+    won = store.best(p.key(), "function", "kernel", confirmed_since=since)
+    assert won.params["tile_n"] == 64 and won.speedup == 1.1
+    # an exception instead (its user's Ctrl-C, or a fault of the measuring code itself): the leader keeps its record
+    for raised in (KeyboardInterrupt, RuntimeError, SystemExit):
+        store = _stale_store(tmp_path / raised.__name__, FunctionRunner(lambda params, problem: 1.1), p, {128: 3.0})
+        runner = FunctionRunner(lambda params, problem: (_ for _ in ()).throw(raised()))
+        with pytest.raises(raised):
+            confirm_leaders([p], runner, store, time.time(), budget=3, log=lambda s: None)
+        (kept,) = store.results(problem=p.key())
+        assert kept.status == "ok" and kept.speedup == 3.0 and kept.confirmed is None
 
 
 def test_a_store_written_before_confirmation_existed_opens_and_records(tmp_path):
