@@ -1,4 +1,5 @@
 """The `l2c` command as a user runs it: real subprocesses, exit codes, one-line errors, no tracebacks."""
+import json
 import os
 import subprocess
 import sys
