@@ -616,6 +616,22 @@ def test_a_corner_cell_holding_a_point_where_its_kernel_lost_is_dropped(tmp_path
     assert bool(cells) == (how == "neither")
 
 
+def test_a_box_whose_best_kernel_lost_inside_goes_to_the_next_kernel_that_won_its_corners(tmp_path):
+    """--cells: where the kernel with the best worst corner lost at a point inside the box, the box is the cell of
+    another kernel that won all its corners and lost nowhere inside, if there is one."""
+    best = KernelSpec(name="c", tile_m=32, tile_n=8).to_l2()
+    next_ = KernelSpec(name="d", tile_m=16, tile_n=8).to_l2()
+    corners = [_at(name, m, n, k, speedup, spec) for name, spec, speedup in (("c", best, 1.3), ("d", next_, 1.1))
+               for m in (8, 16) for n in (256, 512) for k in (256, 512)]
+    near = tmp_path / "points.jsonl"
+    near.write_text("\n".join(json.dumps(r) for r in [{"type": "env", "gpu": "NVIDIA H200"},
+                                                      _at("c", 12, 300, 300, 0.95, best)]) + "\n")
+    assert {e["spec"] for e in _table_run(tmp_path, corners, "--cells")["entries"] if "n_range" in e} == {best}
+    cells = [e for e in _table_run(tmp_path, corners, "--near", str(near), "--cells")["entries"]
+             if "n_range" in e and not e.get("near")]
+    assert [e["spec"] for e in cells] == [next_] and cells[0]["range_min_speedup"] == 1.1
+
+
 def test_near_points_count_a_torch_served_or_failed_shape_as_lost_and_a_tie_as_no_win():
     """measured_points: a shape where torch served a row, or a kernel failed one, holds no kernel; a kernel holds a
     shape only where every row of it there won by the margin."""

@@ -418,11 +418,13 @@ def kernel_points(rows, protocol: str, cache) -> dict:
     return out
 
 
-def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None, arch: str = "sm_90"):
+def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None, arch: str = "sm_90",
+              losses=frozenset()):
     """Cells (module docstring): (row of the worst corner, (m_lo, m_hi), (n_lo, n_hi), (k_lo, k_hi)) for each box
     whose eight corners one shape-generic spec won by `min_speedup`, between consecutive values of each axis at which
     that spec was measured in its (batch, dtype, layout), where the spec's tiling fits the box (`cell_fits`, over
-    `sm_count` SMs); per box the spec with the best worst corner."""
+    `sm_count` SMs) and it lost at no shape inside (`losses`, `lost_inside`); per box the spec with the best worst
+    corner."""
     import itertools
     cache = {} if cache is None else cache
     points = {}   # (group, spec) -> {(m, n, k): worst row}
@@ -439,7 +441,7 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
             if any(c is None or c["speedup"] < min_speedup for c in corners):
                 continue
             worst = min(corners, key=lambda c: c["speedup"])
-            if worst["speedup"] <= 1.0:
+            if worst["speedup"] <= 1.0 or lost_inside((worst, *sides), losses):
                 continue
             key = (group, sides)
             if key not in best or worst["speedup"] > best[key][0]["speedup"]:
@@ -791,8 +793,7 @@ def run(args) -> int:
                              f"{args.arch} is not one l2c knows ({', '.join(ARCHS)})")
     losses = source_losses(rows, protocol, cache) | point_losses(near_points, cache)
     if args.cells:   # no cell holds a shape where its kernel lost, among the sources or the points
-        cells = [box for box in cell_rows(rows, protocol, margin, sm_count, cache, args.arch)
-                 if not lost_inside(box, losses)]
+        cells = cell_rows(rows, protocol, margin, sm_count, cache, args.arch, losses)
         entries += [dict(entry(r), m_range=list(ms), n_range=list(ns), k_range=list(ks),
                          range_min_speedup=r["speedup"])
                     for r, ms, ns, ks in sorted(cells, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
