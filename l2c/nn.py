@@ -24,6 +24,7 @@ class Linear(torch.nn.Linear):
 
     `activation` fuses relu/gelu/silu into the GEMM epilogue when a tuned kernel serves the shape.
     The weight is (out, in) row-major, so `W^T` is a column-major (in, out) operand: no copy is made.
+    Under `torch.jit.script` the layer runs torch's ops (`_scripted`): a scripted model runs without Python.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
@@ -42,6 +43,8 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`activation(x @ W^T + b)`, or `residual + x @ W^T + b` (the residual added in the GEMM's epilogue)."""
+        if torch.jit.is_scripting():   # TorchScript runs no Python: torch's ops, as nn.Linear then the activation
+            return self._scripted(x, residual)   # (TorchScript compiles nothing below this return)
         dispatcher = dispatch._default or default_dispatcher()
         if not _is_compiling():   # eager: the dispatcher's path, its C++ call table first
             return dispatcher.linear(x, self.weight, self.bias, self.activation, residual=residual)
@@ -53,8 +56,33 @@ class Linear(torch.nn.Linear):
                    residual=None if residual is None else residual.reshape(-1, self.out_features))
         return y.reshape(*lead, self.out_features)
 
+    def _scripted(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """What the layer computes in torch's ops alone (under `torch.jit.script`)."""
+        activation = self.activation
+        if residual is not None:   # as torch runs it eagerly (`epilogue.torch_residual`): addmm adds the residual
+            if activation is not None:
+                raise ValueError("residual= adds the residual to the product: it takes no activation")
+            out = torch.addmm(residual.reshape(-1, self.out_features), x.reshape(-1, self.in_features),
+                              self.weight.t())
+            bias = self.bias
+            return (out if bias is None else out + bias).reshape(residual.shape)
+        y = F.linear(x, self.weight, self.bias)
+        if activation is None:
+            return y
+        if activation == "relu":
+            return F.relu(y)
+        if activation == "gelu":
+            return F.gelu(y)
+        if activation == "silu":
+            return F.silu(y)
+        return y
+
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation}" if self.activation else "")
+
+
+# the attribute's type for TorchScript, as an object: this module's annotations are strings it cannot resolve
+Linear.__annotations__ = {**getattr(Linear, "__annotations__", {}), "activation": Optional[str]}
 
 
 def replace_linears(module: torch.nn.Module) -> torch.nn.Module:
@@ -154,6 +182,12 @@ class GatedMLP(torch.nn.Module):
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The block's output; with `residual`, residual + the block's output, added in the down projection's GEMM."""
         weight, bias = self.gate_up_proj.weight, self.gate_up_proj.bias
+        if torch.jit.is_scripting():   # torch's ops, as the replaced module runs them (see Linear.forward)
+            n = self.intermediate_size
+            g = F.linear(x, weight[:n], None if bias is None else bias[:n])
+            u = F.linear(x, weight[n:], None if bias is None else bias[n:])
+            g = F.silu(g) if self.gate == "silu" else F.gelu(g, approximate="tanh")
+            return self.down_proj(g * u, residual=residual)
         if not torch.compiler.is_compiling():
             h = (dispatch._default or default_dispatcher()).gated_linear(x, weight, self.gate, bias)
         else:

@@ -162,6 +162,33 @@ def test_linear_matches_torch_and_keeps_state_dict():
     torch.testing.assert_close(model(x), expect)
 
 
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from([None, "relu", "gelu", "silu"]), st.booleans(), st.booleans(),
+       st.sampled_from(["silu", "gelu_tanh"]))
+def test_scripted_layers_compute_what_the_eager_ones_do(activation, bias, residual, gate):
+    """`torch.jit.script` of an l2c.nn.Linear (or a model after replace_linears) and of a GatedMLP: torch's ops,
+    the eager layer's results bit for bit where torch serves it, activation and residual included; saved and
+    loaded without Python."""
+    import io
+    set_tuned_table(None)
+    torch.manual_seed(0)
+    x, r = torch.randn(2, 3, 8), torch.randn(2, 3, 4)
+    lin = l2c.nn.Linear(8, 4, bias=bias, activation=None if residual else activation)
+    scripted = torch.jit.script(lin)
+    assert torch.equal(scripted(x), lin(x))
+    if residual:
+        assert torch.equal(scripted(x, r), lin(x, r))
+    buffer = io.BytesIO()
+    torch.jit.save(scripted, buffer)
+    buffer.seek(0)
+    assert torch.equal(torch.jit.load(buffer)(x), lin(x))
+    mlp = l2c.nn.GatedMLP(8, 16, gate=gate, bias=bias)
+    scripted_mlp = torch.jit.script(mlp)
+    assert torch.equal(scripted_mlp(x), mlp(x)) and torch.equal(scripted_mlp(x, x), mlp(x, x))
+    model = l2c.nn.replace_linears(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+    assert torch.equal(torch.jit.script(model)(x), model(x))
+
+
 def test_matmul_under_torch_compile():
     set_tuned_table(None)
     f = torch.compile(lambda a, b: l2c.matmul(a, b, activation="relu"))
