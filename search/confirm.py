@@ -23,7 +23,7 @@ HUNG = ("its measurement did not finish: the worker died or was stopped past the
 
 def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, since: float, budget: int,
                     log: Callable[[str], None] = print,
-                    evaluating: Callable[[float], None] = lambda t: None) -> Dict[str, Optional[Result]]:
+                    evaluating: Optional[Callable[[float], None]] = None) -> Dict[str, Optional[Result]]:
     """Measure each shape's stored leader again until the leader is a result confirmed at or after `since`, or
     `budget` measurements of that shape were spent; returns each shape's best confirmed result (or None).
 
@@ -34,9 +34,11 @@ def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, s
     0.890x apart; benchmarks/NOTES.md).
     A re-measured leader that drops lets the next one lead; a re-measurement that fails to build or verify replaces
     the stored success, so it cannot win. Resumable: a restarted run skips leaders already confirmed since `since`.
-    Each leader is recorded as failed (HUNG) before it is measured and its outcome replaces that record after, so a
-    leader whose measurement never returns (the supervisor kills the worker, `evaluating` telling it when each
-    began) is a failed candidate to the restarted worker, not measured again.
+    In a worker process a supervisor watches (`evaluating` tells it when each measurement began, 0.0 when it
+    ended), each leader is on record as failed (HUNG) while it is measured, its outcome replacing that record, so
+    a leader whose measurement never returns (the supervisor kills the worker) is a failed candidate to the
+    restarted worker, not measured again. In this process (no `evaluating`) nothing kills a measurement: no such
+    record is written.
     """
     winners: Dict[str, Optional[Result]] = {}
     for p in problems:
@@ -46,16 +48,19 @@ def confirm_leaders(problems: Sequence[Problem], runner: Runner, store: Store, s
             lead = store.best(p.key(), runner.gpu, runner.protocol)
             if lead is None or (lead.confirmed is not None and lead.confirmed >= since):
                 break
-            now = time.time()
-            store.record(replace(lead, status="verify_failed", tflops=None, baseline_tflops=None, speedup=None,
-                                 reason=HUNG, time=now, confirmed=now))
-            evaluating(now)
-            try:
+            if evaluating is None:
                 outcome = runner.evaluate(parse_one(lead.spec), p)
-            except BaseException:   # raised, not killed (its user's Ctrl-C, a fault of this process's own code):
-                store.record(lead)   # the leader stands as it was; a hung kernel's worker is killed, no handler runs
-                raise
-            evaluating(0.0)
+            else:
+                now = time.time()
+                store.record(replace(lead, status="verify_failed", tflops=None, baseline_tflops=None, speedup=None,
+                                     reason=HUNG, time=now, confirmed=now))
+                evaluating(now)
+                try:
+                    outcome = runner.evaluate(parse_one(lead.spec), p)
+                except BaseException:   # raised, not killed (its user's Ctrl-C, a fault of this process's code):
+                    store.record(lead)   # the leader stands as it was (a killed worker runs no handler)
+                    raise
+                evaluating(0.0)
             spent += 1
             build_s += outcome.build_seconds
             measure_s += outcome.seconds - outcome.build_seconds

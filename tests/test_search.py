@@ -2,6 +2,7 @@
 resume after a kill, and concurrent writers. Everything here runs on CPU."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -266,7 +267,6 @@ def test_a_leader_whose_confirmation_never_returns_is_a_failed_candidate_to_the_
     """A measurement that never returns ends with its worker (killed past the trial time limit): the leader is on
     record as failed before it is measured, so the restarted worker confirms the next one instead of hanging on it
     again; `evaluating` marks when each measurement began and that it ended, for the supervisor."""
-    import multiprocessing as mp
     from l2c.search.confirm import HUNG, confirm_leaders
     p = Problem(512, 1024, 1024)
     store = _stale_store(tmp_path, FunctionRunner(lambda params, problem: 1.1), p, {128: 3.0, 64: 1.5})
@@ -287,11 +287,14 @@ def test_a_leader_whose_confirmation_never_returns_is_a_failed_candidate_to_the_
     won = store.best(p.key(), "function", "kernel", confirmed_since=since)
     assert won.params["tile_n"] == 64 and won.speedup == 1.1
     # an exception instead (its user's Ctrl-C, or a fault of the measuring code itself): the leader keeps its record
-    for raised in (KeyboardInterrupt, RuntimeError, SystemExit):
-        store = _stale_store(tmp_path / raised.__name__, FunctionRunner(lambda params, problem: 1.1), p, {128: 3.0})
+    # (and in a process no supervisor watches, no `evaluating`, nothing is written before the outcome)
+    for raised, watched in itertools.product((KeyboardInterrupt, RuntimeError, SystemExit), (True, False)):
+        store = _stale_store(tmp_path / f"{raised.__name__}{watched}", FunctionRunner(lambda params, problem: 1.1), p,
+                             {128: 3.0})
         runner = FunctionRunner(lambda params, problem: (_ for _ in ()).throw(raised()))
         with pytest.raises(raised):
-            confirm_leaders([p], runner, store, time.time(), budget=3, log=lambda s: None)
+            confirm_leaders([p], runner, store, time.time(), budget=3, log=lambda s: None,
+                            evaluating=(lambda t: None) if watched else None)
         (kept,) = store.results(problem=p.key())
         assert kept.status == "ok" and kept.speedup == 3.0 and kept.confirmed is None
 
