@@ -66,9 +66,10 @@ def torch_gated(a, b, bias, gate):
     return gate_activation(g, gate) * u
 
 
-def torch_gated_linear(x, weight, bias, gate):
+def torch_gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], gate: str) -> torch.Tensor:
     """`torch_gated` for nn.Linear's layout: weight (2N, K), the gate's rows then the up projection's, two F.linear
-    calls on the halves (views) as the replaced MLP module runs them."""
+    calls on the halves (views) as the replaced MLP module runs them (and a scripted GatedMLP: typed for
+    TorchScript)."""
     if weight.shape[0] % 2:
         raise ValueError(f"a gated weight holds the gate's rows then the up projection's: an even count, got "
                          f"{weight.shape[0]}")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from . import dispatch
 from .dispatch import default_dispatcher
-from .epilogue import check_activation, check_gate
+from .epilogue import activate, check_activation, check_gate, torch_gated_linear
 from .native_call import activation_code
 from .ops import gated_matmul, matmul
 from .tuned_table import NO_SHAPES
@@ -67,15 +67,7 @@ class Linear(torch.nn.Linear):
             bias = self.bias
             return (out if bias is None else out + bias).reshape(residual.shape)
         y = F.linear(x, self.weight, self.bias)
-        if activation is None:
-            return y
-        if activation == "relu":
-            return F.relu(y)
-        if activation == "gelu":
-            return F.gelu(y)
-        if activation == "silu":
-            return F.silu(y)
-        return y
+        return y if activation is None else activate(y, activation)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation}" if self.activation else "")
@@ -183,11 +175,7 @@ class GatedMLP(torch.nn.Module):
         """The block's output; with `residual`, residual + the block's output, added in the down projection's GEMM."""
         weight, bias = self.gate_up_proj.weight, self.gate_up_proj.bias
         if torch.jit.is_scripting():   # torch's ops, as the replaced module runs them (see Linear.forward)
-            n = self.intermediate_size
-            g = F.linear(x, weight[:n], None if bias is None else bias[:n])
-            u = F.linear(x, weight[n:], None if bias is None else bias[n:])
-            g = F.silu(g) if self.gate == "silu" else F.gelu(g, approximate="tanh")
-            return self.down_proj(g * u, residual=residual)
+            return self.down_proj(torch_gated_linear(x, weight, bias, self.gate), residual=residual)
         if not torch.compiler.is_compiling():
             h = (dispatch._default or default_dispatcher()).gated_linear(x, weight, self.gate, bias)
         else:
