@@ -79,8 +79,10 @@ def torch_gated_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     return gate_activation(g, gate) * u
 
 
-def torch_residual(a, b, bias, residual):
-    """residual + a @ b (+ bias) as torch runs it: cuBLAS adds the residual in the GEMM (addmm, beta=1)."""
+def torch_residual(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor],
+                   residual: torch.Tensor) -> torch.Tensor:
+    """residual + a @ b (+ bias) as torch runs it: cuBLAS adds the residual in the GEMM (addmm, beta=1). Typed for
+    TorchScript (a scripted l2c.nn.Linear)."""
     y = torch.addmm(residual, a, b) if a.dim() == 2 and b.dim() == 2 else residual + torch.matmul(a, b)
     return y if bias is None else y + bias
 

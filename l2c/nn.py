@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from . import dispatch
 from .dispatch import default_dispatcher
-from .epilogue import activate, check_activation, check_gate, torch_gated_linear
+from .epilogue import activate, check_activation, check_gate, torch_gated_linear, torch_residual
 from .native_call import activation_code
 from .ops import gated_matmul, matmul
 from .tuned_table import NO_SHAPES
@@ -59,13 +59,11 @@ class Linear(torch.nn.Linear):
     def _scripted(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """What the layer computes in torch's ops alone (under `torch.jit.script`)."""
         activation = self.activation
-        if residual is not None:   # as torch runs it eagerly (`epilogue.torch_residual`): addmm adds the residual
+        if residual is not None:   # as the dispatcher's fallback runs it: addmm adds the residual
             if activation is not None:
                 raise ValueError("residual= adds the residual to the product: it takes no activation")
-            out = torch.addmm(residual.reshape(-1, self.out_features), x.reshape(-1, self.in_features),
-                              self.weight.t())
-            bias = self.bias
-            return (out if bias is None else out + bias).reshape(residual.shape)
+            return torch_residual(x.reshape(-1, self.in_features), self.weight.t(), self.bias,
+                                  residual.reshape(-1, self.out_features)).reshape(residual.shape)
         y = F.linear(x, self.weight, self.bias)
         return y if activation is None else activate(y, activation)
 

@@ -791,7 +791,7 @@ def run(args) -> int:
         if sm_count is None:
             raise UsageError(f"--cells and --near need the GPU's SM count: the results record none and --arch "
                              f"{args.arch} is not one l2c knows ({', '.join(ARCHS)})")
-    losses = source_losses(rows, protocol, cache) | point_losses(near_points, cache)
+        losses = source_losses(rows, protocol, cache) | point_losses(near_points, cache)
     if args.cells:   # no cell holds a shape where its kernel lost, among the sources or the points
         cells = cell_rows(rows, protocol, margin, sm_count, cache, args.arch, losses)
         entries += [dict(entry(r), m_range=list(ms), n_range=list(ns), k_range=list(ks),
