@@ -489,8 +489,7 @@ class Dispatcher:
                                                                          activation):
             decided = False   # a record that does not compute these calls (edited, copied): tuned again
         if decided and spec_text is None:
-            if not has_bias and activation == "none":
-                self._decided_torch(dtype, layout, m, n, k)
+            self._decided_torch(dtype, layout, m, n, k, has_bias, activation)
             return None, True
         if decided:
             job = self._decided_job(spec_text, m, n, k, device)
@@ -505,8 +504,7 @@ class Dispatcher:
         if job is None:   # the candidates are asked for once (the policy ranks them), not on every call meanwhile
             candidates = candidate_specs(dtype, layout, m, n, k, self.table, self.tune_targets)
             if not candidates:   # no kernel of the timed targets to try: torch's in this process, from the first test
-                if not has_bias and activation == "none":
-                    self._decided_torch(dtype, layout, m, n, k)
+                self._decided_torch(dtype, layout, m, n, k, has_bias, activation)
                 return None, True
             job = Job("", "triton", "sm_90", m, n, k, device, tuple(candidates), has_bias, activation)
             self._jobs[("online",) + sig] = job
@@ -518,8 +516,7 @@ class Dispatcher:
         reply = self.preparer.reply(job)
         if reply.get("spec") is None and not reply.get("timed"):   # nothing could be timed (every candidate
             # skipped or failed): no evidence that torch is faster, so nothing persisted; torch in this process
-            if not has_bias and activation == "none":
-                self._decided_torch(dtype, layout, m, n, k)
+            self._decided_torch(dtype, layout, m, n, k, has_bias, activation)
             return None, True
         self.decisions.record(key, reply.get("spec"), reply.get("speedup"))
         self.online_timings[key] = dict(reply.get("timings") or {})
@@ -532,9 +529,13 @@ class Dispatcher:
         """The job of an online decision's kernel (its spec holds the call's epilogue) at one call shape."""
         return Job(spec_text, parse_one(spec_text, file="<online decision>").target, "sm_90", m, n, k, device)
 
-    def _decided_torch(self, dtype: str, layout: str, m: int, n: int, k: int) -> None:
-        """Online tuning decided that torch serves plain calls of this shape: the first test sends them to torch from
-        now on, without the Python path (the C++ table asks its resolvers again)."""
+    def _decided_torch(self, dtype: str, layout: str, m: int, n: int, k: int, has_bias: bool,
+                       activation: str) -> None:
+        """Online tuning decided that torch serves calls of this shape: where they are plain (no bias, no
+        activation), the first test sends them to torch from now on, without the Python path (the C++ table asks its
+        resolvers again); its maps hold no epilogue, so other calls keep the Python path."""
+        if has_bias or activation != "none":
+            return
         from .verify import TORCH_DTYPES   # imported on a decision, not at the dispatcher's import
         torch_dtype = TORCH_DTYPES.get(dtype)
         if torch_dtype not in _TORCH_DTYPES:   # no map for it (f32): its calls never reach the first test
