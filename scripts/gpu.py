@@ -214,14 +214,10 @@ def _gemv(a):
 
 
 def _widegemv(a):
-    """Wide-column gemv kernels (64-256 columns per block, B row-major) against cuBLAS on a sample of the `points`
-    shapes with M <= 8 in `a @ b` (benchmarks/widegemv_sample.txt), through l2c.matmul, f16 then bf16: whether the
-    gemv family serves the small wide-N shapes no table serves (session 24 swept only 8-16 columns per block)."""
-    specs = [str(ROOT / "benchmarks" / f"widegemv_specs_{dtype}.l2") for dtype in ("f16", "bf16")]
-    return [l2c("build", *specs, "--target", "cutlass"),
-            *(l2c("bench", f"serving:{spec}", "--shapes", str(ROOT / "benchmarks" / "widegemv_sample.txt"),
-                  "--protocol", "kernel,call", "--reps", "3", "--iters", "10", "-o", f"{a.out}/widegemv_{dtype}.jsonl")
-              for spec, dtype in zip(specs, ("f16", "bf16")))]
+    """Wide-column gemv kernels (64-256 columns per block, B row-major) against cuBLAS at M <= 8 in `a @ b`, through
+    l2c.matmul: a sample of the `points` shapes, then the best configurations at the other points, f16 and bf16
+    (scripts/widegemv_sweep.py; about 7 minutes)."""
+    return [script("scripts/widegemv_sweep.py", "--out", a.out, "--budget-s", "420")]
 
 
 def _unswapped(a):
@@ -318,8 +314,8 @@ STAGES: Dict[str, Stage] = {
                   "every epilogue, clusters), then swept on the decoding set (CUDA cores at M <= 8, tensor cores at "
                   "M <= 16; f16, bf16) into JSON lines for `l2c table`",
                   _gemv),
-    "widegemv": Stage("wide-column gemv kernels (B row-major) on the `points` shapes with M <= 8 in `a @ b`, f16 then "
-                      "bf16", _widegemv),
+    "widegemv": Stage("wide-column gemv kernels (B row-major) at the `points` shapes with M <= 8 in `a @ b`: a sample, "
+                      "then the best at the rest; f16 and bf16 (evidence for `l2c table --near`)", _widegemv),
     "unswapped": Stage("search CUTLASS tiles with the tokens on the MMA's M side and the grid sized to whole waves of "
                        "the SMs on the decoding set at 48-512 tokens (f16, bf16) into JSON lines for `l2c table`",
                        _unswapped),

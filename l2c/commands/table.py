@@ -27,9 +27,10 @@ prebuilt kernels that beat torch, or torch): boxes half an octave wide along M, 
 (`NEAR_M_EDGES`, `NEAR_NK_EDGES`) and on the same shifted a quarter octave (`NEAR_LATTICES`); a box is served by one
 shape-generic kernel where the NEAR_COUNT measured shapes nearest its centre (within NEAR_RADIUS octaves, at least
 NEAR_SUPPORT of them) were all won by some kernel, two in three of them by that one, at shapes on both sides of the
-box along each axis, in one number of launch waves across the box; a shape where torch served or a kernel failed
-counts as lost, and a candidate online tuning timed at a shape (the row's `online_timings`) won it from
-NEAR_TIMED_MARGIN on. Those rows make no other entry (among the sources their ragged shapes would cut the corner
+box along each axis, in one number of launch waves across the box; a shape where a kernel failed counts as lost,
+a candidate online tuning timed at a shape (the row's `online_timings`) won it from NEAR_TIMED_MARGIN on, and
+lost it below that or where online choice then left the shape to torch (a kernel it did not time there may have
+won it in another row). Those rows make no other entry (among the sources their ragged shapes would cut the corner
 cells' boxes); the table records them under `near`, and marks the cells `near`, which serve only where no exact
 entry, range or corner cell does.
 
@@ -514,24 +515,30 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
     """(batch, dtype, layout) -> {(m, n, k): {spec text: worst row}}: every shape `rows` measured, with the
     shape-generic kernels that won there: by `min_speedup` (with several protocols, `combined_rows`: by it in one and
     slower in none), in every row of theirs at that shape, and the candidates online tuning timed there
-    (`online_timings`) from NEAR_TIMED_MARGIN on. A shape holds none where torch served a row of it (what
-    online choice measured no kernel beating), where a kernel failed a row (verification, a build), or where only
-    kernels that cannot serve other shapes won."""
+    (`online_timings`) from NEAR_TIMED_MARGIN on. A kernel online tuning timed at a shape below that margin, or
+    timed where it then left the shape to torch, won nothing there, whatever other rows say; a kernel it did not time
+    there holds the shape where another row measured it winning (a family that was not among the candidates then).
+    A shape holds none where a row failed (verification, a build)."""
     cache = {} if cache is None else cache
-    vetoed = {(shape_key(r)[3:], (r["m"], r["n"], r["k"])) for r in rows if r.get("type") == "result"
-              and r.get("gate", "none") == "none" and (r.get("kernel") == "torch" or r.get("status") != "ok")}
+    failed = {(shape_key(r)[3:], (r["m"], r["n"], r["k"])) for r in rows if r.get("type") == "result"
+              and r.get("gate", "none") == "none" and r.get("status") != "ok"}
     joined = ",".join(protocols)
     if len(protocols) > 1:
         rows, min_speedup = combined_rows(rows, protocols, min_speedup, cache), 1.0
     worst: dict = {}
     for (group, at), kernels in kernel_points(rows, joined, cache).items():
         worst.setdefault(group, {})[at] = kernels
+    slower = set()   # (group, shape, spec text) that online tuning timed there and did not choose
     for r in rows:   # what online tuning timed there: each candidate's device time, a win from its margin on
         if r.get("type") != "result" or r.get("protocol") != joined or r.get("status") != "ok":
             continue
-        kernels = worst.get(shape_key(r)[3:], {}).get((r["m"], r["n"], r["k"]))
+        group, at = shape_key(r)[3:], (r["m"], r["n"], r["k"])
+        kernels = worst.get(group, {}).get(at)
         for text, speedup in (r.get("online_timings") or {}).items():
-            if kernels is None or speedup < NEAR_TIMED_MARGIN or _cell_tiling(text) is None:
+            if kernels is None or _cell_tiling(text) is None:
+                continue
+            if speedup < NEAR_TIMED_MARGIN or r.get("kernel") == "torch":   # or decided against
+                slower.add((group, at, text))
                 continue
             if len(protocols) > 1 and _spec(text).target != "cutlass":
                 continue   # device time stands for an eager call only where the C++ call table launches the kernel
@@ -540,8 +547,9 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
                 kernels[text] = dict({k: v for k, v in r.items() if k != "speedups"}, spec=text,
                                      target=_spec(text).target, speedup=speedup, speedups={"kernel": speedup},
                                      candidate_tflops=r["baseline_tflops"] * speedup)
-    return {group: {at: ({} if (group, at) in vetoed else
-                         {t: r for t, r in kernels.items() if r["speedup"] >= min_speedup and r["speedup"] > 1.0})
+    return {group: {at: ({} if (group, at) in failed else
+                         {t: r for t, r in kernels.items() if r["speedup"] >= min_speedup and r["speedup"] > 1.0
+                          and (group, at, t) not in slower})
                     for at, kernels in points.items()}
             for group, points in worst.items()}
 

@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""Wide-column gemv kernels (B row-major, 64-256 columns per block) against cuBLAS at M <= 8 in `a @ b`, through
+l2c.matmul (`l2c bench serving:`), in two phases within one time budget:
+
+    python scripts/widegemv_sweep.py --out DIR [--dtypes f16,bf16] [--budget-s 420]
+
+1. sample: every configuration of its tile m class (tile m = M rounded up to a power of two) at the 64 `points`
+   shapes of benchmarks/widegemv_sample.txt, `kernel` and `call` (DIR/widegemv_sample_DTYPE.jsonl);
+2. points: per class, the configurations that qualified at most sample shapes (no slower than torch in either
+   protocol, 1.03x in one: what `l2c table --protocol kernel,call --min-speedup 1.03` admits), at the other `points`
+   shapes of that class (DIR/widegemv_points_DTYPE.jsonl): evidence for neighbourhood cells
+   (`l2c table ... --near`) where the points online choice measured found no kernel.
+
+Session 24 swept this family only with 8-16 columns per block (16-32 bytes of each B row per load), which lost
+(0.3-0.6x in `kernel`). Every kernel is built first, in parallel (`l2c build`); a bench cut by the budget keeps the
+rows it finished. The generated spec files are written to DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from l2c.shapes import points_shapes, read_shape_file  # noqa: E402
+
+SAMPLE = ROOT / "benchmarks" / "widegemv_sample.txt"
+CUDA_TILES = ((256, 32), (128, 64), (64, 128))   # (tile n, tile k): 128 threads, 8 columns x 8 K rows each
+TENSOR_TILES = ((128, 32), (256, 32))            # tile m 8 on tensor cores (64-column warp tiles)
+SLICES = (1, 4)
+KEEP = 2   # configurations per tile m class timed at the points
+
+
+def spec_text(dtype: str, m: int, n: int, k: int, slices: int, cores: str) -> str:
+    name = f"widegemv_{cores}_{m}x{n}x{k}_s{slices}"
+    return (f"kernel {name} {{\n  target   cutlass\n  problem  m=any n=any k=any batch=1\n"
+            f"  types    a={dtype} b={dtype} c={dtype} acc=f32\n  layout   a=row b=row c=row\n"
+            f"  tile     m={m} n={n} k={k}\n  launch   family=gemv evict=first cores={cores}\n"
+            f"  split_k  slices={slices} mode=workspace\n}}\n")
+
+
+def configurations(dtype: str) -> Dict[int, Dict[str, str]]:
+    """tile m -> {kernel name: spec text}."""
+    out: Dict[int, Dict[str, str]] = {}
+    for m in (1, 2, 4, 8):
+        texts = [spec_text(dtype, m, n, k, s, "cuda") for n, k in CUDA_TILES for s in SLICES]
+        if m == 8:
+            texts += [spec_text(dtype, m, n, k, s, "tensor") for n, k in TENSOR_TILES for s in SLICES]
+        out[m] = {t.split()[1]: t for t in texts}
+    return out
+
+
+def tile_m_class(m: int) -> int:
+    return 1 << max(0, (m - 1).bit_length())
+
+
+def qualified(path: Path) -> Dict[str, int]:
+    """Kernel name -> shapes of the results file where it was no slower than torch in either protocol and 1.03x
+    faster in one."""
+    worst: Dict[Tuple[str, Tuple[int, int, int]], Dict[str, float]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("type") != "result" or r.get("status") != "ok" or r.get("speedup") is None:
+                continue
+            slot = worst.setdefault((r["served_by"], (r["m"], r["n"], r["k"])), {})
+            slot[r["protocol"]] = min(slot.get(r["protocol"], math.inf), r["speedup"])
+    wins: Dict[str, int] = {}
+    for (name, _), s in worst.items():
+        won = len(s) == 2 and min(s.values()) >= 1.0 and max(s.values()) >= 1.03
+        wins[name] = wins.get(name, 0) + int(won)
+    return wins
+
+
+def bench(specs: Dict[str, str], shapes, out: Path, work: Path, label: str, deadline: float) -> None:
+    """`l2c bench serving:` of `specs` at `shapes`, appended to `out` (--resume), stopped at the deadline."""
+    left = deadline - time.monotonic()
+    if not shapes or not specs or left < 10:
+        return
+    spec_file, shape_file = work / f"{label}.l2", work / f"{label}.txt"
+    spec_file.write_text("\n".join(specs.values()))
+    shape_file.write_text("".join(f"{s.m} {s.n} {s.k}\n" for s in shapes))
+    command = [sys.executable, "-m", "l2c", "bench", f"serving:{spec_file}", "--shapes", str(shape_file),
+               "--dtype", label.split("_")[1], "--protocol", "kernel,call", "--reps", "3", "--iters", "10", "-o",
+               str(out), "--resume"]
+    print(" ".join(command), flush=True)
+    try:
+        subprocess.run(command, timeout=left, check=False)
+    except subprocess.TimeoutExpired:
+        print(f"widegemv_sweep: {label} stopped at the budget", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--dtypes", default="f16,bf16")
+    p.add_argument("--budget-s", type=float, default=420.0)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
+    a = p.parse_args()
+    deadline = time.monotonic() + a.budget_s
+    out = Path(a.out)
+    work = out / "widegemv_work"
+    work.mkdir(parents=True, exist_ok=True)
+    dtypes = [d for d in a.dtypes.split(",") if d]
+    configs = {dtype: configurations(dtype) for dtype in dtypes}
+    spec_files = []
+    for dtype in dtypes:
+        path = out / f"widegemv_specs_{dtype}.l2"
+        path.write_text("\n".join(t for by_m in configs[dtype].values() for t in by_m.values()))
+        spec_files.append(str(path))
+    subprocess.run([sys.executable, "-m", "l2c", "build", *spec_files, "--target", "cutlass", "-j", str(a.jobs)],
+                   check=False)
+    sample = read_shape_file(SAMPLE)
+    for dtype in dtypes:
+        for m, specs in configs[dtype].items():
+            bench(specs, [s for s in sample if tile_m_class(s.m) == m], out / f"widegemv_sample_{dtype}.jsonl", work,
+                  f"sample_{dtype}_m{m}", deadline)
+    sampled = {s.key for s in sample}
+    points = [s for s in points_shapes() if s.m <= 8 and s.key not in sampled]
+    for dtype in dtypes:
+        wins = qualified(out / f"widegemv_sample_{dtype}.jsonl")
+        for m, specs in configs[dtype].items():
+            ranked = sorted((n for n in specs if wins.get(n, 0) > 0), key=lambda n: -wins[n])[:KEEP]
+            print(f"widegemv_sweep: {dtype} tile m {m}: {[(n, wins[n]) for n in ranked]} to the points", flush=True)
+            bench({n: specs[n] for n in ranked}, [s for s in points if tile_m_class(s.m) == m],
+                  out / f"widegemv_points_{dtype}.jsonl", work, f"points_{dtype}_m{m}", deadline)
+
+
+if __name__ == "__main__":
+    main()
