@@ -35,6 +35,8 @@ Sets (see ../shared/BENCHMARKING.md):
 - ``points``: about 1,200 shapes of ``offgrid``'s distribution under 2 GFLOP from a fourth seed, none of them an
   ``offgrid`` shape: the measured points that ``l2c table --near`` makes neighbourhood cells from (``offgrid``
   stays the held-out check of that rule).
+- ``points2``: about 600 more such shapes under 1 GFLOP from a fifth seed, none of them an ``offgrid`` or ``points``
+  shape: denser points where small calls are decided.
 - ``serve``: LLM decoding and batched decoding, memory-bound for small M: the weights of Llama-3.1-8B,
   Llama-3.1-70B, Qwen2.5-7B, Qwen2.5-32B and Mistral-7B (q, kv, o, fused qkv, gate/up, fused gate_up,
   down, lm_head) at ``SERVE_TOKENS`` tokens.
@@ -74,6 +76,7 @@ OFFGRID_SEED = 20261201
 BETWEEN_SEED = 20261202
 HELDOUT_SEED = 20261203
 POINTS_SEED = 20261204
+POINTS2_SEED = 20261205
 
 # FLOP bucket edges (decimal units): label, lower bound inclusive.
 BUCKETS: Tuple[Tuple[str, float], ...] = (
@@ -210,6 +213,13 @@ def points_shapes() -> List[Shape]:
     return [s for s in _offgrid_draws(POINTS_SEED, 1200, "points", max_flops=2e9) if s.key not in held_out]
 
 
+def points2_shapes() -> List[Shape]:
+    """A second draw of `points`' distribution under 1 GFLOP from another seed, none of them an `offgrid` or `points`
+    shape (module docstring)."""
+    taken = {s.key for s in offgrid_shapes()} | {s.key for s in points_shapes()}
+    return [s for s in _offgrid_draws(POINTS2_SEED, 600, "points2", max_flops=1e9) if s.key not in taken]
+
+
 def between_shapes(seed: int = BETWEEN_SEED, label: str = "between") -> List[Shape]:
     """200 shapes under 1 GFLOP from a fixed seed, for the cells' held-out checks (module docstring)."""
     import math
@@ -268,13 +278,13 @@ def read_shape_file(path: str | Path) -> List[Shape]:
 
 
 SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes, "offgrid": offgrid_shapes,
-        "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes, "points": points_shapes}
+        "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes,
+        "points": points_shapes,         "points2": points2_shapes}
 
 
 def load_shapes(name: str) -> List[Shape]:
-    """A named set (grid, llm, square, offgrid, between, heldout, serve, points) or, for anything else, a file of
-    shapes.
-    Duplicates are dropped."""
+    """A named set (grid, llm, square, offgrid, between, heldout, serve, points, points2) or, for anything else, a
+    file of shapes. Duplicates are dropped."""
     shapes = SETS[name]() if name in SETS else read_shape_file(name)
     seen, unique = set(), []
     for s in shapes:

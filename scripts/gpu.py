@@ -98,11 +98,12 @@ def _online(a):
         [script("scripts/online_first_call.py", "--count", "40", "--out", f"{a.out}/online_first_call_f16.json")]
 
 
-def _points_through(a, via: str, name: str):
-    """The `points` set through `via` (`dispatch`: l2c.matmul, `linear`: l2c.nn.Linear) with online choice on, so each
-    point is the table's own entry, the best of the table's nearest prebuilt kernels that beat torch, or torch; f16
-    then bf16. A file already under --out is continued (`--resume`): its shapes are not measured again."""
-    return [["env", "L2C_TUNE=online"] + l2c("bench", f"{via}:{a.eager_table}", "--shapes", "points", "--dtype",
+def _points_through(a, via: str, name: str, shapes: str = "points"):
+    """The `shapes` set (`points` by default) through `via` (`dispatch`: l2c.matmul, `linear`: l2c.nn.Linear) with
+    online choice on, so each point is the table's own entry, the best of the table's nearest prebuilt kernels that
+    beat torch, or torch; f16 then bf16. A file already under --out is continued (`--resume`): its shapes are not
+    measured again."""
+    return [["env", "L2C_TUNE=online"] + l2c("bench", f"{via}:{a.eager_table}", "--shapes", shapes, "--dtype",
                                              dtype, "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
                                              f"{a.out}/{name}_{dtype}.jsonl", "--resume")
             for dtype in ("f16", "bf16")]
@@ -112,6 +113,12 @@ def _points(a):
     """The measured points of neighbourhood cells (`l2c table --near`) in `a @ b`: the `points` set (shapes of
     `offgrid`'s distribution under 2 GFLOP, another seed) through l2c.matmul."""
     return _points_through(a, "dispatch", "points")
+
+
+def _points2(a):
+    """More points where small calls are decided: the `points2` set (548 shapes under 1 GFLOP, another seed) through
+    l2c.matmul, as `points` (about 5 minutes per dtype)."""
+    return _points_through(a, "dispatch", "points2", "points2")
 
 
 def _points_linear(a):
@@ -241,7 +248,8 @@ def _decode(a):
     graphs = ["env", f"L2C_TUNED_TABLE={a.graphs_table}"]
     with_graphs_table = [graphs + script("examples/decode_step.py", "--dtype", dtype, "--out",
                                          f"{a.out}/decode_step_{dtype}.json") for dtype in ("f16", "bf16")]
-    return with_graphs_table + [script("examples/decode_step.py", "--out", f"{a.out}/decode_step_f16_default_table.json")]
+    return with_graphs_table + [script("examples/decode_step.py", "--out",
+                                       f"{a.out}/decode_step_f16_default_table.json")]
 
 
 def _mlp(a):
@@ -294,6 +302,8 @@ STAGES: Dict[str, Stage] = {
                     "bf16, and the first calls while tuning", _online),
     "points": Stage("the measured points of neighbourhood cells: the `points` shapes through l2c.matmul with online "
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
+    "points2": Stage("a second, denser draw of points under 1 GFLOP (`points2`) through l2c.matmul with online "
+                     "choice, f16 and bf16", _points2),
     "points_linear": Stage("the same points through l2c.nn.Linear (nn.Linear's layout), kernel and call, f16 and bf16",
                            _points_linear),
     "near_check": Stage("the neighbourhood cells on shapes they were not made from: offgrid and heldout, f16 and "
@@ -320,7 +330,8 @@ STAGES: Dict[str, Stage] = {
                        "the SMs on the decoding set at 48-512 tokens (f16, bf16) into JSON lines for `l2c table`",
                        _unswapped),
     "unswapped_grid": Stage("the unswapped stage's wave-sized CUTLASS tiles on the grid's `a @ b` shapes of 64-1024 "
-                            "rows (N >= 1024, K >= 512, f16 and bf16) into JSON lines for `l2c table`", _unswapped_grid),
+                            "rows (N >= 1024, K >= 512, f16 and bf16) into JSON lines for `l2c table`",
+                            _unswapped_grid),
     "decode": Stage("a Llama-8B decoding step's linears under CUDA graphs, batch 1-256", _decode),
     "mlp": Stage("the end-to-end MLP block example, torch against l2c.nn", _mlp),
     "gated": Stage("search fused gated (SwiGLU) kernels for the Llama-8B gate_up weights at 1-8192 tokens, f16 and "

@@ -224,6 +224,16 @@ def test_roofline_rows_are_summarized_and_plotted_against_m(tmp_path, capsys):
     assert len(roof) == 1 and roof[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_points2_is_a_second_draw_under_1_gflop_sharing_no_shape_with_offgrid_or_points():
+    """`points2` (denser neighbourhood points where small calls are decided) is drawn like `points` from a fifth
+    seed, under 1 GFLOP, and holds no `offgrid` shape (the held-out check) nor a `points` one (measured already)."""
+    points2 = load_shapes("points2")
+    assert points2 == load_shapes("points2") and len(points2) >= 500
+    taken = {s.key for s in load_shapes("offgrid")} | {s.key for s in load_shapes("points")}
+    assert not {s.key for s in points2} & taken
+    assert all(2 * s.m * s.n * s.k < 1e9 and s.n % 8 == s.k % 8 == 0 and 1 <= s.m <= 16384 for s in points2)
+
+
 def test_rows_of_one_kernel_in_two_dtypes_or_layouts_are_two_points(tmp_path):
     """One candidate id (`dispatch:TABLE`) is measured in several dtypes and layouts: a bf16 row never replaces the
     f16 row of the same shape, in one file or across files, nor does another layout's."""

@@ -17,10 +17,11 @@ def add_parser(sub) -> None:
     p.add_argument("kernels", nargs="*", help=".l2 spec files, tuned-table .json files, `torch`, "
                                               "`dispatch[:TABLE]` (l2c.matmul with that table; the shipped one "
                                               "by default) or `linear[:TABLE]` (l2c.nn.Linear's path)")
-    p.add_argument("--shapes", help="grid | llm | square | offgrid | between | heldout | serve | served (the shapes the dispatch:/linear: "
-                                    "table serves in --dtype and --layout: each entry's M, each token range's ends "
-                                    "and middle) | FILE (one 'M N K' per line); "
-                                    "required for shape-generic specs, a filter for fixed-shape specs and tables")
+    p.add_argument("--shapes", help="grid | llm | square | offgrid | between | heldout | points | points2 | serve | "
+                                    "served (the shapes the dispatch:/linear: table serves in --dtype and --layout: "
+                                    "each entry's M, each token range's ends and middle) | FILE (one 'M N K' "
+                                    "per line); required for shape-generic specs, a filter for fixed-shape specs "
+                                    "and tables")
     p.add_argument("--dtype", choices=["f16", "bf16"], default="f16",
                    help="element type for torch, dispatch and linear (default: f16)")
     p.add_argument("--layout", default=None,
