@@ -193,11 +193,13 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("epilogue", "activation", "enum", "none", "Activation applied last.",
          choices=("none", "relu", "gelu", "silu"), searchable=False),
     Knob("epilogue", "gate", "enum", "none",
-         "Gated epilogue of an LLM's MLP (Triton): B holds 2N columns, the gate projection's [0, N) then the up "
+         "Gated epilogue of an LLM's MLP (Triton, and the CUTLASS target's CUDA-core gemv with B column-major): B "
+         "holds 2N columns, the gate projection's [0, N) then the up "
          "projection's [N, 2N) (gate_proj and up_proj weights concatenated), and D (M x N) = act(alpha * A@B_gate "
          "+ bias_gate) * (alpha * A@B_up + bias_up) in fp32: `silu` (SwiGLU) or `gelu_tanh` (GeGLU, GELU's tanh "
-         "form); `none`: a plain GEMM. A bias holds 2N values; no C input, activation or split-K.",
-         choices=("none", "silu", "gelu_tanh"), targets=("triton",), searchable=False, spelled_at_default=False),
+         "form); `none`: a plain GEMM. A bias holds 2N values; no C input or activation, and split-K only as the "
+         "CUTLASS gemv's K slices.",
+         choices=("none", "silu", "gelu_tanh"), searchable=False, spelled_at_default=False),
 )
 
 KNOBS_BY_FIELD = {k.field: k for k in KNOBS}

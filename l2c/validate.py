@@ -10,10 +10,10 @@ from typing import Tuple
 
 from .arch import ARCHS, Arch
 from .errors import L2ValidationError
-from .ir import KernelSpec
+from .ir import KernelSpec, knob
 from .knobs import ANY, KNOBS, TARGETS
 from . import targets
-from .rules import RULES, ValidSpec, declare, fail
+from .rules import RULES, ValidSpec, declare, fail, gated
 
 __all__ = ["RULES", "ValidSpec", "validate", "targets_for"]
 
@@ -38,6 +38,9 @@ COMMON_RULES = declare({
     "fp32-scalar": "epilogue alpha and beta are fp32 in the kernels: each must be finite in fp32 (|x| < 3.4e38) "
                    "and, unless 0, a normal fp32 number (|x| >= 1.18e-38), so that it neither overflows nor "
                    "rounds or flushes to 0",
+    "gated-epilogue": "a gated epilogue computes act(alpha * A@B_gate + bias_gate) * (alpha * A@B_up + bias_up): its "
+                      "bias is per column (2N values: the gate's, then the up projection's) or none, it reads no C "
+                      "input (beta=0) and takes no `activation` (the gate names it)",
     "name-length": f"a kernel name has at most {MAX_NAME_LENGTH} characters: it names cache and output files, "
                    "which with the hash, suffix and temporary parts added must stay under the 255-byte file-name "
                    "limit (143 on encrypted home folders)",
@@ -54,10 +57,16 @@ def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
     if spec.target not in ("any", target):
         raise fail(spec, "target", "target", f"the spec is for {spec.target}, not {target}")
     if spec.target == target:
-        for knob in KNOBS:
-            if target not in knob.targets and getattr(spec, knob.field) != knob.default:
-                raise fail(spec, knob.field, "target-knob",
-                            f"{knob.key} is read only by {', '.join(knob.targets)}; this spec is for {target}")
+        for read in KNOBS:
+            if target not in read.targets and getattr(spec, read.field) != read.default:
+                raise fail(spec, read.field, "target-knob",
+                            f"{read.key} is read only by {', '.join(read.targets)}; this spec is for {target}")
+    if gated(spec):
+        for field, allowed in (("epilogue_beta", (0.0,)), ("epilogue_activation", ("none",)),
+                               ("epilogue_bias", ("none", "col"))):
+            if getattr(spec, field) not in allowed:
+                raise fail(spec, field, "gated-epilogue",
+                           f"{knob(field).key}={getattr(spec, field)} with gate={spec.epilogue_gate}")
     if spec.types_a != spec.types_b:
         raise fail(spec, "types_b", "same-input-types", f"A is {spec.types_a} but B is {spec.types_b}")
     if spec.types_acc == "f16" and spec.types_a != "f16":

@@ -269,19 +269,22 @@ def check_chain(kernel, m: int, n: int, links: int, seed: int = 7) -> dict:
     it through torch.neg: a torch kernel between two of l2c's), run eagerly and replayed from a CUDA graph. With
     programmatic dependent launch a kernel starts before the one it follows has finished: a call that touched an
     operand before its predecessor was done would not match the reference on the input it was given, or the replay
-    would differ from the eager chain. Returns {"ok", "rel_errors" per link, "tolerance", "graph_equal", ...}."""
+    would differ from the eager chain (a gated spec's weights and bias hold 2n columns: the gate's, then the up
+    projection's). Returns {"ok", "rel_errors" per link, "tolerance", "graph_equal", ...}."""
     spec = kernel.valid.spec
     device = torch.device("cuda")
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     dtype, out_t = TORCH_DTYPES[spec.types_a], TORCH_DTYPES[spec.types_c]
+    cols = 2 * n if _gated(spec) else n
     x0 = torch.randn(m, n, generator=gen, device=device).to(dtype)
-    weights = [(torch.randn(n, n, generator=gen, device=device) * n ** -0.5).to(dtype) for _ in range(links)]
-    weights = [w.t() if spec.layout_b == "col" else w for w in weights]   # K x N in the spec's layout
+    stored = (cols, n) if spec.layout_b == "col" else (n, cols)   # K x cols in the spec's layout, once transposed
+    weights = [(torch.randn(stored, generator=gen, device=device) * n ** -0.5).to(dtype) for _ in range(links)]
+    weights = [w.t() if spec.layout_b == "col" else w for w in weights]
     c = torch.randn(m, n, generator=gen, device=device).to(out_t) if spec.epilogue_beta != 0.0 else None
     bias = None
     if spec.epilogue_bias != "none":
-        bias = torch.randn(m if spec.epilogue_bias == "row" else n, generator=gen, device=device).to(out_t)
+        bias = torch.randn(m if spec.epilogue_bias == "row" else cols, generator=gen, device=device).to(out_t)
 
     def chain():
         inputs, outputs, x = [], [], x0

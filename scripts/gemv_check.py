@@ -1,14 +1,14 @@
 #!/usr/bin/env python
-"""GPU check of the CUTLASS target's gemv family (templates/cutlass/gemv.cu.j2): every spec of a sample covering
-both layouts of B, f16 and bf16, tile m 1-16, CUDA cores and tensor cores, K slices 1-8 (clusters), both eviction
-hints and every epilogue
-(alpha, beta with a C input, a bias per row or column, each activation) is built, verified with `l2c.verify` on
-shapes with partial tiles in every dimension (M above tile m, N not a multiple of tile n, K not a multiple of a
-slice's steps), and called twice on the same inputs, which must agree bit for bit (the slices are added in a fixed
-order). Then each spec runs a chain of calls launched with programmatic dependent launch (as L2C_OVERLAP=all), where
-each call's input is the previous call's output, directly or through a torch kernel between them, eagerly and
-replayed from a CUDA graph: every link must match the reference on the input it was given (a call that read its
-input before the call before it finished would not), and the replay must equal the eager chain bit for bit.
+"""GPU check of the CUTLASS target's gemv family (templates/cutlass/gemv.cu.j2): every spec of a sample covering both
+layouts of B, f16 and bf16, tile m 1-16, CUDA cores and tensor cores, K slices 1-8 (clusters), both eviction hints
+and every epilogue (alpha, beta with a C input, a bias per row or column, each activation, each gate on CUDA cores)
+is built, verified with `l2c.verify` on shapes with partial tiles in every dimension (M above tile m, N not a
+multiple of tile n, K not a multiple of a slice's steps), and called twice on the same inputs, which must agree bit
+for bit (the slices are added in a fixed order). Then each spec runs a chain of calls launched with programmatic
+dependent launch (as L2C_OVERLAP=all), where each call's input is the previous call's output, directly or through a
+torch kernel between them, eagerly and replayed from a CUDA graph: every link must match the reference on the input
+it was given (a call that read its input before the call before it finished would not), and the replay must equal
+the eager chain bit for bit.
 
     python scripts/gemv_check.py --out gemv_check.json
 """
@@ -41,6 +41,9 @@ SAMPLE = (
     ("row", "bf16", 16, 128, 32, 4, 2, "first", "epilogue bias=row activation=gelu", "tensor"),
     ("row", "f16", 8, 64, 32, 8, 8, "first", "epilogue beta=1.0 bias=col", "tensor"),
     ("row", "bf16", 8, 256, 16, 4, 4, "normal", "epilogue alpha=2.0 activation=relu", "tensor"),
+    ("col", "f16", 1, 16, 256, 4, 2, "first", "epilogue bias=col gate=silu", "cuda"),
+    ("col", "bf16", 2, 8, 512, 4, 1, "first", "epilogue gate=gelu_tanh", "cuda"),
+    ("col", "f16", 4, 8, 256, 2, 8, "normal", "epilogue alpha=0.5 gate=silu", "cuda"),
 )
 
 

@@ -22,10 +22,11 @@ unswapped) in `a @ b` with B row-major instead, against torch.matmul (e.g. on `-
 - unswapped (not in the default stages): CUTLASS tiles with the tokens on the MMA's M side (64 or 128 rows) and
   a tile N sized so that the grid fills whole waves of the SMs (`unswapped_configs`), for 48-512 tokens;
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
-  `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — GEMV kernels up to
-  16 tokens, narrow and wide tensor-core tiles (pointer and TMA loads) above — each timed against torch's gated
-  projection as the MLP modules run it (the gate's and the up projection's cuBLAS GEMMs, then act(g) * u). `l2c table --ranges` makes gated
-  entries of the rows (their `gate` field), which only gated calls (`l2c.gated_matmul`, `l2c.nn.GatedMLP`) meet:
+  `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — the CUTLASS
+  target's gated CUDA-core gemv up to 4 tokens, Triton GEMV kernels up to 16 tokens, narrow and wide tensor-core
+  tiles (pointer and TMA loads) above — each timed against torch's gated projection as the MLP modules run it (the
+  gate's and the up projection's cuBLAS GEMMs, then act(g) * u). `l2c table --ranges` makes gated entries of the rows
+  (their `gate` field), which only gated calls (`l2c.gated_matmul`, `l2c.nn.GatedMLP`) meet:
 
       python scripts/serve_sweep.py --out DIR --dtype f16 --stages gated --budget-s 1800
       l2c table DIR/serve_gated_silu_f16.jsonl --ranges -o DIR/gated_f16.json
@@ -228,6 +229,10 @@ GATED_NARROW = ((64, 128, 4), (128, 64, 4), (64, 64, 6), (32, 128, 4))     # til
 GATED_WIDE = ((64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (128, 128, 64, 3, 8),
               (128, 128, 32, 4, 8), (256, 64, 64, 3, 8), (64, 256, 64, 3, 8))   # tile m, n, k, stages, warps
 GATED_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# the CUTLASS target's CUDA-core gemv with the gate (B column-major): (tile n, warps, tile k) x CUDA_GEMV_SLICES, up
+# to 4 tokens (from 4 rows the CUDA-core gemv is instruction-bound, session 20; a gated one reads twice the rows)
+GATED_CUDA_GEMV = ((8, 4, 256), (16, 4, 256), (8, 8, 256), (16, 8, 256), (8, 4, 512))
+GATED_CUDA_GEMV_MAX_M = 4
 
 
 def _gated_spec(body: str, dtype: str, gate: str, group: int) -> str:
@@ -239,10 +244,17 @@ def _gated_spec(body: str, dtype: str, gate: str, group: int) -> str:
     return spec.replace(name=config_name(spec)).to_l2()
 
 
-def gated_pool(m: int, dtype: str, gate: str):
-    """The gated stage's candidates for M tokens (nn.Linear's layout: B the concatenated weight transposed)."""
+def gated_pool(m: int, dtype: str, gate: str, cutlass: bool = True):
+    """The gated stage's candidates for M tokens (nn.Linear's layout: B the concatenated weight transposed); the
+    CUTLASS target's only with `cutlass` (a GPU to run them)."""
     rows = 1 << max(0, (m - 1).bit_length())
     texts = []
+    if cutlass and m <= GATED_CUDA_GEMV_MAX_M:
+        for bn, warps, bk in GATED_CUDA_GEMV:
+            for slices in CUDA_GEMV_SLICES:
+                texts.append(_spec(f"launch family=gemv cores=cuda warps={warps} evict=first\n  tile m={rows} n={bn} "
+                                   f"k={bk}\n  split_k slices={slices}\n  epilogue gate={gate}", dtype, "gemv",
+                                   target="cutlass"))
     if m <= 16:
         for bn, bk, warps in GATED_GEMV:
             for reduce in ("step", "end"):
@@ -521,7 +533,10 @@ def main() -> int:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]
         chosen = [Shape(m, n, k, label="gated") for m in map(int, args.gated_tokens.split(",")) for n, k in weights]
-        pools = {s.key: gated_pool(s.m, args.dtype, args.gate) for s in chosen}
+        pools = {s.key: gated_pool(s.m, args.dtype, args.gate, cutlass=device.kind == "cuda") for s in chosen}
+        cutlass_texts = sorted({t for texts in pools.values() for t in texts if "target   cutlass" in t})
+        if cutlass_texts:
+            _build_cutlass(cutlass_texts, args.build_jobs, sys.stderr)
         sweep(chosen, pools, out / f"serve_gated_{args.gate}_{args.dtype}.jsonl", device, args.budget_s, args.workers,
               sys.stderr, f"gated {args.gate} {args.dtype}")
     if builder is not None:

@@ -39,7 +39,8 @@ def gemv_knobs(draw):
                 launch_evict=draw(st.sampled_from(("normal", "first"))),
                 launch_cores=draw(st.sampled_from(("cuda", "tensor"))),
                 epilogue_bias=draw(st.sampled_from(("none", "row", "col"))),
-                epilogue_activation=draw(st.sampled_from(("none", "relu", "gelu", "silu"))))
+                epilogue_activation=draw(st.sampled_from(("none", "relu", "gelu", "silu"))),
+                epilogue_gate=draw(st.sampled_from(("none", "none", "silu", "gelu_tanh"))))
 
 
 @settings(max_examples=300, deadline=None)
@@ -47,12 +48,13 @@ def gemv_knobs(draw):
 def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
     """Every drawn spec either validates, with a block the template can launch (64-1024 threads in whole warps, the
     column-major rows split evenly over the warps, sums and loads within the register plan, partial sums within
-    static shared memory), or is refused by a gemv rule naming the knob."""
+    static shared memory; a gated block reads twice tile n rows of W and stores through the gate), or is refused by
+    a gemv rule (or, gated, the epilogue rule) naming the knob."""
     s = spec(**knobs)
     try:
         valid = validate(s, "cutlass")
     except L2ValidationError as err:
-        assert err.rule.startswith("gemv-cuda-") or err.rule == "cutlass-dtypes", err
+        assert err.rule.startswith("gemv-cuda-") or err.rule in ("cutlass-dtypes", "gated-epilogue"), err
         assert err.knob is not None and err.line >= 1
         return
     g = gemv.geometry(s)
@@ -68,7 +70,7 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
         assert "mma.sync.aligned.m16n8k16.row.col.f32" in render(valid)
     elif s.layout_b == "col":
         assert s.tile_m in (1, 2, 4, 8)
-        assert g.rows_per_warp * g.warps == s.tile_n and g.loads_per_row * 256 == s.tile_k
+        assert g.rows_per_warp * g.warps == s.tile_n * (2 if g.gated else 1) and g.loads_per_row * 256 == s.tile_k
     else:
         assert s.tile_m in (1, 2, 4, 8)
         assert g.column_threads * 8 == s.tile_n and g.depth_threads * 8 == s.tile_k
@@ -76,6 +78,9 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
     for entry in ("run", "workspace_size", "last_error", "stages", "shared_memory_bytes", "swizzle"):
         assert f"l2c_g_{entry}(" in source
     assert ("__cluster_dims__(kSlices, 1, 1)" in source) == (s.split_k_slices > 1)
+    assert ("store_gated(" in source) == (s.epilogue_gate != "none") == g.gated
+    if g.gated:
+        assert s.launch_cores == "cuda" and s.layout_b == "col" and s.epilogue_activation == "none"
 
 
 @pytest.mark.parametrize("knobs, rule, knob", [
@@ -102,6 +107,12 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
      "launch.warps"),
     (dict(launch_cores="tensor", tile_m=16, layout_b="row", tile_n=64, tile_k=128, launch_warps="auto"),
      "gemv-cuda-registers", "tile.m"),
+    (dict(epilogue_gate="silu", launch_cores="tensor", tile_m=8, tile_n=16, tile_k=128), "gemv-cuda-gated",
+     "launch.cores"),
+    (dict(epilogue_gate="silu", layout_b="row", tile_n=64, tile_k=16, launch_warps="auto"), "gemv-cuda-gated",
+     "layout.b"),
+    (dict(epilogue_gate="gelu_tanh", epilogue_activation="relu"), "gated-epilogue", "epilogue.activation"),
+    (dict(epilogue_gate="silu", tile_m=8, tile_n=8, launch_warps=2), "gemv-cuda-registers", "tile.m"),
 ])
 def test_gemv_rules_name_the_knob(knobs, rule, knob):
     with pytest.raises(L2ValidationError) as err:
@@ -141,7 +152,9 @@ EXTREMES = [spec(name="col_f16_8x8", tile_m=8, tile_n=8, tile_k=256, launch_warp
             spec(name="tensor_col_f16_8x16x256", launch_cores="tensor", tile_m=8, tile_n=16, tile_k=256,
                  launch_warps=8, split_k_slices=2),
             spec(name="tensor_row_f16_16x64x64", launch_cores="tensor", layout_b="row", tile_m=16, tile_n=64,
-                 tile_k=64, launch_warps=4, epilogue_bias="col", epilogue_activation="silu")]
+                 tile_k=64, launch_warps=4, epilogue_bias="col", epilogue_activation="silu"),
+            spec(name="gated_col_f16_8x8x256", tile_m=8, tile_n=8, tile_k=256, launch_warps=4, split_k_slices=8,
+                 epilogue_bias="col", epilogue_gate="gelu_tanh")]
 # (With `launch evict=normal` the row-major kernels keep a 24-byte stack frame that ptxas spills to, whatever their
 # tile: an open finding in benchmarks/NOTES.md; no shipped kernel uses it.)
 

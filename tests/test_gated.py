@@ -75,15 +75,18 @@ def test_gated_rules(knobs, rule):
         validate(gated(**knobs, epilogue_gate="none"), "triton")
 
 
-def test_cutlass_refuses_a_gated_spec_by_rule():
+def test_cutlass_refuses_a_gated_gemm_by_rule_and_lowers_a_gated_cuda_core_gemv():
     spec = gated(target="any", tile_m=128, tile_n=128, tile_k=64, launch_warps="auto")
     with pytest.raises(L2ValidationError) as err:
         validate(spec, "cutlass")
     assert err.value.rule == "gated-target"
-    with pytest.raises(L2ValidationError) as err:   # a spec for CUTLASS may not set a Triton knob at all
+    with pytest.raises(L2ValidationError) as err:
         validate(spec.replace(target="cutlass"), "cutlass")
-    assert err.value.rule == "target-knob"
+    assert err.value.rule == "gated-target"
     validate(spec, "triton")
+    gemv = gated(target="cutlass", launch_family="gemv", tile_m=1, tile_n=16, tile_k=256, launch_warps=4,
+                 split_k_slices=2, epilogue_bias="col")
+    assert validate(gemv, "cutlass").schedule == "gemv"
 
 
 def test_rules_are_listed():

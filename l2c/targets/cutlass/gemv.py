@@ -63,6 +63,9 @@ RULES = declare({
                          f"warps (auto: 4) split tile n into whole rows per warp; with B row-major it has (tile n "
                          f"/ 8) x (tile k / 8) threads, which launch warps (if set) must equal; with launch "
                          f"cores=tensor its warps (auto: 4) are a whole number of warp tiles of tile n",
+    "gemv-cuda-gated": "a gated CUTLASS-target gemv kernel (epilogue gate) runs on CUDA cores with B column-major: "
+                       "each block reads the gate's rows of W = B^T for its tile n output columns and the up "
+                       "projection's N rows further",
     "gemv-cuda-slices": "a CUTLASS-target gemv kernel's K slices are the blocks of one cluster: split_k slices is "
                         "1, 2, 4 or 8 (at most the portable cluster size) in mode=workspace (added in slice order)",
     "gemv-cuda-registers": f"a CUTLASS-target gemv thread's sums and loaded values must fit in "
@@ -91,6 +94,7 @@ class Geometry:
     steps: int = 0         # cores=tensor: loads per row of W (32 K each) or row-major steps (16 K) per warp step
     token_groups: int = 0  # cores=tensor: MMAs per weight fragment (8 tokens each)
     warp_n: int = 0        # cores=tensor: columns of D per warp tile
+    gated: bool = False    # epilogue gate (B column-major, CUDA cores): each block reads 2 x tile n rows of W
 
 
 def geometry(spec: KernelSpec) -> Geometry:
@@ -100,12 +104,14 @@ def geometry(spec: KernelSpec) -> Geometry:
         return _tensor_geometry(spec)
     if spec.layout_b == "col":
         warps = 4 if spec.launch_warps == AUTO else int(spec.launch_warps)
-        rows = max(1, n // warps)
+        gate = spec.epilogue_gate != "none"
+        w_rows = 2 * n if gate else n   # a gated block reads the gate's rows and the up projection's
+        rows = max(1, w_rows // warps)
         loads = k // COLUMN_STEP
         # sums m x rows, raw loads (rows + m) x loads x 4 words, one step's A as floats, one row's W as floats
         registers = m * rows + (rows + m) * loads * 4 + m * VECTOR + VECTOR
         return Geometry(True, warps * 32, warps, rows, loads, 0, 0, spec.split_k_slices, registers,
-                        m * n * 4)
+                        m * w_rows * 4, gated=gate)
     columns, depth = n // VECTOR, k // VECTOR
     threads = columns * depth
     # sums m x 8, eight raw B loads, m raw A loads, one B row as floats
@@ -161,6 +167,9 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
             raise fail(spec, field, "gemv-cuda-operands", f"{knob(field).key}={getattr(spec, field)}")
     if spec.problem_batch != 1:
         raise fail(spec, "problem_batch", "gemv-cuda-operands", f"problem.batch={spec.problem_batch}")
+    if spec.epilogue_gate != "none" and (spec.launch_cores != "cuda" or spec.layout_b != "col"):
+        raise fail(spec, "launch_cores" if spec.launch_cores != "cuda" else "layout_b", "gemv-cuda-gated",
+                   f"gate={spec.epilogue_gate} with cores={spec.launch_cores} and B {spec.layout_b}-major")
     for field, default in (("launch_schedule", AUTO), ("launch_swap", "no"), ("cluster_m", 1), ("cluster_n", 1),
                            ("pipeline_stages", AUTO)):
         if getattr(spec, field) != default:
@@ -186,9 +195,9 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
             raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "gemv-cuda-threads",
                        f"{shape.warps} warps over {shape.warp_tiles} warp tiles of tile n={spec.tile_n}")
     elif spec.layout_b == "col":
-        if spec.tile_n % shape.warps:
+        if shape.rows_per_warp * shape.warps != spec.tile_n * (2 if shape.gated else 1):
             raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "gemv-cuda-threads",
-                       f"tile n={spec.tile_n} over {shape.warps} warps")
+                       f"tile n={spec.tile_n}{' (twice: gated)' if shape.gated else ''} over {shape.warps} warps")
     elif spec.launch_warps != AUTO and int(spec.launch_warps) * 32 != shape.threads:
         raise fail(spec, "launch_warps", "gemv-cuda-threads",
                    f"warps={spec.launch_warps} but tile n={spec.tile_n} and tile k={spec.tile_k} make "

@@ -79,6 +79,7 @@ class CutlassKernel(Kernel):
         spec = valid.spec
         self._needs_c = spec.epilogue_beta != 0.0
         self._bias = spec.epilogue_bias
+        self._gated = spec.epilogue_gate != "none"   # the gemv family's gated epilogue: B of K x 2N, D of M x N
         self._fixed = (spec.problem_m, spec.problem_n, spec.problem_k, spec.problem_batch)
         # Call plans: the fully checked, shape-derived part of a call, per call signature (see __call__).
         self._plans: Dict[tuple, _CallPlan] = {}
@@ -232,6 +233,11 @@ class CutlassKernel(Kernel):
         k_b, n = b.shape[-2:]
         if k != k_b:
             raise SignatureDeclined(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: inner dimensions differ")
+        if self._gated:   # B holds the gate's N columns, then the up projection's
+            if n % 2:
+                raise SignatureDeclined(f"b is {tuple(b.shape)}: a gated kernel's B holds 2N columns (the gate's, "
+                                        "then the up projection's)")
+            n //= 2
         batch = a.shape[0] if a.dim() == 3 else 1
         if a.dim() == 3 and b.shape[0] != batch:
             raise SignatureDeclined(f"batch of a is {batch} but of b is {b.shape[0]}")
@@ -254,7 +260,7 @@ class CutlassKernel(Kernel):
         elif c is not None:
             raise ValueError("this kernel has beta=0 and reads no C input; `c` must be None")
         if self._bias != "none":
-            length = m if self._bias == "row" else n
+            length = m if self._bias == "row" else (2 * n if self._gated else n)
             if bias is None:
                 raise SignatureDeclined(f"epilogue bias={self._bias} needs `bias` of shape ({length},)")
             _check_tensor("bias", bias, out_dtype, (length,))

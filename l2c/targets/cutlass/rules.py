@@ -29,8 +29,9 @@ RULES = declare({
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
     "gemv-knobs": "launch warps, launch evict and launch cores shape a gemv kernel; CUTLASS's GEMMs (family=gemm) "
                   "read none of them",
-    "gated-target": "`epilogue gate` is lowered by the Triton kernels: CUTLASS's fused epilogue sees one accumulator "
-                    "tile, in which the gate and up columns of an output column (N columns apart in B) never meet",
+    "gated-target": "`epilogue gate` is lowered by the Triton kernels and the CUTLASS target's gemv family: CUTLASS's "
+                    "fused epilogue sees one accumulator tile, in which the gate and up columns of an output column "
+                    "(N columns apart in B) never meet",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
     "mn-major-a-stages": "CUTLASS 4.2 cannot stage an MN-major A operand (A column-major, or B row-major under "
                          "launch swap=yes) 64 deep along K beside an 8-wide B tile in an odd number of stages "
@@ -140,8 +141,8 @@ def cutlass_kernel_smem(spec: KernelSpec, schedule: str, stages: int) -> int:
 def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     """The CUTLASS target's rules for `spec` (common rules already passed); its ValidSpec with the schedule,
     the stage count CUTLASS instantiates and the kernel's shared memory."""
-    if gated(spec):
-        raise fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on CUTLASS")
+    if gated(spec) and spec.launch_family != "gemv":
+        raise fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on a CUTLASS GEMM")
     if spec.launch_family == "gemv":
         return gemv.check(spec, arch)
     if spec.target == "cutlass":   # a spec for both targets keeps its Triton knobs, which CUTLASS ignores

@@ -38,10 +38,7 @@ RULES = declare({
     "gemv-batch": "a gemv kernel serves a plain (unbatched) GEMM: problem batch=1",
     "gemv-persistent": "a gemv kernel launches one program per tile and K slice (`launch persistent=no`)",
     "gemv-acc": "a gemv kernel accumulates in f32 (its CUDA-core multiply-adds cost the same in f32)",
-    "gated-epilogue": "a gated epilogue computes act(alpha * A@B_gate + bias_gate) * (alpha * A@B_up + bias_up): its "
-                      "bias is per column (2N values: the gate's, then the up projection's) or none, it reads no C "
-                      "input (beta=0) and takes no `activation` (the gate names it)",
-    "gated-split-k": "a gated kernel runs its K loop in one program (split_k slices=1): its slices would reduce two "
+    "gated-split-k": "a gated Triton kernel runs its K loop in one program (split_k slices=1): its slices would reduce two "
                      "partial tiles, and its 2N weight columns already give the SMs many programs",
 })
 
@@ -84,12 +81,8 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
 
 
 def _check_gated(spec: KernelSpec) -> None:
-    """What the gated epilogue of the Triton templates computes (the knob's doc): rules gated-epilogue, gated-split-k."""
-    for field, allowed in (("epilogue_beta", (0.0,)), ("epilogue_activation", ("none",)),
-                           ("epilogue_bias", ("none", "col"))):
-        if getattr(spec, field) not in allowed:
-            raise fail(spec, field, "gated-epilogue",
-                       f"{knob(field).key}={getattr(spec, field)} with gate={spec.epilogue_gate}")
+    """What the gated epilogue of the Triton templates needs beyond the common rule gated-epilogue: rule
+    gated-split-k."""
     if spec.split_k_slices > 1:
         raise fail(spec, "split_k_slices", "gated-split-k",
                    f"split_k slices={spec.split_k_slices} with gate={spec.epilogue_gate}")
