@@ -35,7 +35,7 @@ Sets (see ../shared/BENCHMARKING.md):
 - ``points``: about 1,200 shapes of ``offgrid``'s distribution under 2 GFLOP from a fourth seed, none of them an
   ``offgrid`` shape: the measured points that ``l2c table --near`` makes neighbourhood cells from (``offgrid``
   stays the held-out check of that rule).
-- ``points2``: about 600 more such shapes under 1 GFLOP from a fifth seed, none of them an ``offgrid`` or ``points``
+- ``points2``: about 540 more such shapes under 1 GFLOP from a fifth seed, none of them an ``offgrid`` or ``points``
   shape: denser points where small calls are decided.
 - ``serve``: LLM decoding and batched decoding, memory-bound for small M: the weights of Llama-3.1-8B,
   Llama-3.1-70B, Qwen2.5-7B, Qwen2.5-32B and Mistral-7B (q, kv, o, fused qkv, gate/up, fused gate_up,
@@ -279,7 +279,7 @@ def read_shape_file(path: str | Path) -> List[Shape]:
 
 SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes, "offgrid": offgrid_shapes,
         "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes,
-        "points": points_shapes,         "points2": points2_shapes}
+        "points": points_shapes, "points2": points2_shapes}
 
 
 def load_shapes(name: str) -> List[Shape]:

@@ -51,7 +51,7 @@ def feature_matrix():
             tile_k=32, split_k_slices=slices, split_k_mode=mode, launch_persistent=persistent, launch_loads=loads,
             swizzle_group=group, swizzle_raster=raster, epilogue_alpha=alpha, epilogue_beta=beta,
             epilogue_bias=bias, epilogue_activation=act, launch_swap="yes" if i % 2 else "no"))
-    # the gated epilogues (Triton only) in both families, each load path and layout
+    # the gated epilogues of Triton's two families, each load path and layout
     for i, (gate, family, loads, layout, dims, bias) in enumerate(product(
             ("silu", "gelu_tanh"), ("gemm", "gemv"), ("pointer", "tma", "tma_device"), ("row", "col"),
             ((64, 128, 256, 1), ("any", "any", "any", 1)), ("none", "col"))):
@@ -63,6 +63,13 @@ def feature_matrix():
             problem_m=m, problem_n=n, problem_k=k, problem_batch=batch, launch_family=family, launch_loads=loads,
             tile_m=4 if family == "gemv" else 64, tile_n=32 if family == "gemv" else 64, tile_k=64,
             epilogue_gate=gate, epilogue_bias=bias, epilogue_alpha=0.5 if i % 3 == 0 else 1.0))
+    # the gated epilogue of the CUTLASS target's CUDA-core gemv (B column-major), with and without K slices and bias
+    for i, (gate, slices, bias, dtype) in enumerate(product(("silu", "gelu_tanh"), (1, 2), ("none", "col"),
+                                                            ("f16", "bf16"))):
+        specs.append(KernelSpec(
+            name=f"gatedgemv{i}", target="cutlass", types_a=dtype, types_b=dtype, types_c=dtype, layout_b="col",
+            launch_family="gemv", launch_warps=4, launch_evict="first", tile_m=2, tile_n=16, tile_k=256,
+            split_k_slices=slices, epilogue_gate=gate, epilogue_bias=bias, epilogue_alpha=0.5 if i % 3 == 0 else 1.0))
     return specs
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Wide-column gemv kernels (B row-major, 64-256 columns per block) against cuBLAS at M <= 8 in `a @ b`, through
-l2c.matmul (`l2c bench serving:`), in two phases within one time budget:
+l2c.matmul (`l2c bench serving:`), in two phases per dtype (f16's first) within one time budget:
 
     python scripts/widegemv_sweep.py --out DIR [--dtypes f16,bf16] [--budget-s 420]
 
@@ -13,7 +13,7 @@ l2c.matmul (`l2c bench serving:`), in two phases within one time budget:
 
 Session 24 swept this family only with 8-16 columns per block (16-32 bytes of each B row per load), which lost
 (0.3-0.6x in `kernel`). Every kernel is built first, in parallel (`l2c build`); a bench cut by the budget keeps the
-rows it finished. The generated spec files are written to DIR.
+rows it finished (a later run with the same DIR continues them). The generated spec files are written to DIR.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -30,7 +31,7 @@ from typing import Dict, List, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from l2c.shapes import points_shapes, read_shape_file  # noqa: E402
+from l2c.shapes import load_shapes, read_shape_file  # noqa: E402
 
 SAMPLE = ROOT / "benchmarks" / "widegemv_sample.txt"
 CUDA_TILES = ((256, 32), (128, 64), (64, 128))   # (tile n, tile k): 128 threads, 8 columns x 8 K rows each
@@ -71,7 +72,7 @@ def qualified(path: Path) -> Dict[str, int]:
             r = json.loads(line)
             if r.get("type") != "result" or r.get("status") != "ok" or r.get("speedup") is None:
                 continue
-            slot = worst.setdefault((r["served_by"], (r["m"], r["n"], r["k"])), {})
+            slot = worst.setdefault((r.get("served_by", "torch"), (r["m"], r["n"], r["k"])), {})
             slot[r["protocol"]] = min(slot.get(r["protocol"], math.inf), r["speedup"])
     wins: Dict[str, int] = {}
     for (name, _), s in worst.items():
@@ -89,8 +90,8 @@ def bench(specs: Dict[str, str], shapes, out: Path, work: Path, label: str, dead
     spec_file.write_text("\n".join(specs.values()))
     shape_file.write_text("".join(f"{s.m} {s.n} {s.k}\n" for s in shapes))
     command = [sys.executable, "-m", "l2c", "bench", f"serving:{spec_file}", "--shapes", str(shape_file),
-               "--dtype", label.split("_")[1], "--protocol", "kernel,call", "--reps", "3", "--iters", "10", "-o",
-               str(out), "--resume"]
+               "--dtype", label.split("_")[1], "--protocol", "kernel,call", "--reps", "3", "--iters", "10",
+               "--warmup-seconds", "1", "-o", str(out), "--resume"]
     print(" ".join(command), flush=True)
     try:
         subprocess.run(command, timeout=left, check=False)
@@ -105,10 +106,10 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
     a = p.parse_args()
-    deadline = time.monotonic() + a.budget_s
+    start = time.monotonic()
     out = Path(a.out)
-    work = out / "widegemv_work"
-    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="widegemv_"))   # per-class spec and shape files
     dtypes = [d for d in a.dtypes.split(",") if d]
     configs = {dtype: configurations(dtype) for dtype in dtypes}
     spec_files = []
@@ -119,13 +120,13 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "l2c", "build", *spec_files, "--target", "cutlass", "-j", str(a.jobs)],
                    check=False)
     sample = read_shape_file(SAMPLE)
-    for dtype in dtypes:
+    sampled = {s.key for s in sample}
+    points = [s for s in load_shapes("points") if s.m <= 8 and s.key not in sampled]
+    for i, dtype in enumerate(dtypes):   # each dtype its share of the budget, the sample then the points
+        deadline = start + a.budget_s * (i + 1) / len(dtypes)
         for m, specs in configs[dtype].items():
             bench(specs, [s for s in sample if tile_m_class(s.m) == m], out / f"widegemv_sample_{dtype}.jsonl", work,
                   f"sample_{dtype}_m{m}", deadline)
-    sampled = {s.key for s in sample}
-    points = [s for s in points_shapes() if s.m <= 8 and s.key not in sampled]
-    for dtype in dtypes:
         wins = qualified(out / f"widegemv_sample_{dtype}.jsonl")
         for m, specs in configs[dtype].items():
             ranked = sorted((n for n in specs if wins.get(n, 0) > 0), key=lambda n: -wins[n])[:KEEP]

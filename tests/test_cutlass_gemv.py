@@ -60,7 +60,8 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
     g = gemv.geometry(s)
     assert valid.schedule == "gemv" and valid.warps == g.warps
     assert 64 <= g.threads <= gemv.MAX_THREADS and g.threads % 32 == 0
-    assert g.registers <= gemv.GEMV_REGISTERS and g.smem_bytes <= gemv.STATIC_SMEM
+    assert g.registers <= gemv.register_budget(g.threads) <= gemv.GEMV_REGISTERS and g.smem_bytes <= gemv.STATIC_SMEM
+    assert g.registers <= 65536 // g.threads   # what __launch_bounds__ leaves a thread
     assert s.split_k_slices in (1, 2, 4, 8)
     if s.launch_cores == "tensor":
         # whole warp tiles across tile n, the rest of the warps along K, 8 or 16 token rows on the MMA's narrow side
@@ -154,7 +155,11 @@ EXTREMES = [spec(name="col_f16_8x8", tile_m=8, tile_n=8, tile_k=256, launch_warp
             spec(name="tensor_row_f16_16x64x64", launch_cores="tensor", layout_b="row", tile_m=16, tile_n=64,
                  tile_k=64, launch_warps=4, epilogue_bias="col", epilogue_activation="silu"),
             spec(name="gated_col_f16_8x8x256", tile_m=8, tile_n=8, tile_k=256, launch_warps=4, split_k_slices=8,
-                 epilogue_bias="col", epilogue_gate="gelu_tanh")]
+                 epilogue_bias="col", epilogue_gate="gelu_tanh"),
+            # the most registers the budget leaves blocks of 1024 and 512 threads
+            spec(name="col_f16_2x32x256_w32", tile_m=2, tile_n=32, tile_k=256, launch_warps=32, split_k_slices=2),
+            spec(name="row_bf16_2x256x128", layout_b="row", types_a="bf16", types_b="bf16", types_c="bf16",
+                 tile_m=2, tile_n=256, tile_k=128, launch_warps="auto", epilogue_bias="col")]
 # (With `launch evict=normal` the row-major kernels keep a 24-byte stack frame that ptxas spills to, whatever their
 # tile: an open finding in benchmarks/NOTES.md; no shipped kernel uses it.)
 

@@ -633,9 +633,10 @@ def test_a_box_whose_best_kernel_lost_inside_goes_to_the_next_kernel_that_won_it
 
 
 def test_near_points_count_a_failed_shape_as_lost_and_a_tie_or_a_candidate_online_choice_passed_over_as_no_win():
-    """measured_points: a shape where a kernel failed a row holds no kernel; a kernel holds a shape only where every
-    row of it there won by the margin, and online choice neither timed it there below its margin nor timed it and
-    left the shape to torch; a torch-served row says nothing of kernels it did not time."""
+    """measured_points: a shape where a kernel failed a row, or torch served one that records no online timings (no
+    entry, or a measured kernel that declined), holds no kernel; a kernel holds a shape only where every row of it
+    there won by the margin, and online choice neither timed it there below its margin nor timed it and left the
+    shape to torch (in any protocol's row); online choice's torch says nothing of kernels it did not time."""
     from l2c.commands.table import measured_points
     spec = KernelSpec(name="g", tile_m=16, tile_n=16).to_l2()
     other = KernelSpec(name="o", tile_m=16, tile_n=32).to_l2()
@@ -644,10 +645,17 @@ def test_near_points_count_a_failed_shape_as_lost_and_a_tie_or_a_candidate_onlin
             _at("g", 3, 64, 64, 1.2, spec), dict(_at("g", 3, 64, 64, 1.2, spec), status="verify_failed"),
             _at("g", 4, 64, 64, 1.2, spec), _at("g", 4, 64, 64, 0.9, spec), _at("g", 5, 64, 64, 1.02, spec),
             _at("g", 6, 64, 64, 1.2, spec), dict(_at("torch", 6, 64, 64, 1.0, spec), online_timings={other: 0.9}),
-            _at("g", 7, 64, 64, 1.2, spec), dict(_at("o", 7, 64, 64, 1.2, other), online_timings={spec: 1.02})]
+            _at("g", 7, 64, 64, 1.2, spec), dict(_at("o", 7, 64, 64, 1.2, other), online_timings={spec: 1.02}),
+            _at("g", 8, 64, 64, 1.2, spec), _at("torch", 8, 64, 64, 1.0, spec)]
     (points,) = measured_points(rows, ["kernel"], 1.05).values()
     assert {at[0]: sorted(won) for at, won in points.items()} == {1: [spec], 2: [], 3: [], 4: [], 5: [], 6: [spec],
-                                                                 7: [other]}
+                                                                 7: [other], 8: []}
+    # with two protocols, online choice's torch in the second protocol's row passes over what it timed too
+    both = [dict(r, protocol=p) for r in (_at("g", 1, 64, 64, 1.2, spec), _at("g", 2, 64, 64, 1.2, spec))
+            for p in ("kernel", "call")]
+    both.append(dict(_at("torch", 2, 64, 64, 1.0, spec), protocol="call", online_timings={spec: 1.01}))
+    (points,) = measured_points(both, ["kernel", "call"], 1.03).values()
+    assert {at[0]: sorted(won) for at, won in points.items()} == {1: [spec], 2: []}
 
 
 def test_near_points_take_online_tunings_timings_as_wins_from_its_margin():

@@ -518,27 +518,32 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
     (`online_timings`) from NEAR_TIMED_MARGIN on. A kernel online tuning timed at a shape below that margin, or
     timed where it then left the shape to torch, won nothing there, whatever other rows say; a kernel it did not time
     there holds the shape where another row measured it winning (a family that was not among the candidates then).
-    A shape holds none where a row failed (verification, a build)."""
+    A shape holds none where a row failed (verification, a build), or where torch served a row that records no
+    online timings (no entry served it, or the measured kernel declined it: `serving:` rows)."""
     cache = {} if cache is None else cache
-    failed = {(shape_key(r)[3:], (r["m"], r["n"], r["k"])) for r in rows if r.get("type") == "result"
-              and r.get("gate", "none") == "none" and r.get("status") != "ok"}
+    blank, slower = set(), set()   # shapes that hold no kernel; (group, shape, spec text) that won nothing there
+    for r in rows:
+        if r.get("type") != "result" or r.get("gate", "none") != "none":
+            continue
+        group, at, timings = shape_key(r)[3:], (r["m"], r["n"], r["k"]), r.get("online_timings")
+        torch_served = r.get("kernel") == "torch" or r.get("served_by") == "torch"
+        if r.get("status") != "ok" or (torch_served and timings is None):
+            blank.add((group, at))
+        for text, speedup in (timings or {}).items():   # timed, and below its margin or passed over for torch
+            if speedup < NEAR_TIMED_MARGIN or torch_served:
+                slower.add((group, at, text))
     joined = ",".join(protocols)
     if len(protocols) > 1:
         rows, min_speedup = combined_rows(rows, protocols, min_speedup, cache), 1.0
     worst: dict = {}
     for (group, at), kernels in kernel_points(rows, joined, cache).items():
         worst.setdefault(group, {})[at] = kernels
-    slower = set()   # (group, shape, spec text) that online tuning timed there and did not choose
     for r in rows:   # what online tuning timed there: each candidate's device time, a win from its margin on
         if r.get("type") != "result" or r.get("protocol") != joined or r.get("status") != "ok":
             continue
-        group, at = shape_key(r)[3:], (r["m"], r["n"], r["k"])
-        kernels = worst.get(group, {}).get(at)
+        kernels = worst.get(shape_key(r)[3:], {}).get((r["m"], r["n"], r["k"]))
         for text, speedup in (r.get("online_timings") or {}).items():
-            if kernels is None or _cell_tiling(text) is None:
-                continue
-            if speedup < NEAR_TIMED_MARGIN or r.get("kernel") == "torch":   # or decided against
-                slower.add((group, at, text))
+            if kernels is None or speedup < NEAR_TIMED_MARGIN or _cell_tiling(text) is None:
                 continue
             if len(protocols) > 1 and _spec(text).target != "cutlass":
                 continue   # device time stands for an eager call only where the C++ call table launches the kernel
@@ -547,7 +552,7 @@ def measured_points(rows, protocols, min_speedup: float, cache=None):
                 kernels[text] = dict({k: v for k, v in r.items() if k != "speedups"}, spec=text,
                                      target=_spec(text).target, speedup=speedup, speedups={"kernel": speedup},
                                      candidate_tflops=r["baseline_tflops"] * speedup)
-    return {group: {at: ({} if (group, at) in failed else
+    return {group: {at: ({} if (group, at) in blank else
                          {t: r for t, r in kernels.items() if r["speedup"] >= min_speedup and r["speedup"] > 1.0
                           and (group, at, t) not in slower})
                     for at, kernels in points.items()}

@@ -40,10 +40,19 @@ from ...rules import ValidSpec, declare, fail
 VECTOR = 8                  # elements of one 16-byte load of f16/bf16
 COLUMN_STEP = 32 * VECTOR   # K elements a warp's lanes cover with one load each (B column-major)
 # Registers a thread may plan for its sums and loaded values: below the 255 of sm_90, leaving room for addresses
-# and loop state (tests/test_cutlass_gemv.py builds the largest admitted kernels and finds no spill).
+# and loop state (tests/test_cutlass_gemv.py builds the largest admitted kernels and finds no spill). A block of
+# more than 256 threads gets fewer (the 64K registers of an SM over its threads, `__launch_bounds__`): the same
+# share of that limit.
 GEMV_REGISTERS = 160
+MAX_REGISTERS = 255          # per thread on sm_90
+SM_REGISTERS = 64 * 1024     # per SM, what one block's threads share at most
 STATIC_SMEM = 48 * 1024     # static shared memory of one block
 MAX_THREADS = 1024
+
+
+def register_budget(threads: int) -> int:
+    """Registers a thread of a `threads`-thread block may plan (GEMV_REGISTERS's share of its hardware limit)."""
+    return GEMV_REGISTERS * min(MAX_REGISTERS, SM_REGISTERS // threads) // MAX_REGISTERS
 
 RULES = declare({
     "gemv-cuda-operands": "a CUTLASS-target gemv kernel reads f16 or bf16 A (row-major) and B into an f32 "
@@ -60,18 +69,20 @@ RULES = declare({
                         "with a row-major B; with launch cores=tensor by 32-256 (column-major) or 16-128 "
                         "(row-major) per warp, a power of two",
     "gemv-cuda-threads": f"a CUTLASS-target gemv block has 64-{MAX_THREADS} threads: with B column-major its "
-                         f"warps (auto: 4) split tile n into whole rows per warp; with B row-major it has (tile n "
-                         f"/ 8) x (tile k / 8) threads, which launch warps (if set) must equal; with launch "
-                         f"cores=tensor its warps (auto: 4) are a whole number of warp tiles of tile n",
+                         f"warps (auto: 4) split tile n (twice that when gated) into whole rows per warp; with B "
+                         f"row-major it has (tile n / 8) x (tile k / 8) threads, which launch warps (if set) must "
+                         f"equal; with launch cores=tensor its warps (auto: 4) are a whole number of warp tiles of tile n",
     "gemv-cuda-gated": "a gated CUTLASS-target gemv kernel (epilogue gate) runs on CUDA cores with B column-major: "
                        "each block reads the gate's rows of W = B^T for its tile n output columns and the up "
                        "projection's N rows further",
     "gemv-cuda-slices": "a CUTLASS-target gemv kernel's K slices are the blocks of one cluster: split_k slices is "
                         "1, 2, 4 or 8 (at most the portable cluster size) in mode=workspace (added in slice order)",
     "gemv-cuda-registers": f"a CUTLASS-target gemv thread's sums and loaded values must fit in "
-                           f"{GEMV_REGISTERS} registers (tile m x the columns it owns, plus its loads in flight)",
-    "gemv-cuda-smem": f"a CUTLASS-target gemv block's partial sums (tile m x tile n fp32, per warp with B "
-                      f"row-major) must fit {STATIC_SMEM // 1024} KB of static shared memory",
+                           f"{GEMV_REGISTERS} registers (tile m x the columns or rows of W it owns, plus its loads "
+                           f"in flight), fewer in blocks of over 256 threads ({GEMV_REGISTERS} x the "
+                           f"{SM_REGISTERS // 1024}K registers of an SM over the threads / {MAX_REGISTERS})",
+    "gemv-cuda-smem": f"a CUTLASS-target gemv block's partial sums (tile m x tile n fp32, twice that when gated, "
+                      f"per warp with B row-major) must fit {STATIC_SMEM // 1024} KB of static shared memory",
 })
 
 
@@ -205,10 +216,10 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if shape.threads % 32 or not 64 <= shape.threads <= MAX_THREADS:
         raise fail(spec, "tile_k" if spec.layout_b == "row" else "launch_warps", "gemv-cuda-threads",
                    f"{shape.threads} threads per block")
-    if shape.registers > GEMV_REGISTERS:
+    if shape.registers > register_budget(shape.threads):
         raise fail(spec, "tile_m", "gemv-cuda-registers",
                    f"tile m={spec.tile_m}, tile n={spec.tile_n}, tile k={spec.tile_k} plan {shape.registers} "
-                   f"registers per thread")
+                   f"registers per thread of {shape.threads} (at most {register_budget(shape.threads)})")
     if shape.smem_bytes > STATIC_SMEM:
         raise fail(spec, "tile_n", "gemv-cuda-smem", f"{shape.smem_bytes} bytes of partial sums")
     return ValidSpec(spec, "cutlass", arch, stages=1, warps=shape.warps, schedule="gemv",
