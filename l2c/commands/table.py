@@ -27,10 +27,10 @@ prebuilt kernels that beat torch, or torch): boxes half an octave wide along M, 
 (`NEAR_M_EDGES`, `NEAR_NK_EDGES`) and on the same shifted a quarter octave (`NEAR_LATTICES`); a box is served by one
 shape-generic kernel where the NEAR_COUNT measured shapes nearest its centre (within NEAR_RADIUS octaves, at least
 NEAR_SUPPORT of them) were all won by some kernel, two in three of them by that one, at shapes on both sides of the
-box along each axis, in one number of launch waves across the box; a shape where a kernel failed counts as lost,
-a candidate online tuning timed at a shape (the row's `online_timings`) won it from NEAR_TIMED_MARGIN on, and
-lost it below that or where online choice then left the shape to torch (a kernel it did not time there may have
-won it in another row). Those rows make no other entry (among the sources their ragged shapes would cut the corner
+box along each axis, in one number of launch waves across the box; a shape where a kernel failed, or where torch
+served without online tuning's timings, counts as lost; a candidate online tuning timed at a shape (the row's
+`online_timings`) won it from NEAR_TIMED_MARGIN on, and lost it below that or where online choice then left the
+shape to torch (a kernel it did not time there may have won it in another row). Those rows make no other entry (among the sources their ragged shapes would cut the corner
 cells' boxes); the table records them under `near`, and marks the cells `near`, which serve only where no exact
 entry, range or corner cell does.
 
