@@ -272,6 +272,30 @@ def test_gated_entries_serve_only_their_gated_problem():
     assert served_spec(plain_entry(32, 48, 40), 40, False, "none", residual=True).epilogue_beta == 1.0
 
 
+def test_a_gated_cutlass_gemv_entry_is_served_to_its_gated_calls_and_prebuilt_for_both_bias_forms(tmp_path):
+    """A gated entry of the CUTLASS target's CUDA-core gemv: looked up for its gated problem only, the spec the
+    dispatcher builds for it validates with and without nn.Linear's bias (2N values), and the pack's list holds
+    both, gated."""
+    import json
+    from l2c.pack import required_kernels
+    spec = KernelSpec(name="cg", target="cutlass", launch_family="gemv", layout_b="col", tile_m=2, tile_n=16,
+                      tile_k=256, launch_warps=4, launch_evict="first", split_k_slices=2, epilogue_gate="silu",
+                      problem_m=ANY)
+    entry = TunedEntry(m=1, n=14336, k=4096, batch=1, dtype="f16", layout="row,col,row", target="cutlass",
+                       spec_text=spec.to_l2(), tflops=2.0, baseline_tflops=1.0, m_lo=1, m_hi=2, gate="silu")
+    table = TunedTable([entry])
+    assert table.lookup("f16", "row,col,row", 2, 14336, 4096, gate="silu") is not None
+    assert table.lookup("f16", "row,col,row", 2, 14336, 4096) is None
+    for has_bias in (False, True):
+        valid = validate(served_spec(entry, 2, has_bias, "none"), "cutlass")
+        assert valid.schedule == "gemv" and valid.spec.epilogue_gate == "silu"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"arch": "sm_90", "entries": [entry.to_row()]}))
+    _, kernels, problems = required_kernels([path])
+    gated_kernels = [k for k in kernels if "gate=silu" in k.spec]
+    assert not problems and len(gated_kernels) == 2 and {"bias=col" in k.spec for k in gated_kernels} == {True, False}
+
+
 @pytest.mark.parametrize("gate", ["silu", "gelu_tanh"])
 def test_gated_fallback_runs_the_halves_apart_as_the_replaced_module_does(gate):
     """Unserved, a gated call is what the MLP module it replaces computes: a GEMM per half (views of the one
