@@ -210,8 +210,12 @@ def _sweep(a):
                    "--top-from", f"{a.out}/serve_gemv_explore_f16.jsonl")]
 
 
+def _gemv_check(a):
+    return [script("scripts/gemv_check.py", "--out", f"{a.out}/gemv_check.json")]
+
+
 def _gemv(a):
-    return [script("scripts/gemv_check.py", "--out", f"{a.out}/gemv_check.json"),
+    return [*_gemv_check(a),
             *(script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "cudagemv", "--max-m", "8",
                      "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "120")
               for dtype in ("f16", "bf16")),
@@ -320,6 +324,8 @@ STAGES: Dict[str, Stage] = {
                    "weights and fraction of roofline (f16, bf16), the eager table in the call protocol", _serve),
     "sweep": Stage("search decoding kernels per weight (gemv and swapped CUTLASS families) into JSON lines that "
                    "`l2c table --ranges` turns into table entries", _sweep),
+    "gemv_check": Stage("the CUTLASS target's gemv family verified on the GPU (20 specs, the gated ones included; "
+                        "about a minute): the first command of `gemv`", _gemv_check),
     "gemv": Stage("the CUTLASS target's gemv family: verified on the GPU (both layouts of B, CUDA and tensor cores, "
                   "every epilogue, clusters), then swept on the decoding set (CUDA cores at M <= 8, tensor cores at "
                   "M <= 16; f16, bf16) into JSON lines for `l2c table`",
