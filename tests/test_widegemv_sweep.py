@@ -1,0 +1,39 @@
+"""scripts/widegemv_sweep.py on the CPU: its kernels validate, each shape meets the configurations of its tile m class,
+and the points phase takes the configurations that qualified at most sample shapes by the table's own test."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import widegemv_sweep as sweep  # noqa: E402
+
+from l2c.parser import parse_one  # noqa: E402
+from l2c.validate import validate  # noqa: E402
+
+
+def test_every_configuration_is_a_wide_row_major_gemv_of_its_class():
+    for dtype in ("f16", "bf16"):
+        for tile_m, specs in sweep.configurations(dtype).items():
+            assert specs
+            for name, text in specs.items():
+                spec = parse_one(text)
+                assert validate(spec, "cutlass").schedule == "gemv" and spec.name == name
+                assert spec.tile_m == tile_m and spec.tile_n >= 64 and spec.layout_b == "row"
+                assert spec.types_a == dtype
+    assert [sweep.tile_m_class(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+def test_a_kernel_qualifies_where_it_is_slower_in_neither_protocol_and_ahead_by_3_percent_in_one(tmp_path):
+    def row(name, m, protocol, speedup):
+        return {"type": "result", "served_by": name, "m": m, "n": 64, "k": 64, "protocol": protocol,
+                "status": "ok", "speedup": speedup}
+    rows = [row("a", 1, "kernel", 1.0), row("a", 1, "call", 1.2),        # qualifies
+            row("a", 2, "kernel", 0.99), row("a", 2, "call", 1.3),       # slower in device time
+            row("a", 3, "kernel", 1.02), row("a", 3, "call", 1.02),      # ahead by less than 3% in both
+            row("b", 1, "kernel", 1.1),                                   # one protocol only
+            row("b", 2, "kernel", 1.1), row("b", 2, "call", 1.1), row("b", 2, "call", 0.9),   # its worst row lost
+            row("torch", 4, "kernel", 1.0), row("torch", 4, "call", 1.0)]
+    path = tmp_path / "sample.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [{"type": "env"}, *rows]) + "\n")
+    assert sweep.qualified(path) == {"a": 1, "b": 0, "torch": 0}
+    assert sweep.qualified(tmp_path / "missing.jsonl") == {}
