@@ -451,9 +451,9 @@ def cell_rows(rows, protocol: str, min_speedup: float, sm_count: int, cache=None
 
 
 def _launch(spec_text: str) -> tuple:
-    """(tile_m, tile_n, split-K slices, cluster size along M, along N) of a tensor-core GEMM spec, or () for a
-    kernel whose blocks are not its output tiles (the gemv family's blocks are K slices); stream-K counts one
-    slice (it divides the work among the SMs itself)."""
+    """(tile_m, tile_n, split-K slices, cluster size along M, along N) of a tensor-core GEMM spec, or () for the gemv
+    family (small blocks, several resident on an SM, so no wave count is kept for them); stream-K counts one slice
+    (it divides the work among the SMs itself)."""
     spec = _spec(spec_text)
     if spec.launch_family != "gemm":
         return ()
