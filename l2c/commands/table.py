@@ -30,9 +30,9 @@ NEAR_SUPPORT of them) were all won by some kernel, two in three of them by that 
 box along each axis, in one number of launch waves across the box; a shape where a kernel failed, or where torch
 served without online tuning's timings, counts as lost; a candidate online tuning timed at a shape (the row's
 `online_timings`) won it from NEAR_TIMED_MARGIN on, and lost it below that or where online choice then left the
-shape to torch (a kernel it did not time there may have won it in another row). Those rows make no other entry (among the sources their ragged shapes would cut the corner
-cells' boxes); the table records them under `near`, and marks the cells `near`, which serve only where no exact
-entry, range or corner cell does.
+shape to torch (a kernel it did not time there may have won it in another row). Those rows make no other entry
+(among the sources their ragged shapes would cut the corner cells' boxes); the table records them under `near`,
+and marks the cells `near`, which serve only where no exact entry, range or corner cell does.
 
 `--protocol kernel,call` asks for evidence in both: a candidate (one spec at one shape) qualifies only with rows in
 every named protocol, none of them slower than torch (worst row per protocol >= 1.0), and a win by the margin in

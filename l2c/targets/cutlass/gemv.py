@@ -71,7 +71,8 @@ RULES = declare({
     "gemv-cuda-threads": f"a CUTLASS-target gemv block has 64-{MAX_THREADS} threads: with B column-major its "
                          f"warps (auto: 4) split tile n (twice that when gated) into whole rows per warp; with B "
                          f"row-major it has (tile n / 8) x (tile k / 8) threads, which launch warps (if set) must "
-                         f"equal; with launch cores=tensor its warps (auto: 4) are a whole number of warp tiles of tile n",
+                         f"equal; with launch cores=tensor its warps (auto: 4) are a whole number of warp tiles of "
+                         f"tile n",
     "gemv-cuda-gated": "a gated CUTLASS-target gemv kernel (epilogue gate) runs on CUDA cores with B column-major: "
                        "each block reads the gate's rows of W = B^T for its tile n output columns and the up "
                        "projection's N rows further",

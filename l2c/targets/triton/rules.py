@@ -38,8 +38,8 @@ RULES = declare({
     "gemv-batch": "a gemv kernel serves a plain (unbatched) GEMM: problem batch=1",
     "gemv-persistent": "a gemv kernel launches one program per tile and K slice (`launch persistent=no`)",
     "gemv-acc": "a gemv kernel accumulates in f32 (its CUDA-core multiply-adds cost the same in f32)",
-    "gated-split-k": "a gated Triton kernel runs its K loop in one program (split_k slices=1): its slices would reduce two "
-                     "partial tiles, and its 2N weight columns already give the SMs many programs",
+    "gated-split-k": "a gated Triton kernel runs its K loop in one program (split_k slices=1): its slices would "
+                     "reduce two partial tiles, and its 2N weight columns already give the SMs many programs",
 })
 
 
