@@ -200,6 +200,15 @@ KNOBS: Tuple[Knob, ...] = (
          "form); `none`: a plain GEMM. A bias holds 2N values; no C input or activation, and split-K only as the "
          "CUTLASS gemv's K slices.",
          choices=("none", "silu", "gelu_tanh"), searchable=False, spelled_at_default=False),
+    Knob("epilogue", "store", "enum", "tma",
+         "How a CUTLASS GEMM writes its output tile: `tma` (through shared memory in sub-tiles and TMA bulk "
+         "stores, which each block waits for before it ends) or `direct` (each consumer thread stores its "
+         "accumulators to global memory itself: no shared memory for the epilogue, which leaves more for pipeline "
+         "stages, no store to wait for, and a lighter kernel to compile; alpha, beta and C only).",
+         choices=("tma", "direct"), targets=("cutlass",), spelled_at_default=False,
+         # searched by scripts/serve_sweep.py against the same kernels with `tma` until measured on the GPU; a
+         # searchable knob would also add a head to the shipped policy network
+         searchable=False),
 )
 
 KNOBS_BY_FIELD = {k.field: k for k in KNOBS}

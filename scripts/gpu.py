@@ -231,6 +231,34 @@ def _widegemv(a):
     return [script("scripts/widegemv_sweep.py", "--out", a.out, "--budget-s", "420")]
 
 
+# The plain CUTLASS GEMM entries whose twin with `epilogue store=direct` is valid (rule direct-store).
+_DIRECT_STORE_WHERE = ("--where", "target=cutlass", "--where", "launch_family=gemm", "--where", "epilogue_bias=none",
+                       "--where", "epilogue_activation=none", "--where", "epilogue_store=tma")
+DIRECT_STORE_SETS = {"default": ("sm_90.json", ("--max-gflop", "1", "--per-spec", "3")),
+                     "graphs": ("sm_90_graphs.json", ("--where", "layout_b=col", "--per-spec", "2"))}
+
+
+def _direct_store(a):
+    """`epilogue store=direct` against the same kernels with the TMA store, paired side by side with torch
+    (scripts/table_variant.py, then scripts/variant_pairs.py): the default table's plain CUTLASS GEMM entries under
+    1 GFLOP (3 per spec, both layouts, `kernel` and `call`) and the graphs table's nn.Linear ones (2 per spec, `kernel`
+    with cold weights). The direct kernels are verified on the GPU first (`l2c warmup`), built by nvcc unless the
+    pack at L2C_PACK holds them (`l2c pack build --table` with the B tables). About 6 minutes."""
+    tables, out = ROOT / "l2c" / "tuned", []
+    for name, (table, select) in DIRECT_STORE_SETS.items():
+        for side, change in (("a", ()), ("b", ("--set", "epilogue_store=direct"))):
+            out.append(script("scripts/table_variant.py", str(tables / table), *_DIRECT_STORE_WHERE, *select,
+                              *change, "-o", f"{a.out}/direct_{name}_{side}.json"))
+    out.append(l2c("warmup", f"{a.out}/direct_default_b.json", f"{a.out}/direct_graphs_b.json", "-j", "16"))
+    for name, protocol in (("default", ("--protocol", "kernel,call", "--iters", "10")),
+                           ("graphs", ("--protocol", "kernel", "--roofline"))):
+        pair = (f"{a.out}/direct_{name}_a.json", f"{a.out}/direct_{name}_b.json")
+        out += [l2c("bench", *pair, *protocol, "--reps", "5", "-o", f"{a.out}/direct_store_{name}.jsonl"),
+                script("scripts/variant_pairs.py", f"{a.out}/direct_store_{name}.jsonl", "--a", pair[0], "--b",
+                       pair[1], "--out", f"{a.out}/direct_store_{name}_summary.json")]
+    return out
+
+
 def _unswapped(a):
     return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "unswapped", "--min-m", "48",
                    "--max-m", "512", "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "330")
@@ -332,6 +360,9 @@ STAGES: Dict[str, Stage] = {
                   _gemv),
     "widegemv": Stage("wide-column gemv kernels (B row-major) at the `points` shapes with M <= 8 in `a @ b`: a sample, "
                       "then the best at the rest; f16 and bf16 (evidence for `l2c table --near`)", _widegemv),
+    "direct_store": Stage("CUTLASS GEMMs with `epilogue store=direct` (no shared memory in the epilogue) against the "
+                          "same kernels with the TMA store, paired: the default table's small entries and the graphs "
+                          "table's nn.Linear ones", _direct_store),
     "unswapped": Stage("search CUTLASS tiles with the tokens on the MMA's M side and the grid sized to whole waves of "
                        "the SMs on the decoding set at 48-512 tokens (f16, bf16) into JSON lines for `l2c table`",
                        _unswapped),

@@ -1,13 +1,18 @@
 #!/usr/bin/env python
-"""The entries of a tuned table whose spec has one knob value, with that knob changed: a paired A/B input for
+"""The entries of a tuned table whose spec has given knob values, with one knob changed: a paired A/B input for
 `l2c bench` (each shape measured with both variants of the same kernel, side by side with torch.matmul).
 
     python scripts/table_variant.py TABLE --where launch_loads=tma --set launch_loads=tma_device -o OUT.json
     python scripts/table_variant.py TABLE --where launch_loads=tma -o OUT.json          (the A side: unchanged)
+    python scripts/table_variant.py TABLE --where target=cutlass --where epilogue_bias=none \
+        --max-gflop 1 --per-spec 3 --set epilogue_store=direct -o OUT.json
 
-Each changed spec is validated again (an entry the change makes invalid is an error, not dropped) and named by
-its configuration (l2c.ir.config_name). The entries keep the source entry's measured figures, which belong to
-the unchanged spec: the table records `variant_of` and `changed`, and is a benchmark input, not a table to ship.
+An entry is kept where its target and spec match every --where (FIELD=VALUE; `target` is the entry's target), under
+--max-gflop, and among the first --per-spec of its spec (its kept entries in order of size, spread from the smallest
+to the largest), so that the A and B sides of one selection hold the same shapes. Each changed spec is validated
+again (an entry the change makes invalid is an error, not dropped) and named by its configuration
+(l2c.ir.config_name). The entries keep the source entry's measured figures, which belong to the unchanged spec: the
+table records `variant_of` and `changed`, and is a benchmark input, not a table to ship.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -24,16 +30,12 @@ from l2c.parser import parse_one  # noqa: E402
 from l2c.validate import validate  # noqa: E402
 
 
-def _assignment(text: str):
+def _assignment(text: str) -> Tuple[str, str]:
     field, sep, value = text.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
     knob(field)   # raises for an unknown knob field
     return field, value
-
-
-def _value(spec, field):
-    return str(getattr(spec, field))
 
 
 def _typed(field: str, value: str):
@@ -46,12 +48,34 @@ def _typed(field: str, value: str):
     return value
 
 
-def variant(table: dict, where, change) -> dict:
-    entries = []
+def _matches(entry: dict, spec, where: Sequence[Tuple[str, str]]) -> bool:
+    return all(str(entry.get("target", spec.target) if field == "target" else getattr(spec, field)) == value
+               for field, value in where)
+
+
+def _spread(count: int, keep: Optional[int]) -> List[int]:
+    """`keep` indices of range(count) from the first to the last, evenly spaced (all of them without `keep`)."""
+    if keep is None or count <= keep:
+        return list(range(count))
+    if keep == 1:
+        return [0]
+    return sorted({round(i * (count - 1) / (keep - 1)) for i in range(keep)})
+
+
+def variant(table: dict, where: Sequence[Tuple[str, str]], change: Optional[Tuple[str, str]],
+            max_gflop: Optional[float] = None, per_spec: Optional[int] = None) -> dict:
+    by_spec: Dict[str, List[Tuple[int, dict, object]]] = {}
     for i, entry in enumerate(table["entries"]):
         spec = parse_one(entry["spec"], f"entries[{i}]")
-        if _value(spec, where[0]) != where[1]:
-            continue
+        flops = 2 * entry["m"] * entry["n"] * entry["k"] * entry.get("batch", 1)
+        if _matches(entry, spec, where) and (max_gflop is None or flops < max_gflop * 1e9):
+            by_spec.setdefault(entry["spec"], []).append((i, entry, spec))
+    kept = []
+    for rows in by_spec.values():
+        rows.sort(key=lambda row: (row[1]["m"] * row[1]["n"] * row[1]["k"], row[0]))
+        kept += [rows[j] for j in _spread(len(rows), per_spec)]
+    entries = []
+    for i, entry, spec in sorted(kept, key=lambda row: row[0]):
         if change is not None:
             field, value = change
             spec = spec.replace(**{field: _typed(field, value)})
@@ -59,7 +83,7 @@ def variant(table: dict, where, change) -> dict:
             validate(spec, entry.get("target", spec.target))
             entry = dict(entry, spec=spec.to_l2())
         entries.append(entry)
-    out = {k: v for k, v in table.items() if k != "entries"}
+    out = {k: v for k, v in table.items() if k not in ("entries", "near")}
     out["changed"] = list(change) if change else None
     out["entries"] = entries
     return out
@@ -68,13 +92,17 @@ def variant(table: dict, where, change) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("table")
-    p.add_argument("--where", type=_assignment, required=True, help="keep entries whose spec has FIELD=VALUE")
+    p.add_argument("--where", type=_assignment, action="append", required=True,
+                   help="keep entries whose spec has FIELD=VALUE (repeatable: all must hold)")
     p.add_argument("--set", type=_assignment, help="and change FIELD to VALUE in each kept spec")
+    p.add_argument("--max-gflop", type=float, help="keep entries under this many GFLOP")
+    p.add_argument("--per-spec", type=int, help="keep at most this many entries per spec, spread over their sizes")
     p.add_argument("-o", "--out", required=True)
     args = p.parse_args(argv)
     table = json.loads(Path(args.table).read_text())
-    out = variant(table, args.where, args.set)
-    out["variant_of"] = {"table": args.table, "field": args.where[0], "value": args.where[1]}
+    out = variant(table, args.where, args.set, args.max_gflop, args.per_spec)
+    out["variant_of"] = {"table": args.table, "where": [list(w) for w in args.where], "max_gflop": args.max_gflop,
+                         "per_spec": args.per_spec}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"{len(out['entries'])} of {len(table['entries'])} entries -> {args.out}")
     return 0

@@ -61,6 +61,13 @@ SPECS = [
     # a swapped decoding tile in `a @ b` (an MN-major A 64 deep beside an 8-wide B tile): stages=auto rounded down
     # to an even count (rule mn-major-a-stages; CUTLASS's own 13 does not compile)
     KernelSpec(name="swap_mn_major_a", tile_m=8, tile_n=128, tile_k=64, launch_schedule="basic", launch_swap="yes"),
+    # epilogue store=direct (no shared memory in the epilogue): cooperative with a C input (the stages it frees),
+    # and a swapped decoding tile under parallel split-K whose per-column bias the reduction kernel applies
+    KernelSpec(name="coop_direct", tile_m=128, tile_n=128, tile_k=64, cluster_n=2, launch_schedule="cooperative",
+               layout_c="col", epilogue_beta=1.0, epilogue_store="direct"),
+    KernelSpec(name="swap_direct_parallel", tile_m=16, tile_n=64, tile_k=128, launch_schedule="basic",
+               launch_swap="yes", layout_b="col", split_k_slices=2, split_k_mode="parallel", epilogue_bias="col",
+               epilogue_store="direct"),
 ]
 
 

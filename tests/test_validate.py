@@ -1,4 +1,6 @@
 """Validation rules: each rejection names file:line:col, the knob and the rule; accepted specs resolve `auto`."""
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -6,6 +8,7 @@ from hypothesis import strategies as st
 from l2c.errors import L2ValidationError
 from l2c.ir import KernelSpec
 from l2c.knobs import AUTO
+from l2c.lower import render
 from l2c.parser import parse_one
 from l2c.arch import ARCHS
 from l2c.targets.cutlass.rules import cutlass_epilogue_smem
@@ -67,6 +70,11 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
     ("kernel a { problem m=4096 n=4096 k=4100 layout a=row }", "cutlass", "tma-alignment", "problem.k"),
     ("kernel a { problem m=4100 n=64 k=64 layout a=col }", "cutlass", "tma-alignment", "problem.m"),
     ("kernel a { problem m=64 n=66 k=64 types c=f16 }", "cutlass", "tma-alignment", "problem.n"),
+    ("kernel a { epilogue bias=col store=direct }", "cutlass", "direct-store", "epilogue.bias"),
+    ("kernel a { epilogue activation=relu store=direct }", "cutlass", "direct-store", "epilogue.activation"),
+    ("kernel a { tile m=1 n=64 k=256 launch family=gemv epilogue store=direct }", "cutlass", "direct-store",
+     "epilogue.store"),
+    ("kernel a { target triton epilogue store=direct }", "triton", "target-knob", "epilogue.store"),
 ])
 def test_each_rule_rejects_with_its_name_and_knob(text, target, rule, knob):
     rejects(text, target, rule, knob)
@@ -202,3 +210,22 @@ def test_auto_stages_an_mn_major_a_cannot_take_are_rounded_down_and_named_in_the
     wide = validate(parse_one("kernel w { tile m=192 n=128 k=64 launch schedule=cooperative swap=yes "
                               "cluster m=1 n=2 }"), "cutlass")   # an MN-major A beside a 192-wide B tile
     assert wide.stages == 5 and not wide.stages_pinned and "StageCountAutoCarveout" in render(wide)
+
+
+def test_a_direct_store_takes_the_bias_a_parallel_split_k_reduction_applies():
+    spec = parse_one("kernel a { tile m=16 n=64 k=128 launch schedule=basic swap=yes split_k slices=2 mode=parallel "
+                     "epilogue bias=col activation=silu store=direct }")
+    assert validate(spec, "cutlass").spec.epilogue_store == "direct"
+
+
+@settings(max_examples=200)
+@given(valid_specs("cutlass", epilogue_store="tma", epilogue_bias="none", epilogue_activation="none"))
+def test_a_direct_store_frees_the_epilogue_shared_memory_for_stages(spec):
+    """The same kernel with `store=direct` is valid too, never has fewer stages (stages=auto) and never needs more
+    shared memory at the same stage count."""
+    tma = validate(spec, "cutlass")
+    direct = validate(dataclasses.replace(spec, epilogue_store="direct"), "cutlass")
+    assert direct.stages >= tma.stages
+    if spec.pipeline_stages != AUTO:
+        assert direct.smem_bytes <= tma.smem_bytes
+    assert "NoSmemWarpSpecialized" in render(direct) and "NoSmemWarpSpecialized" not in render(tma)

@@ -38,6 +38,9 @@ RULES = declare({
                          "(cute's Shape Divisibility Condition at compile time: 7 and 13 stages fail with 64- and "
                          "128-row tiles, 6, 8 and 24 build; a wider B tile, or tile K 32 or 128, builds at odd "
                          "counts); `stages=auto` is rounded down to an even count there",
+    "direct-store": "`epilogue store=direct` is CUTLASS's epilogue without shared memory, which computes alpha * A@B "
+                    "+ beta * C only: no bias or activation in the GEMM (under split_k mode=parallel the reduction "
+                    "kernel applies them), and only a GEMM reads it (a gemv kernel stores its own way)",
 })
 
 
@@ -69,7 +72,10 @@ def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     D is stored in (64 or 128) x 32 sub-tiles, double-buffered; when beta != 0, C (same type as D) is loaded
     into the same buffer, which then holds max(min(sub-tiles, 4), 3) sub-tiles; a per-column bias is staged
     through shared memory (one tile row). An empty fusion storage still takes a byte, hence an alignment unit.
+    `store=direct` (CUTLASS's epilogue without shared memory) keeps only that unit and loads C through no pipeline.
     """
+    if spec.epilogue_store == "direct":
+        return 128, 0, 128
     epi_m = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
     epi_n = math.gcd(min(32, spec.tile_n), spec.tile_n)
     subtiles = (spec.tile_m // epi_m) * (spec.tile_n // epi_n)
@@ -143,6 +149,14 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     the stage count CUTLASS instantiates and the kernel's shared memory."""
     if gated(spec) and spec.launch_family != "gemv":
         raise fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on a CUTLASS GEMM")
+    if spec.epilogue_store == "direct":
+        if spec.launch_family == "gemv":
+            raise fail(spec, "epilogue_store", "direct-store", "store=direct with family=gemv")
+        fused = cutlass_gemm_spec(spec)   # the epilogue the GEMM itself runs
+        for field in ("epilogue_bias", "epilogue_activation"):
+            if getattr(fused, field) != "none":
+                raise fail(spec, field, "direct-store",
+                           f"{field.split('_')[1]}={getattr(fused, field)} with store=direct")
     if spec.launch_family == "gemv":
         return gemv.check(spec, arch)
     if spec.target == "cutlass":   # a spec for both targets keeps its Triton knobs, which CUTLASS ignores
