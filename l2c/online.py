@@ -281,7 +281,7 @@ def tune_one(candidates: List[str], m: int, n: int, k: int, bias: bool, activati
     for text in candidates:
         if time.monotonic() > deadline:
             break
-        spec = parse_one(text).replace(epilogue_bias="col" if bias else "none", epilogue_activation=activation)
+        spec = parse_one(text).with_epilogue("col" if bias else "none", activation)
         try:
             valid = validate(spec, spec.target, "sm_90")
             if spec.target != "triton" and not targets.get(spec.target).built(valid):

@@ -372,7 +372,8 @@ class TunedTable:
 def served_spec(entry: TunedEntry, m: int, has_bias: bool, activation: str, residual: bool = False) -> KernelSpec:
     """The spec the dispatcher builds to serve `entry` at a call with M = `m` and this epilogue: the entry's spec,
     generic in M unless it is fixed at exactly `m`, with the call's bias (per column, as nn.Linear's), activation,
-    the entry's gated epilogue and, with `residual`, the residual added as the C input (beta=1) fused. The
+    the entry's gated epilogue and, with `residual`, the residual added as the C input (beta=1) fused
+    (`KernelSpec.with_epilogue`: a direct store becomes a TMA store where a bias or activation is fused). The
     prebuilt pack builds the same specs, so that what it holds is what calls ask for. Raises L2Error for a spec
     that does not parse."""
     spec = parse_one(entry.spec_text, file="<tuned table>")
@@ -381,8 +382,7 @@ def served_spec(entry: TunedEntry, m: int, has_bias: bool, activation: str, resi
     # what torch.matmul computes, whatever the entry's own spec scales or stores: alpha 1, C only as the residual,
     # the operands' type out
     return spec.replace(epilogue_alpha=1.0, epilogue_beta=1.0 if residual else 0.0, types_c=spec.types_a,
-                        epilogue_bias="col" if has_bias else "none", epilogue_activation=activation,
-                        epilogue_gate=entry.gate)
+                        epilogue_gate=entry.gate).with_epilogue("col" if has_bias else "none", activation)
 
 
 def served_ms(entry: TunedEntry) -> List[int]:

@@ -63,9 +63,13 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
      "problem.n"),
     ("kernel a { pipeline stages=1 }", "cutlass", "cutlass-min-stages", "pipeline.stages"),
     ("kernel a { layout a=col b=col tile m=128 n=8 k=64 pipeline stages=7 launch schedule=basic }", "cutlass",
-     "mn-major-a-stages", "pipeline.stages"),
+     "narrow-b-stages", "pipeline.stages"),
     ("kernel a { layout a=row b=row tile m=8 n=64 k=64 pipeline stages=7 launch schedule=basic swap=yes }",
-     "cutlass", "mn-major-a-stages", "pipeline.stages"),
+     "cutlass", "narrow-b-stages", "pipeline.stages"),
+    ("kernel a { layout a=row b=col tile m=8 n=64 k=32 pipeline stages=7 launch schedule=basic swap=yes }",
+     "cutlass", "narrow-b-stages", "pipeline.stages"),
+    ("kernel a { layout a=row b=col tile m=64 n=8 k=64 pipeline stages=5 launch schedule=basic }",
+     "cutlass", "narrow-b-stages", "pipeline.stages"),
     ("kernel a { tile m=128 n=256 k=128 pipeline stages=5 }", "cutlass", "shared-memory", "pipeline.stages"),
     ("kernel a { problem m=4096 n=4096 k=4100 layout a=row }", "cutlass", "tma-alignment", "problem.k"),
     ("kernel a { problem m=4100 n=64 k=64 layout a=col }", "cutlass", "tma-alignment", "problem.m"),
@@ -197,19 +201,27 @@ def test_swapped_operands_describe_the_same_product_in_the_same_memory(m, n, k, 
     assert swapped_operands(g) == spec.replace(launch_swap="no")   # transposing twice changes nothing
 
 
-def test_auto_stages_an_mn_major_a_cannot_take_are_rounded_down_and_named_in_the_source():
+def test_auto_stages_a_narrow_k_major_b_cannot_take_are_rounded_down_and_named_in_the_source():
     """stages=auto is CUTLASS's own count (StageCountAutoCarveout), except where CUTLASS 4.2 cannot build it (rule
-    mn-major-a-stages: an odd count for an MN-major A 64 deep beside an 8-wide B tile): there the rules round it
-    down to an even count and the template names it. Elsewhere an odd auto count stays CUTLASS's."""
+    narrow-b-stages: an odd count for an 8-wide K-major B tile 32 or 64 deep): there the rules round it down to an
+    even count and the template names it. Elsewhere an odd auto count stays CUTLASS's."""
     from l2c.lower import render
     pinned = validate(parse_one("kernel p { layout a=row b=row c=row tile m=8 n=128 k=64 "
                                 "launch schedule=basic swap=yes }"), "cutlass")
     assert pinned.stages == 12 and pinned.stages_pinned
     source = render(pinned)
     assert "StageCount<12>" in source and "StageCountAutoCarveout" not in source
+    # the direct store leaves CUTLASS room for 25 stages of the swapped 8 x 64 x 64 tile in nn.Linear's layout
+    direct = validate(parse_one("kernel d { layout a=row b=col c=row tile m=8 n=64 k=64 launch schedule=basic "
+                                "swap=yes epilogue store=direct }"), "cutlass")
+    assert direct.stages == 24 and direct.stages_pinned and "StageCount<24>" in render(direct)
     wide = validate(parse_one("kernel w { tile m=192 n=128 k=64 launch schedule=cooperative swap=yes "
                               "cluster m=1 n=2 }"), "cutlass")   # an MN-major A beside a 192-wide B tile
     assert wide.stages == 5 and not wide.stages_pinned and "StageCountAutoCarveout" in render(wide)
+    for text in ("layout a=col b=row tile m=64 n=8 k=64",            # an 8-wide MN-major B tile
+                 "layout a=row b=col tile m=8 n=64 k=128 launch swap=yes",   # 128 deep
+                 "layout a=row b=col tile m=16 n=64 k=64 launch swap=yes"):  # 16 wide
+        assert validate(parse_one(f"kernel o {{ {text} pipeline stages=7 launch schedule=basic }}"), "cutlass")
 
 
 def test_a_direct_store_takes_the_bias_a_parallel_split_k_reduction_applies():
@@ -229,3 +241,16 @@ def test_a_direct_store_frees_the_epilogue_shared_memory_for_stages(spec):
     if spec.pipeline_stages != AUTO:
         assert direct.smem_bytes <= tma.smem_bytes
     assert "NoSmemWarpSpecialized" in render(direct) and "NoSmemWarpSpecialized" not in render(tma)
+
+
+def test_a_direct_store_kernel_asked_for_a_bias_or_activation_stores_through_tma():
+    from l2c.tuned_table import TunedTable, served_spec
+    text = ("kernel d { target cutlass tile m=16 n=64 k=128 launch schedule=basic swap=yes layout b=col "
+            "epilogue store=direct }")
+    entry = TunedTable.serving(parse_one(text).to_l2(), "cutlass", "f16", "row,col,row").lookup("f16", "row,col,row", 7, 64, 64)
+    plain = served_spec(entry, 7, has_bias=False, activation="none")
+    assert plain.epilogue_store == "direct" and validate(plain, "cutlass")
+    for has_bias, activation in ((True, "none"), (False, "silu"), (True, "gelu")):
+        fused = served_spec(entry, 7, has_bias, activation)
+        assert fused.epilogue_store == "tma" and validate(fused, "cutlass")
+        assert fused.replace(epilogue_store="direct", epilogue_bias="none", epilogue_activation="none") == plain

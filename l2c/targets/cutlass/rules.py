@@ -33,11 +33,11 @@ RULES = declare({
                     "fused epilogue sees one accumulator tile, in which the gate and up columns of an output column "
                     "(N columns apart in B) never meet",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
-    "mn-major-a-stages": "CUTLASS 4.2 cannot stage an MN-major A operand (A column-major, or B row-major under "
-                         "launch swap=yes) 64 deep along K beside an 8-wide B tile in an odd number of stages "
-                         "(cute's Shape Divisibility Condition at compile time: 7 and 13 stages fail with 64- and "
-                         "128-row tiles, 6, 8 and 24 build; a wider B tile, or tile K 32 or 128, builds at odd "
-                         "counts); `stages=auto` is rounded down to an even count there",
+    "narrow-b-stages": "CUTLASS 4.2 cannot stage an 8-wide K-major B tile (B column-major, or A row-major under "
+                       "launch swap=yes) 32 or 64 deep along K in an odd number of stages (cute's Shape Divisibility "
+                       "Condition at compile time: 5, 7, 13 and 25 stages fail, whichever A's major; a 16-wide or "
+                       "MN-major B tile, or tile K 128, builds at odd counts); `stages=auto` is rounded down to an "
+                       "even count there",
     "direct-store": "`epilogue store=direct` is CUTLASS's epilogue without shared memory, which computes alpha * A@B "
                     "+ beta * C only: no bias or activation in the GEMM (under split_k mode=parallel the reduction "
                     "kernel applies them), and only a GEMM reads it (a gemv kernel stores its own way)",
@@ -217,14 +217,14 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
                         f"{operand}'s contiguous extent {extent} x {nbytes} bytes is not a multiple of 16")
     per_stage = mainloop_stage_bytes(spec) + CUTLASS_STAGE_BARRIER_BYTES
     carve = cutlass_epilogue_smem(cutlass_gemm_spec(spec), schedule)
-    # CUTLASS's A operand is MN-major when the spec's A is column-major, or under swap=yes when B is row-major.
-    stage_group = 2 if gemm.layout_a == "col" and gemm.tile_n == 8 and spec.tile_k == 64 else 1
+    # CUTLASS's B operand (K x N) is K-major when column-major: the spec's B, or under swap=yes its A row-major.
+    stage_group = 2 if gemm.layout_b == "col" and gemm.tile_n == 8 and spec.tile_k in (32, 64) else 1
     pinned = False
     if spec.pipeline_stages == AUTO:
         # CUTLASS's StageCountAutoCarveout: whole stages in what the epilogue leaves (128-byte granules).
         capacity = arch.smem_per_block // 128 * 128
         stages = (capacity - _round_up(carve, 128)) // per_stage
-        if stages % stage_group:   # the template then names the count (rule mn-major-a-stages)
+        if stages % stage_group:   # the template then names the count (rule narrow-b-stages)
             stages, pinned = stages // stage_group * stage_group, True
         if stages < 2:
             raise fail(spec, "tile_k", "shared-memory",
@@ -234,8 +234,8 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
         if stages < 2:
             raise fail(spec, "pipeline_stages", "cutlass-min-stages", f"stages={stages}")
         if stages % stage_group:
-            raise fail(spec, "pipeline_stages", "mn-major-a-stages",
-                        f"stages={stages} with tile k={spec.tile_k}, an MN-major A and an 8-wide B tile")
+            raise fail(spec, "pipeline_stages", "narrow-b-stages",
+                        f"stages={stages} with tile k={spec.tile_k} and an 8-wide K-major B tile")
     smem = cutlass_kernel_smem(cutlass_gemm_spec(spec), schedule, stages)
     if smem > arch.smem_per_block:
         raise fail(spec, "pipeline_stages", "shared-memory",
