@@ -46,11 +46,14 @@ class KernelSpec(_SpecBase):
         return dataclasses.replace(self, **changes)
 
     def with_epilogue(self, bias: str, activation: str) -> "KernelSpec":
-        """This kernel with a call's bias and activation fused. A fused bias or activation needs CUTLASS's epilogue
-        with shared memory (rule direct-store), so a `store=direct` kernel asked for one stores through TMA: the
-        same main loop and tiles, where the alternative is a kernel that cannot be built."""
-        store = "tma" if bias != "none" or activation != "none" else self.epilogue_store
-        return self.replace(epilogue_bias=bias, epilogue_activation=activation, epilogue_store=store)
+        """This kernel with a call's bias and activation fused. A bias or activation in the GEMM's own epilogue
+        needs CUTLASS's epilogue with shared memory (rule direct-store; under parallel split-K the reduction kernel
+        applies them instead), so there a `store=direct` kernel stores through TMA: the same main loop and tiles,
+        where the alternative is a kernel that cannot be built."""
+        fused = (bias != "none" or activation != "none") and not (self.split_k_mode == "parallel"
+                                                                   and self.split_k_slices > 1)
+        return self.replace(epilogue_bias=bias, epilogue_activation=activation,
+                            epilogue_store="tma" if fused else self.epilogue_store)
 
     def knob_values(self) -> Dict[str, object]:
         return {k.field: getattr(self, k.field) for k in KNOBS}

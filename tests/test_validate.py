@@ -254,3 +254,7 @@ def test_a_direct_store_kernel_asked_for_a_bias_or_activation_stores_through_tma
         fused = served_spec(entry, 7, has_bias, activation)
         assert fused.epilogue_store == "tma" and validate(fused, "cutlass")
         assert fused.replace(epilogue_store="direct", epilogue_bias="none", epilogue_activation="none") == plain
+    parallel = TunedTable.serving(parse_one(text.replace("store=direct", "store=direct split_k slices=2 "
+                                                         "mode=parallel")).to_l2(), "cutlass", "f16", "row,col,row")
+    fused = served_spec(parallel.lookup("f16", "row,col,row", 7, 64, 64), 7, has_bias=True, activation="silu")
+    assert fused.epilogue_store == "direct" and validate(fused, "cutlass")   # the reduction kernel applies both
