@@ -206,8 +206,8 @@ KNOBS: Tuple[Knob, ...] = (
          "accumulators to global memory itself: no shared memory for the epilogue, which leaves more for pipeline "
          "stages, no store to wait for, and a lighter kernel to compile; alpha, beta and C only).",
          choices=("tma", "direct"), targets=("cutlass",), spelled_at_default=False,
-         # searched by scripts/serve_sweep.py against the same kernels with `tma` until measured on the GPU; a
-         # searchable knob would also add a head to the shipped policy network
+         # not in the tuner's space until measured (`scripts/gpu.py direct_store` pairs each plain table kernel with
+         # its direct twin): an unmeasured dimension would halve every study's CUTLASS draws
          searchable=False),
 )
 
