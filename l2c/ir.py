@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from .knobs import ANY, KNOBS, KNOBS_BY_FIELD, SECTIONS, Knob, knobs_in
+from .knobs import ANY, AUTO, KNOBS, KNOBS_BY_FIELD, SECTIONS, Knob, knobs_in
 
 
 @dataclass(frozen=True)
@@ -45,15 +45,22 @@ class KernelSpec(_SpecBase):
     def replace(self, **changes) -> "KernelSpec":
         return dataclasses.replace(self, **changes)
 
+    @property
+    def parallel_split_k(self) -> bool:
+        """Whether (on the CUTLASS target) the K slices run as a batched GEMM of fp32 partial sums plus a reduction
+        kernel that applies the epilogue (split_k mode=parallel)."""
+        return self.split_k_mode == "parallel" and self.split_k_slices > 1
+
     def with_epilogue(self, bias: str, activation: str) -> "KernelSpec":
         """This kernel with a call's bias and activation fused. A bias or activation in the GEMM's own epilogue
         needs CUTLASS's epilogue with shared memory (rule direct-store; under parallel split-K the reduction kernel
-        applies them instead), so there a `store=direct` kernel stores through TMA: the same main loop and tiles,
-        where the alternative is a kernel that cannot be built."""
-        fused = (bias != "none" or activation != "none") and not (self.split_k_mode == "parallel"
-                                                                   and self.split_k_slices > 1)
-        return self.replace(epilogue_bias=bias, epilogue_activation=activation,
-                            epilogue_store="tma" if fused else self.epilogue_store)
+        applies them instead), so there a `store=direct` kernel stores through TMA instead of being a kernel that
+        cannot be built: the same main loop and tiles, with as many stages as fit beside that epilogue (a count
+        pinned for the direct store may not)."""
+        if self.epilogue_store == "direct" and (bias != "none" or activation != "none") and not self.parallel_split_k:
+            return self.replace(epilogue_bias=bias, epilogue_activation=activation, epilogue_store="tma",
+                                pipeline_stages=AUTO)
+        return self.replace(epilogue_bias=bias, epilogue_activation=activation)
 
     def knob_values(self) -> Dict[str, object]:
         return {k.field: getattr(self, k.field) for k in KNOBS}

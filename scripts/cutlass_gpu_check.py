@@ -27,7 +27,6 @@ from pathlib import Path
 
 from l2c.errors import BuildError, L2ValidationError
 from l2c.ir import KernelSpec
-from l2c.targets.cutlass.rules import parallel_split_k
 from l2c.validate import validate
 
 HEADLINE = KernelSpec(name="headline_coop_128x256x64_c1x2", tile_m=128, tile_n=256, tile_k=64, cluster_m=1,
@@ -257,14 +256,14 @@ def main(argv=None) -> int:
         entry.update(stages=kernel.stages, smem_bytes=kernel.shared_memory_bytes,
                      stages_match=kernel.stages == valid.stages)
         checks = []
-        if parallel_split_k(spec):   # a K the slices cannot split evenly is refused (ValueError: torch serves it)
+        if spec.parallel_split_k:   # a K the slices cannot split evenly is refused (ValueError: torch serves it)
             try:
                 a, b, c, bias, _ = timing_operands(spec, 64, 64, 8 * spec.split_k_slices + 8, args.seed)
                 kernel(a, b, c=c, bias=bias)
                 entry["rejects_uneven_k"] = False
             except ValueError:
                 entry["rejects_uneven_k"] = True
-        for m, n, k in PARALLEL_VERIFY_SHAPES if parallel_split_k(spec) else VERIFY_SHAPES:
+        for m, n, k in PARALLEL_VERIFY_SHAPES if spec.parallel_split_k else VERIFY_SHAPES:
             batch = VERIFY_BATCH if spec.problem_batch == "any" else spec.problem_batch
             result = verify(kernel, m, n, k, batch=batch, device="cuda", seed=args.seed + index)
             checks.append({"m": m, "n": n, "k": k, "batch": batch, "ok": result.ok, "rel_error": result.rel_error,

@@ -232,7 +232,7 @@ def _widegemv(a):
 
 
 # The plain CUTLASS GEMM entries whose twin with `epilogue store=direct` is valid (rule direct-store).
-_DIRECT_STORE_WHERE = ("--where", "target=cutlass", "--where", "launch_family=gemm", "--where", "epilogue_bias=none",
+DIRECT_STORE_WHERE = ("--where", "target=cutlass", "--where", "launch_family=gemm", "--where", "epilogue_bias=none",
                        "--where", "epilogue_activation=none", "--where", "epilogue_store=tma")
 DIRECT_STORE_SETS = {"default": ("sm_90.json", ("--max-gflop", "1", "--per-spec", "3")),
                      "graphs": ("sm_90_graphs.json", ("--where", "layout_b=col", "--per-spec", "2"))}
@@ -247,7 +247,7 @@ def _direct_store(a):
     tables, out = ROOT / "l2c" / "tuned", []
     for name, (table, select) in DIRECT_STORE_SETS.items():
         for side, change in (("a", ()), ("b", ("--set", "epilogue_store=direct"))):
-            out.append(script("scripts/table_variant.py", str(tables / table), *_DIRECT_STORE_WHERE, *select,
+            out.append(script("scripts/table_variant.py", str(tables / table), *DIRECT_STORE_WHERE, *select,
                               *change, "-o", f"{a.out}/direct_{name}_{side}.json"))
     out.append(l2c("warmup", f"{a.out}/direct_default_b.json", f"{a.out}/direct_graphs_b.json", "-j", "16"))
     for name, protocol in (("default", ("--protocol", "kernel,call", "--iters", "10")),

@@ -34,7 +34,10 @@ def _assignment(text: str) -> Tuple[str, str]:
     field, sep, value = text.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
-    knob(field)   # raises for an unknown knob field
+    try:
+        knob(field)
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{field!r} is no knob field (e.g. launch_swap, epilogue_bias)") from None
     return field, value
 
 
@@ -49,8 +52,9 @@ def _typed(field: str, value: str):
 
 
 def _matches(entry: dict, spec, where: Sequence[Tuple[str, str]]) -> bool:
-    return all(str(entry.get("target", spec.target) if field == "target" else getattr(spec, field)) == value
-               for field, value in where)
+    """Whether the entry's target (field `target`) and spec hold every FIELD=VALUE, compared as the knob's kind."""
+    return all(entry.get("target", spec.target) == value if field == "target"
+               else getattr(spec, field) == _typed(field, value) for field, value in where)
 
 
 def _spread(count: int, keep: Optional[int]) -> List[int]:
@@ -72,7 +76,7 @@ def variant(table: dict, where: Sequence[Tuple[str, str]], change: Optional[Tupl
             by_spec.setdefault(entry["spec"], []).append((i, entry, spec))
     kept = []
     for rows in by_spec.values():
-        rows.sort(key=lambda row: (row[1]["m"] * row[1]["n"] * row[1]["k"], row[0]))
+        rows.sort(key=lambda row: (row[1]["m"] * row[1]["n"] * row[1]["k"] * row[1].get("batch", 1), row[0]))
         kept += [rows[j] for j in _spread(len(rows), per_spec)]
     entries = []
     for i, entry, spec in sorted(kept, key=lambda row: row[0]):

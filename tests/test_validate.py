@@ -247,7 +247,8 @@ def test_a_direct_store_kernel_asked_for_a_bias_or_activation_stores_through_tma
     from l2c.tuned_table import TunedTable, served_spec
     text = ("kernel d { target cutlass tile m=16 n=64 k=128 launch schedule=basic swap=yes layout b=col "
             "epilogue store=direct }")
-    entry = TunedTable.serving(parse_one(text).to_l2(), "cutlass", "f16", "row,col,row").lookup("f16", "row,col,row", 7, 64, 64)
+    table = TunedTable.serving(parse_one(text).to_l2(), "cutlass", "f16", "row,col,row")
+    entry = table.lookup("f16", "row,col,row", 7, 64, 64)
     plain = served_spec(entry, 7, has_bias=False, activation="none")
     assert plain.epilogue_store == "direct" and validate(plain, "cutlass")
     for has_bias, activation in ((True, "none"), (False, "silu"), (True, "gelu")):
@@ -258,3 +259,14 @@ def test_a_direct_store_kernel_asked_for_a_bias_or_activation_stores_through_tma
                                                          "mode=parallel")).to_l2(), "cutlass", "f16", "row,col,row")
     fused = served_spec(parallel.lookup("f16", "row,col,row", 7, 64, 64), 7, has_bias=True, activation="silu")
     assert fused.epilogue_store == "direct" and validate(fused, "cutlass")   # the reduction kernel applies both
+
+
+def test_a_direct_store_kernel_with_stages_only_it_fits_gets_the_tma_store_with_the_stages_that_fit():
+    direct = parse_one("kernel d { tile m=128 n=128 k=64 pipeline stages=7 launch schedule=cooperative "
+                       "epilogue store=direct }")
+    assert validate(direct, "cutlass").stages == 7
+    with pytest.raises(L2ValidationError):   # the same stages beside the TMA store's shared memory do not fit
+        validate(direct.replace(epilogue_store="tma", epilogue_bias="col"), "cutlass")
+    fused = direct.with_epilogue("col", "none")
+    assert fused.epilogue_store == "tma" and fused.pipeline_stages == AUTO
+    assert validate(fused, "cutlass").stages == 6

@@ -20,7 +20,6 @@ from ...knobs import ANY
 from ...lower import render
 from ...rules import ValidSpec
 from . import shim
-from .rules import parallel_split_k
 
 # Status codes of the generated entry points (templates/cutlass/gemm.cu.j2).
 _STATUS = {1: "bad shape", 2: "cannot implement", 3: "workspace too small", 4: "initialize failed",
@@ -51,7 +50,7 @@ def overlaps(valid: ValidSpec) -> bool:
     if choice == "measured":
         if valid.schedule == "gemv":
             return valid.spec.launch_cores == "tensor"
-        return valid.schedule == "basic" and not parallel_split_k(valid.spec)
+        return valid.schedule == "basic" and not valid.spec.parallel_split_k
     return choice == "all"
 
 

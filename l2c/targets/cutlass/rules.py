@@ -6,7 +6,7 @@ import math
 from typing import Tuple
 
 from ...arch import Arch
-from ...ir import KernelSpec
+from ...ir import KernelSpec, knob
 from ...knobs import ANY, AUTO, DTYPE_BYTES
 from ...rules import ValidSpec, alignment_checks, declare, fail, gated, mainloop_stage_bytes
 from . import gemv
@@ -93,11 +93,6 @@ def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     return tensors, stages_c, alignment
 
 
-def parallel_split_k(spec: KernelSpec) -> bool:
-    """Whether a CUTLASS spec runs its K slices as a batched GEMM plus a reduction kernel (mode=parallel)."""
-    return spec.split_k_mode == "parallel" and spec.split_k_slices > 1
-
-
 _FLIP = {"row": "col", "col": "row"}
 # Knob pairs that trade places when CUTLASS computes D^T = B^T A^T (launch swap=yes).
 SWAPPED_FIELDS = {"tile_m": "tile_n", "tile_n": "tile_m", "cluster_m": "cluster_n", "cluster_n": "cluster_m",
@@ -120,7 +115,7 @@ def cutlass_gemm_spec(spec: KernelSpec) -> KernelSpec:
     partial sums (row-major, no epilogue inputs; the reduction kernel applies the spec's epilogue); with
     `launch swap=yes`, that GEMM transposed (`swapped_operands`)."""
     gemm = spec
-    if parallel_split_k(spec):
+    if spec.parallel_split_k:
         gemm = gemm.replace(types_c="f32", layout_c="row", epilogue_alpha=1.0, epilogue_beta=0.0,
                             epilogue_bias="none", epilogue_activation="none")
     return swapped_operands(gemm) if spec.launch_swap == "yes" else gemm
@@ -137,7 +132,8 @@ def cutlass_kernel_smem(spec: KernelSpec, schedule: str, stages: int) -> int:
     kernel keeps the main loop's and the epilogue's tensors in one union, since one never runs beside the other;
     the persistent kernels overlap a tile's epilogue with the next tile's loads, so they need both."""
     tensors, stages_c, alignment = _cutlass_epilogue(spec, schedule)
-    barriers = CUTLASS_STAGE_BARRIER_BYTES * (stages + stages_c) + CUTLASS_KERNEL_BARRIER_BYTES
+    # an epilogue with no C-load stages (store=direct) still takes a 16-byte slot for its empty pipeline storage
+    barriers = CUTLASS_STAGE_BARRIER_BYTES * (stages + max(stages_c, 1)) + CUTLASS_KERNEL_BARRIER_BYTES
     aligned = max(alignment, 128)
     mainloop = stages * mainloop_stage_bytes(spec)
     together = max(tensors, mainloop) if schedule == "basic" else tensors + mainloop
@@ -152,11 +148,10 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.epilogue_store == "direct":
         if spec.launch_family == "gemv":
             raise fail(spec, "epilogue_store", "direct-store", "store=direct with family=gemv")
-        fused = cutlass_gemm_spec(spec)   # the epilogue the GEMM itself runs
+        fused = cutlass_gemm_spec(spec)   # the epilogue the GEMM itself runs (its bias turned under swap=yes)
         for field in ("epilogue_bias", "epilogue_activation"):
             if getattr(fused, field) != "none":
-                raise fail(spec, field, "direct-store",
-                           f"{field.split('_')[1]}={getattr(fused, field)} with store=direct")
+                raise fail(spec, field, "direct-store", f"{knob(field).key}={getattr(spec, field)} with store=direct")
     if spec.launch_family == "gemv":
         return gemv.check(spec, arch)
     if spec.target == "cutlass":   # a spec for both targets keeps its Triton knobs, which CUTLASS ignores
@@ -196,7 +191,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.cluster_m * spec.cluster_n > arch.max_cluster:
         raise fail(spec, "cluster_n", "cluster-size",
                     f"cluster {spec.cluster_m}x{spec.cluster_n} > {arch.max_cluster}")
-    parallel = parallel_split_k(spec)
+    parallel = spec.parallel_split_k
     if ((spec.split_k_slices > 1 and not parallel) or spec.split_k_mode == "stream_k") and schedule != "cooperative":
         raise fail(spec, "split_k_slices" if spec.split_k_slices > 1 else "split_k_mode", "split-k-schedule",
                     f"split_k mode={spec.split_k_mode} with the {schedule} schedule")
