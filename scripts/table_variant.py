@@ -102,12 +102,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-gflop", type=float, help="keep entries under this many GFLOP")
     p.add_argument("--per-spec", type=int, help="keep at most this many entries per spec, spread over their sizes")
     p.add_argument("-o", "--out", required=True)
+    p.add_argument("--specs-out", help="also write the kept entries' distinct specs as one .l2 file (for l2c build)")
     args = p.parse_args(argv)
     table = json.loads(Path(args.table).read_text())
     out = variant(table, args.where, args.set, args.max_gflop, args.per_spec)
     out["variant_of"] = {"table": args.table, "where": [list(w) for w in args.where], "max_gflop": args.max_gflop,
                          "per_spec": args.per_spec}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    if args.specs_out:
+        Path(args.specs_out).write_text("\n".join(dict.fromkeys(e["spec"] for e in out["entries"])))
     print(f"{len(out['entries'])} of {len(table['entries'])} entries -> {args.out}")
     return 0
 
