@@ -264,13 +264,33 @@ def make_inputs(spec, m: int, n: int, k: int, batch: int, device, gen, density: 
     return a, b, c, bias, out
 
 
+def chain_weight_scale(spec) -> float:
+    """The scale of a chain link's weights (entries of standard deviation scale / sqrt(K)) that keeps a gated
+    epilogue's output near unit variance for a unit-variance input. act(alpha * gate) * (alpha * up) is quadratic in
+    its input near 0, so with unit-scale weights each link shrank the values (0.15 after one link of alpha 0.5, 1e-5
+    after three): by the fourth they fell below the output type's precision and the check measured underflow, not
+    the kernel. Found by bisection on a fixed sample (CPU, deterministic); a plain epilogue keeps scale 1."""
+    if not _gated(spec):
+        return 1.0
+    gen = torch.Generator().manual_seed(0)
+    gate, up = torch.randn(2, 200_000, generator=gen, dtype=torch.float64)
+    alpha = abs(spec.epilogue_alpha)
+    lo, hi = 0.0, 64.0
+    for _ in range(60):   # E[(act(alpha s G) * alpha s U)^2] grows with s
+        s = (lo + hi) / 2
+        rms = float((gate_product(torch.cat([alpha * s * gate, alpha * s * up]), spec.epilogue_gate) ** 2).mean())
+        lo, hi = (s, hi) if rms < 1.0 else (lo, s)
+    return (lo + hi) / 2
+
+
 def check_chain(kernel, m: int, n: int, links: int, seed: int = 7) -> dict:
     """A chain of `links` calls at M x n x n where each call's input is the previous call's output (odd links read
     it through torch.neg: a torch kernel between two of l2c's), run eagerly and replayed from a CUDA graph. With
     programmatic dependent launch a kernel starts before the one it follows has finished: a call that touched an
     operand before its predecessor was done would not match the reference on the input it was given, or the replay
     would differ from the eager chain (a gated spec's weights and bias hold 2n columns: the gate's, then the up
-    projection's). Returns {"ok", "rel_errors" per link, "tolerance", "graph_equal", ...}."""
+    projection's, scaled by `chain_weight_scale`). Returns {"ok", "rel_errors" per link, "tolerance",
+    "graph_equal", ...}."""
     spec = kernel.valid.spec
     device = torch.device("cuda")
     gen = torch.Generator(device=device)
@@ -279,7 +299,8 @@ def check_chain(kernel, m: int, n: int, links: int, seed: int = 7) -> dict:
     cols = 2 * n if _gated(spec) else n
     x0 = torch.randn(m, n, generator=gen, device=device).to(dtype)
     stored = (cols, n) if spec.layout_b == "col" else (n, cols)   # K x cols in the spec's layout, once transposed
-    weights = [(torch.randn(stored, generator=gen, device=device) * n ** -0.5).to(dtype) for _ in range(links)]
+    scale = chain_weight_scale(spec) * n ** -0.5
+    weights = [(torch.randn(stored, generator=gen, device=device) * scale).to(dtype) for _ in range(links)]
     weights = [w.t() if spec.layout_b == "col" else w for w in weights]
     c = torch.randn(m, n, generator=gen, device=device).to(out_t) if spec.epilogue_beta != 0.0 else None
     bias = None
