@@ -119,10 +119,25 @@ class Store:
             conn = sqlite3.connect(self.path, timeout=self._timeout_s, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
             if self.path != ":memory:":
-                conn.execute("PRAGMA journal_mode = WAL")
+                self._use_wal(conn)
                 conn.execute("PRAGMA synchronous = NORMAL")
             self._conn, self._pid = conn, os.getpid()
         return self._conn
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to write-ahead logging (persistent: once per store). SQLite refuses the switch at once,
+        without its busy handler, while another process holds the new file (two tuners starting on one store), so
+        it is retried until the timeout; the mode another process set is found on the next try."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def close(self) -> None:
         if self._conn is not None and self._pid == os.getpid():
