@@ -68,18 +68,18 @@ def _spread(count: int, keep: Optional[int]) -> List[int]:
 
 def variant(table: dict, where: Sequence[Tuple[str, str]], change: Optional[Tuple[str, str]],
             max_gflop: Optional[float] = None, per_spec: Optional[int] = None) -> dict:
-    by_spec: Dict[str, List[Tuple[int, dict, object]]] = {}
+    by_spec: Dict[str, List[Tuple[int, int, dict, object]]] = {}   # spec text -> (flops, index, entry, spec)
     for i, entry in enumerate(table["entries"]):
         spec = parse_one(entry["spec"], f"entries[{i}]")
         flops = 2 * entry["m"] * entry["n"] * entry["k"] * entry.get("batch", 1)
         if _matches(entry, spec, where) and (max_gflop is None or flops < max_gflop * 1e9):
-            by_spec.setdefault(entry["spec"], []).append((i, entry, spec))
+            by_spec.setdefault(entry["spec"], []).append((flops, i, entry, spec))
     kept = []
     for rows in by_spec.values():
-        rows.sort(key=lambda row: (row[1]["m"] * row[1]["n"] * row[1]["k"] * row[1].get("batch", 1), row[0]))
+        rows.sort(key=lambda row: row[:2])
         kept += [rows[j] for j in _spread(len(rows), per_spec)]
     entries = []
-    for i, entry, spec in sorted(kept, key=lambda row: row[0]):
+    for _, i, entry, spec in sorted(kept, key=lambda row: row[1]):
         if change is not None:
             field, value = change
             spec = spec.replace(**{field: _typed(field, value)})
