@@ -94,6 +94,38 @@ def test_rules_are_listed():
     assert {"gated-target", "gated-epilogue", "gated-split-k"} <= RULES.keys()
 
 
+@settings(max_examples=25, deadline=None)
+@given(gate=st.sampled_from(("silu", "gelu_tanh")), alpha=st.sampled_from((0.5, 1.0, 2.0)),
+       bias=st.sampled_from(("none", "col")), dtype=st.sampled_from((torch.float16, torch.bfloat16)),
+       m=st.integers(1, 8), n=st.sampled_from((8, 16, 64, 256)), links=st.integers(2, 8), seed=st.integers(0, 99))
+def test_a_gated_chains_weights_keep_every_links_output_at_unit_rms(gate, alpha, bias, dtype, m, n, links, seed):
+    """`verify.check_chain` scales a gated chain's weights per link (`_chain_weights`) so that the reference chain
+    neither underflows nor overflows whatever the gate, alpha and bias: every link's output has unit RMS in the
+    weights' dtype (or the bias's own, where that is more), as the GPU check relies on. A plain chain keeps its
+    weights."""
+    from l2c.verify import _chain_weights, reference as verify_reference
+    gen = torch.Generator().manual_seed(seed)
+    spec = gated(target="cutlass", launch_family="gemv", tile_m=1, tile_n=16, tile_k=256, launch_warps=4,
+                 epilogue_alpha=alpha, epilogue_bias=bias, epilogue_gate=gate)
+    x0 = torch.randn(m, n, generator=gen).to(dtype)
+    raw = [torch.randn(n, 2 * n, generator=gen) * n ** -0.5 for _ in range(links)]
+    col_bias = torch.randn(2 * n, generator=gen).to(dtype) if bias == "col" else None
+    weights = _chain_weights(spec, x0, raw, None, col_bias, dtype, dtype)
+    x = x0
+    for i, w in enumerate(weights):
+        assert w.dtype == dtype
+        x = verify_reference(spec, (torch.neg(x) if i % 2 else x).to(dtype), w, None, col_bias).to(dtype)
+        rms = float(x.double().pow(2).mean().sqrt())
+        # without a bias the output's RMS grows with the weights' scale from 0: it is set to 1; with one, the bias
+        # alone (weights scaled to 0) may already give more, and the scale found is then near 0
+        floor = float(verify_reference(spec, x0, torch.zeros_like(w), None, col_bias).pow(2).mean().sqrt()) \
+            if bias == "col" else 0.0
+        assert torch.isfinite(x).all() and 0.9 <= rms <= max(1.1, 1.1 * floor), (i, rms, floor)
+    plain = spec.replace(epilogue_gate="none", epilogue_bias="none")
+    kept = _chain_weights(plain, x0, [w[:, :n] for w in raw], None, None, dtype, dtype)
+    assert all(torch.equal(k, w[:, :n].to(dtype)) for k, w in zip(kept, raw))
+
+
 # ---------------------------------------------------------------------------------------------- the kernels
 
 @st.composite
