@@ -111,15 +111,15 @@ def test_a_gated_chains_weights_keep_every_links_output_at_unit_rms(gate, alpha,
     raw = [torch.randn(n, 2 * n, generator=gen) * n ** -0.5 for _ in range(links)]
     col_bias = torch.randn(2 * n, generator=gen).to(dtype) if bias == "col" else None
     weights = _chain_weights(spec, x0, raw, None, col_bias, dtype, dtype)
+    # without a bias the output's RMS grows with the weights' scale from 0: it is set to 1; with one, the bias alone
+    # (weights scaled to 0, whatever the link's input) may already give more, and the scale found is then near 0
+    floor = float(verify_reference(spec, x0, torch.zeros_like(weights[0]), None, col_bias).pow(2).mean().sqrt()) \
+        if bias == "col" else 0.0
     x = x0
     for i, w in enumerate(weights):
         assert w.dtype == dtype
         x = verify_reference(spec, (torch.neg(x) if i % 2 else x).to(dtype), w, None, col_bias).to(dtype)
         rms = float(x.double().pow(2).mean().sqrt())
-        # without a bias the output's RMS grows with the weights' scale from 0: it is set to 1; with one, the bias
-        # alone (weights scaled to 0) may already give more, and the scale found is then near 0
-        floor = float(verify_reference(spec, x0, torch.zeros_like(w), None, col_bias).pow(2).mean().sqrt()) \
-            if bias == "col" else 0.0
         assert torch.isfinite(x).all() and 0.9 <= rms <= max(1.1, 1.1 * floor), (i, rms, floor)
     plain = spec.replace(epilogue_gate="none", epilogue_bias="none")
     kept = _chain_weights(plain, x0, [w[:, :n] for w in raw], None, None, dtype, dtype)
