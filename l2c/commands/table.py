@@ -371,8 +371,8 @@ WIDE_CELL_MIN_TILES = 32
 # ... and where the box's K starts here: below it a few tokens against the weight take under about 6 us, latency-
 # bound, where the wide kernels tie cuBLAS, a few percent either way from one ragged shape to the next (on the
 # H200, 13 of 89 shapes drawn inside such boxes lost below 0.97 in device time; inside boxes from K = 1024, 12 of
-# 120, every one of them still faster in an eager call: benchmarks/NOTES.md, "cells of the swapped decoding
-# kernels").
+# 120, every one of them still faster in an eager call: benchmarks/NOTES.md, "Swapped decoding kernels as
+# cells").
 WIDE_CELL_MIN_K = 1024
 
 
