@@ -105,8 +105,8 @@ def _base_row(cand: Candidate, shape: Shape, protocol: str, device) -> Dict[str,
         row["build_id"] = cand.build_id
     if spec is not None and spec.epilogue_gate != "none":   # a gated problem: B has 2N columns, twice the FLOPs
         row.update(gate=spec.epilogue_gate, flops=2 * shape.flops, bucket=bucket(2 * shape.flops))
-    if spec is not None and cand.target in ("triton", "cutlass") and not str(cand.source).endswith((".l2", ".json")):
-        row["spec"] = spec.to_l2()    # a generated candidate: no file holds its text (l2c table reads it here)
+    if spec is not None and cand.target in ("triton", "cutlass"):
+        row["spec"] = spec.to_l2()    # the row stands alone: the file a spec came from may be gone or changed since
     return row
 
 

@@ -208,6 +208,12 @@ def test_tuned_table_entries_run_on_their_own_shapes(tmp_path, capsys):
     rows = results(out)
     assert [(r["kernel"], r["m"], r["n"], r["k"], r["status"]) for r in rows] == [
         (f"{path}#0:tiny@triton", 16, 16, 32, "ok"), (f"{path}#1:tiny@triton", 8, 24, 16, "ok")]
+    # each row carries its spec's text, so `l2c table` reads the rows after the table they came from is gone
+    path.rename(tmp_path / "gone.json")
+    made = tmp_path / "made.json"
+    assert main(["table", str(out), "--protocol", "call", "--every-shape", "-o", str(made)]) == 0
+    assert {e["spec"] for e in json.loads(made.read_text())["entries"]} == {tiny}
+    path.write_text(json.dumps(table))
     # --shapes filters table entries to the shapes in the set
     shapes = tmp_path / "s.txt"
     shapes.write_text("8 24 16\n")
