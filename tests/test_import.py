@@ -117,9 +117,16 @@ def test_the_policy_trains_on_imported_points_only(measured):
 
 
 def test_rows_that_cannot_be_imported_are_a_usage_error(measured, tmp_path, capsys):
+    """A row carries its spec's text, so it imports after the file it came from is gone; one with neither is an
+    error naming that file."""
     folder, pool, out = measured
     rows = read_rows(out)
-    rows[1] = dict(rows[1], source=str(tmp_path / "gone.l2"))
+    assert all(r.get("spec") for r in rows[1:])
+    moved = tmp_path / "moved.jsonl"
+    moved.write_text("\n".join(json.dumps(dict(r, source=str(tmp_path / "gone.l2")) if r.get("spec") else r)
+                               for r in rows) + "\n")
+    assert main(["import", str(moved), "--store", str(tmp_path / "moved.sqlite")]) == 0
+    rows[1] = {k: v for k, v in rows[1].items() if k != "spec"} | {"source": str(tmp_path / "gone.l2")}
     broken = tmp_path / "broken.jsonl"
     broken.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert main(["import", str(broken), "--store", str(tmp_path / "s.sqlite")]) == 2
