@@ -876,3 +876,62 @@ def test_a_merge_drops_an_entry_the_new_results_measured_losing(tmp_path):
     got = sorted((e["m"], e["spec"].split()[1]) for e in json.loads(out.read_text())["entries"] if "m_range" not in e)
     assert got == [(128, "a"), (512, "d"), (1024, "g"), (2048, "g"), (4096, "g")]   # b lost at its own shape
     assert not any("m_range" in e for e in json.loads(out.read_text())["entries"])   # g lost inside its range
+
+
+def test_withdraw_takes_out_every_entry_serving_a_shape_and_records_it(tmp_path):
+    """--into TABLE --withdraw SHAPE: the exact entry and the token-count range that serve the shape leave the
+    table, other entries stay, the table lists the shape under `withdrawn`; with new results the withdrawal applies
+    to the merged table. Refused (exit 2, no traceback): without --into, a shape no entry serves, malformed text."""
+    g = KernelSpec(name="g", tile_m=16, problem_m="any").to_l2()
+    base_rows = [{"type": "env", "gpu": "NVIDIA H200"}, row("a", 128, 1.20), row("b", 4096, 1.30)]
+    base_rows += [row("g", m, 1.2, spec=g) for m in (256, 512, 1024)]
+    base = tmp_path / "base.json"
+    (tmp_path / "base.jsonl").write_text("\n".join(json.dumps(r) for r in base_rows) + "\n")
+    assert _table(tmp_path / "base.jsonl", "-o", base, "--ranges").returncode == 0
+    out = tmp_path / "out.json"
+    done = _table("--into", base, "--withdraw", "f16:row,row,row:none:384x64x64", "-o", out)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert sorted((e["m"], e["spec"].split()[1]) for e in data["entries"]) == [(128, "a"), (256, "g"), (512, "g"),
+                                                                                 (1024, "g"), (4096, "b")]
+    assert data["withdrawn"] == ["f16:row,row,row:none:384x64x64"]
+    assert data["min_speedup"] == json.loads(base.read_text())["min_speedup"]
+    table = TunedTable.load(out)
+    assert [m for m in (128, 256, 384, 512, 700, 1024) if table.lookup("f16", "row,row,row", m, 64, 64)] == \
+        [128, 256, 512, 1024]
+    (tmp_path / "new.jsonl").write_text(json.dumps(row("c", 2048, 1.4)) + "\n")
+    both = _table(tmp_path / "new.jsonl", "--into", out, "--withdraw", "f16:row,row,row:none:4096x64x64", "-o", out)
+    assert both.returncode == 0, both.stderr
+    data = json.loads(out.read_text())
+    assert sorted(e["m"] for e in data["entries"]) == [128, 256, 512, 1024, 2048]
+    assert data["withdrawn"] == ["f16:row,row,row:none:384x64x64", "f16:row,row,row:none:4096x64x64"]
+    for args, said in ((("--withdraw", "f16:row,row,row:none:384x64x64"), "--into"),
+                       (("--into", base, "--withdraw", "f16:row,row,row:silu:384x64x64"), "no entry"),
+                       (("--into", base, "--withdraw", "f16:row,row:none:384x64x64"), "layout"),
+                       (("--into", base, "--withdraw", "f16:row,row,row:none:384x64"), "MxNxK"),
+                       (("--into", base), "results")):
+        refused = _table(*args, "-o", tmp_path / "refused.json")
+        assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, args
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.integers(0, 64)), min_size=1, max_size=8),
+       st.lists(st.integers(1, 128), min_size=1, max_size=4))
+def test_withdrawn_shapes_are_served_by_no_entry_and_every_other_entry_stays(spans, shapes):
+    """merged(..., withdrawn): of random exact entries and ranges, exactly those serving a withdrawn M leave."""
+    from l2c.commands.table import _serves_at, merged, parse_withdrawn
+    entries = [dict(row(f"k{i}", lo, 1.2), m_range=[lo, lo + width]) if width else row(f"k{i}", lo, 1.2)
+               for i, (lo, width) in enumerate(spans)]
+    base = {"gpu": "NVIDIA H200", "protocol": "kernel", "min_speedup": 1.05, "entries": entries}
+    new = {"gpu": None, "protocol": "kernel", "min_speedup": None, "sources": [], "confirmed_by": [], "entries": []}
+    withdrawn = {f"f16:row,row,row:none:{m}x64x64": parse_withdrawn(f"f16:row,row,row:none:{m}x64x64")
+                 for m in shapes}
+    served = [w for w in withdrawn if any(_serves_at(e, withdrawn[w]) for e in entries)]
+    if len(served) < len(withdrawn):
+        with pytest.raises(ValueError, match="no entry"):
+            merged(base, new, ValueError, withdrawn=withdrawn)
+        return
+    kept = merged(base, new, ValueError, withdrawn=withdrawn)["entries"]
+    assert not any(_serves_at(e, shape) for e in kept for shape in withdrawn.values())
+    assert [e for e in entries if e not in kept] == [e for e in entries
+                                                     if any(_serves_at(e, s) for s in withdrawn.values())]

@@ -59,7 +59,7 @@ from typing import Optional
 
 def add_parser(sub) -> None:
     p = sub.add_parser("table", help="build a tuned table from l2c bench results (per-shape best candidate)")
-    p.add_argument("results", nargs="+", help="JSON-lines files written by l2c bench")
+    p.add_argument("results", nargs="*", help="JSON-lines files written by l2c bench (none: --into with --withdraw)")
     p.add_argument("-o", "--output", required=True, help="tuned table JSON to write")
     p.add_argument("--protocol", default="kernel",
                    help="the protocol whose figures make the table, or several (kernel,call): a candidate must then be "
@@ -93,6 +93,11 @@ def add_parser(sub) -> None:
                    help="with --into: add a new entry only where the table serves its shape with no entry, or with "
                         "one whose speedup times RATIO is at most the new one's (e.g. 1.03, the spread of two "
                         "measurements): a new kernel family never displaces a faster entry")
+    p.add_argument("--withdraw", nargs="+", default=[], metavar="DTYPE:LAYOUT:GATE:MxNxK",
+                   help="with --into: take out of the table every entry (exact, range or cell) that serves one of "
+                        "these shapes, e.g. f16:row,col,row:silu:384x14336x4096, for evidence outside its own protocol "
+                        "(a model's step slower with the entry than without it); the table records them as "
+                        "`withdrawn`, and a shape no entry serves is refused")
     p.add_argument("--confirmed-by", nargs="+", default=[], metavar="RESULTS",
                    help="candidates are only the specs that won again (speedup >= 1.0 in every row, same protocol "
                         "and shape) in these later measurements, e.g. `l2c bench` of the candidate table: each shape "
@@ -712,11 +717,34 @@ def _serves_at(entry: dict, row) -> bool:
                 ("k", entry.get("k_range", (entry["k"],) * 2))))
 
 
-def merged(base: dict, new: dict, error, lost_rows=()) -> dict:
+def parse_withdrawn(text: str) -> dict:
+    """'f16:row,col,row:silu:384x14336x4096' -> the shape as a results row (m, n, k, batch, dtype, layout, gate);
+    ValueError naming what is wrong otherwise."""
+    parts = text.split(":")
+    if len(parts) != 4:
+        raise ValueError(f"--withdraw {text!r}: expected DTYPE:LAYOUT:GATE:MxNxK, "
+                         "e.g. f16:row,col,row:silu:384x14336x4096")
+    dtype, layout, gate, shape = parts
+    if dtype not in ("f16", "bf16", "f32"):
+        raise ValueError(f"--withdraw {text!r}: dtype {dtype!r} is not f16, bf16 or f32")
+    if len(layout.split(",")) != 3 or any(part not in ("row", "col") for part in layout.split(",")):
+        raise ValueError(f"--withdraw {text!r}: layout {layout!r} is not three of row/col (A, B, D), e.g. row,col,row")
+    if gate not in ("none", "silu", "gelu_tanh"):
+        raise ValueError(f"--withdraw {text!r}: gate {gate!r} is not none, silu or gelu_tanh")
+    dims = shape.split("x")
+    if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise ValueError(f"--withdraw {text!r}: shape {shape!r} is not MxNxK of positive integers")
+    m, n, k = map(int, dims)
+    return {"m": m, "n": n, "k": k, "batch": 1, "dtype": dtype, "layout": layout, "gate": gate}
+
+
+def merged(base: dict, new: dict, error, lost_rows=(), withdrawn=None) -> dict:
     """`base` with `new`'s entries added, each replacing base's entry of the same problem, less base's entries whose
     kernel `lost_rows` (rows of the new results: a failure or a loss to torch) measured losing at a shape they serve:
     an entry counts at its worst row, in whichever run it was measured. Both must come from one GPU and one
-    protocol (a table's figures are ratios in its protocol); the margin kept is the smaller."""
+    protocol (a table's figures are ratios in its protocol); the margin kept is the smaller. `withdrawn` maps each
+    --withdraw text to its shape: every entry serving one leaves, and a shape none serves is an error (a mistyped
+    shape would otherwise withdraw nothing)."""
     if new["gpu"] is not None and base.get("gpu") not in (None, new["gpu"]):
         raise error(f"--into table is for {base.get('gpu')}, the results for {new['gpu']}")
     if base.get("protocol") != new["protocol"]:
@@ -726,13 +754,20 @@ def merged(base: dict, new: dict, error, lost_rows=()) -> dict:
     for r in lost_rows:
         lost.setdefault(r["spec"], []).append(r)
     kept = [e for e in base["entries"] if problem_key(e) not in replaced
-            and not any(_serves_at(e, r) for r in lost.get(e["spec"], ()))]
+            and not any(_serves_at(e, r) for r in lost.get(e["spec"], ()))] + new["entries"]
+    for text, shape in (withdrawn or {}).items():
+        if not any(_serves_at(e, shape) for e in kept):
+            raise error(f"--withdraw {text}: no entry of the merged table serves that shape")
+    kept = [e for e in kept if not any(_serves_at(e, shape) for shape in (withdrawn or {}).values())]
     margins = [m for m in (base.get("min_speedup"), new["min_speedup"]) if m is not None]
-    return dict(base, gpu=base.get("gpu") or new["gpu"], min_speedup=min(margins) if margins else None,
-                sources=list(base.get("sources", [])) + new["sources"],
-                near=list(base.get("near", [])) + new.get("near", []),
-                confirmed_by=list(base.get("confirmed_by", [])) + new["confirmed_by"],
-                entries=kept + new["entries"])
+    table = dict(base, gpu=base.get("gpu") or new["gpu"], min_speedup=min(margins) if margins else None,
+                 sources=list(base.get("sources", [])) + new["sources"],
+                 near=list(base.get("near", [])) + new.get("near", []),
+                 confirmed_by=list(base.get("confirmed_by", [])) + new["confirmed_by"],
+                 entries=kept)
+    if withdrawn:
+        table["withdrawn"] = list(base.get("withdrawn", [])) + list(withdrawn)
+    return table
 
 
 def run(args) -> int:
@@ -751,7 +786,12 @@ def run(args) -> int:
         raise UsageError(f"results from different GPUs: {sorted(gpus)}")
     if len(sm_counts) > 1:
         raise UsageError(f"results from GPUs with different SM counts: {sorted(sm_counts)}")
+    if args.withdraw and not args.into:
+        raise UsageError("--withdraw takes entries out of the table of --into")
+    if not args.results and not args.withdraw:
+        raise UsageError("name the l2c bench results to make the table from (or --into TABLE --withdraw SHAPE)")
     try:
+        withdrawn = {text: parse_withdrawn(text) for text in args.withdraw}
         charges = parse_overhead(args.host_overhead)
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -817,7 +857,8 @@ def run(args) -> int:
                          range_min_speedup=r["speedup"], near=True)
                     for r, ms, ns, ks in sorted(near, key=lambda t: (t[0]["dtype"], t[0]["layout"], t[1:]))]
     table = {"format": 1, "arch": args.arch, "gpu": next(iter(gpus), None), "protocol": args.protocol,
-             "min_speedup": None if args.every_shape else args.min_speedup, "host_overhead_s": charges,
+             "min_speedup": None if args.every_shape or not args.results else args.min_speedup,
+             "host_overhead_s": charges,
              "sources": [str(p) for p in args.results], "near": [str(p) for p in args.near],
              "confirmed_by": [str(p) for p in args.confirmed_by],
              "entries": entries}
@@ -835,10 +876,14 @@ def run(args) -> int:
         lost_rows = [r for r in rows if r.get("type") == "result" and r.get("protocol") == protocol
                      and r.get("kernel") != "torch" and spec_text(r, cache)
                      and (r.get("status") != "ok" or (r.get("speedup") or 0.0) < 1.0)]
-        table = merged(base, table, UsageError, [dict(r, spec=spec_text(r, cache)) for r in lost_rows])
+        table = merged(base, table, UsageError, [dict(r, spec=spec_text(r, cache)) for r in lost_rows], withdrawn)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
+    if not args.results:
+        print(f"wrote {out}: {args.into}'s {len(base['entries'])} entries less those serving the {len(withdrawn)} "
+              f"withdrawn shape(s), {len(table['entries'])} in all")
+        return 0
     kept = "every shape's best" if args.every_shape else f">= {args.min_speedup}x"
     kept += ", won again in " + ", ".join(args.confirmed_by) if args.confirmed_by else ""
     celled = sum(1 for e in entries if "n_range" in e)
@@ -846,5 +891,6 @@ def run(args) -> int:
     print(f"wrote {out}: {len(entries) - ranged - celled} shape(s)"
           f"{f', {ranged} token-count range(s)' if ranged else ''}{f', {celled} cell(s)' if celled else ''}, "
           f"{kept} in the {args.protocol} protocol"
-          + (f"; with {args.into}'s, {len(table['entries'])} entries in all" if args.into else ""))
+          + (f"; with {args.into}'s, {len(table['entries'])} entries in all" if args.into else "")
+          + (f", {len(withdrawn)} shape(s) withdrawn" if withdrawn else ""))
     return 0
