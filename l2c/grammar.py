@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
+from typing import Optional
 
 from lark import Lark
 
@@ -90,10 +91,58 @@ def grammar_text() -> str:
     return grammar_path().read_text()
 
 
+# keep_all_tokens: enum values are anonymous literals and must survive into the tree.
+PARSER_OPTIONS = {"parser": "lalr", "keep_all_tokens": True, "propagate_positions": True}
+
+
 @functools.lru_cache(maxsize=1)
 def lark_parser() -> Lark:
-    # keep_all_tokens: enum values are anonymous literals and must survive into the tree.
-    return Lark(grammar_text(), parser="lalr", keep_all_tokens=True, propagate_positions=True)
+    """The .l2 parser. Building its LALR tables costs 40-50 ms, on the import that warms the dispatcher and in every
+    `l2c` command; a copy saved in the user cache (`l2c.cache.cache_dir`, where built kernels live too), named by a
+    digest of the grammar, the options and the Lark and Python versions, loads in under 10 ms. A missing, unreadable
+    or truncated copy is rebuilt, and a cache that cannot be written is done without."""
+    text = grammar_text()
+    path = _saved_parser_path(text)
+    if path is not None and path.is_file():
+        try:
+            with open(path, "rb") as f:
+                return Lark.load(f)
+        except Exception:  # noqa: BLE001 - any damage to the copy: build the parser again
+            pass
+    parser = Lark(text, **PARSER_OPTIONS)
+    if path is not None:
+        _save_parser(parser, path)
+    return parser
+
+
+def _saved_parser_path(text: str) -> Optional[Path]:
+    import sys
+
+    import lark
+
+    from .cache import cache_dir, content_hash
+    try:
+        folder = cache_dir("front_end")
+    except OSError:
+        return None
+    key = content_hash(text, repr(sorted(PARSER_OPTIONS.items())), lark.__version__, sys.version)
+    return folder / f"l2_parser_{key[:16]}.pickle"
+
+
+def _save_parser(parser: Lark, path: Path) -> None:
+    """Written beside its final name, then renamed: another process never reads half a file."""
+    import os
+    import tempfile
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            parser.save(f)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def main() -> None:
