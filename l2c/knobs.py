@@ -202,10 +202,13 @@ KNOBS: Tuple[Knob, ...] = (
          choices=("none", "silu", "gelu_tanh"), searchable=False, spelled_at_default=False),
     Knob("epilogue", "store", "enum", "tma",
          "How a CUTLASS GEMM writes its output tile: `tma` (through shared memory in sub-tiles and TMA bulk "
-         "stores, which each block waits for before it ends) or `direct` (each consumer thread stores its "
+         "stores, which each block waits for before it ends), `direct` (each consumer thread stores its "
          "accumulators to global memory itself: no shared memory for the epilogue, which leaves more for pipeline "
-         "stages, no store to wait for, and a lighter kernel to compile; alpha, beta and C only).",
-         choices=("tma", "direct"), targets=("cutlass",), spelled_at_default=False,
+         "stages, no store to wait for, and a lighter kernel to compile; alpha, beta and C only) or `staged` "
+         "(the consumer threads write the finished tile, in the output type, to shared memory, then copy it out "
+         "in 16-byte stores along D's contiguous dimension: whole-line stores as TMA makes, with l2c's own short "
+         "epilogue, which compiles as fast as `direct`; alpha, beta and C only).",
+         choices=("tma", "direct", "staged"), targets=("cutlass",), spelled_at_default=False,
          # not in the tuner's space until measured (`scripts/gpu.py direct_store` pairs each plain table kernel with
          # its direct twin): an unmeasured dimension would halve every study's CUTLASS draws
          searchable=False),

@@ -72,6 +72,16 @@ SPECS = [
     # the pingpong schedule with the direct store at a stage count where the empty C-load pipeline's slot shows
     KernelSpec(name="pp_direct", types_a="bf16", types_b="bf16", types_c="bf16", tile_m=64, tile_n=64, tile_k=64,
                pipeline_stages=4, launch_schedule="pingpong", layout_b="col", epilogue_store="direct"),
+    # epilogue store=staged (l2c's epilogue: the tile through shared memory, 16-byte stores): cooperative 256-row
+    # tile with a C input, cluster 1x2; pingpong bf16 with D column-major and a batch; a swapped 8-wide decoding
+    # tile under parallel split-K (fp32 partials, lines along CUTLASS's M) whose bias the reduction applies
+    KernelSpec(name="coop_staged", tile_m=256, tile_n=128, tile_k=64, cluster_n=2, launch_schedule="cooperative",
+               epilogue_beta=1.0, epilogue_alpha=0.5, epilogue_store="staged"),
+    KernelSpec(name="pp_staged_colmajor", types_a="bf16", types_b="bf16", types_c="bf16", tile_m=128, tile_n=128,
+               tile_k=64, launch_schedule="pingpong", layout_c="col", problem_batch="any", epilogue_store="staged"),
+    KernelSpec(name="swap_staged_parallel", tile_m=8, tile_n=64, tile_k=64, launch_schedule="basic",
+               launch_swap="yes", layout_b="col", split_k_slices=2, split_k_mode="parallel", epilogue_bias="col",
+               epilogue_store="staged"),
 ]
 
 
@@ -98,6 +108,43 @@ def test_kernel_compiles_cleanly(built, index):
     assert kernel.stages == valids[index].stages
     assert kernel.shared_memory_bytes <= valids[index].smem_bytes <= kernel.shared_memory_bytes + 512
     assert kernel.shared_memory_bytes <= valids[index].arch.smem_per_block
+
+
+def test_no_kernel_spills_to_local_memory(built):
+    """cuobjdump's resource report (the copy Triton ships) of every built library: no kernel function keeps a stack
+    frame or local memory, l2c's staged epilogue beside the largest accumulator tiles (128 per thread) included."""
+    import re
+    import subprocess
+    from pathlib import Path
+    import triton
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.is_file():
+        pytest.skip("no cuobjdump in this Triton")
+    _, results = built
+    for spec, kernel in zip(SPECS, results):
+        report = subprocess.run([str(cuobjdump), "--dump-resource-usage", str(kernel.path)], capture_output=True,
+                                text=True, check=True).stdout
+        usage = re.findall(r"STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", report)
+        assert usage and all(stack == local == "0" for stack, local in usage), f"{spec.name}: {report}"
+
+
+def test_the_staged_epilogue_s_blocks_are_where_the_mma_holds_them(tmp_path):
+    """tests/data/staged_layout_check.cu, compiled by nvcc and run on the host: for the warpgroup MMAs CUTLASS's
+    builder picks (three schedules, tiles 8-256 wide), every tile element is held by one consumer thread once, an MMA
+    step along M is the block of rows the staged epilogue writes for it, and the halves of each thread's values
+    are the halves of the columns where it stages a tile 192 or 256 wide."""
+    import subprocess
+    from pathlib import Path
+    from l2c.targets.cutlass.toolchain import cutlass_include_dirs, find_nvcc
+    source = Path(__file__).parent / "data" / "staged_layout_check.cu"
+    binary = tmp_path / "staged_layout_check"
+    done = subprocess.run([find_nvcc(), "-O1", "-std=c++17", "--expt-relaxed-constexpr",
+                           "-gencode=arch=compute_90a,code=sm_90a",
+                           *(f"-I{d}" for d in cutlass_include_dirs()), str(source), "-o", str(binary)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.count(" ok\n") == 14, run.stdout
 
 
 def test_the_overlap_switch_follows_l2c_overlap_when_a_library_is_loaded(built, monkeypatch):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from l2c.errors import L2ValidationError
 from l2c.ir import KernelSpec
-from l2c.knobs import AUTO
+from l2c.knobs import AUTO, DTYPE_BYTES
 from l2c.lower import render
 from l2c.parser import parse_one
 from l2c.arch import ARCHS
@@ -79,6 +79,14 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
     ("kernel a { tile m=1 n=64 k=256 launch family=gemv epilogue store=direct }", "cutlass", "direct-store",
      "epilogue.store"),
     ("kernel a { target triton epilogue store=direct }", "triton", "target-knob", "epilogue.store"),
+    ("kernel a { epilogue bias=row store=staged }", "cutlass", "staged-store", "epilogue.bias"),
+    ("kernel a { epilogue activation=gelu store=staged }", "cutlass", "staged-store", "epilogue.activation"),
+    ("kernel a { tile m=128 n=128 k=64 launch schedule=cooperative split_k slices=2 mode=workspace "
+     "epilogue store=staged }", "cutlass", "staged-store", "split_k.slices"),
+    ("kernel a { tile m=128 n=128 k=64 launch schedule=cooperative split_k mode=stream_k epilogue store=staged }",
+     "cutlass", "staged-store", "split_k.mode"),
+    ("kernel a { tile m=1 n=64 k=256 launch family=gemv epilogue store=staged }", "cutlass", "staged-store",
+     "epilogue.store"),
 ])
 def test_each_rule_rejects_with_its_name_and_knob(text, target, rule, knob):
     rejects(text, target, rule, knob)
@@ -243,22 +251,49 @@ def test_a_direct_store_frees_the_epilogue_shared_memory_for_stages(spec):
     assert "NoSmemWarpSpecialized" in render(direct) and "NoSmemWarpSpecialized" not in render(tma)
 
 
-def test_a_direct_store_kernel_asked_for_a_bias_or_activation_stores_through_tma():
+@settings(max_examples=200)
+@given(valid_specs("cutlass", epilogue_store="tma", epilogue_bias="none", epilogue_activation="none"))
+def test_a_staged_store_is_valid_wherever_its_tile_fits_beside_the_main_loop(spec):
+    """The same plain kernel with `store=staged` is valid unless CUTLASS's split-K or stream-K scheduler runs it
+    (rule staged-store) or its staged block leaves under two stages; its epilogue holds one MMA step of rows (half
+    the columns of a tile 192 or 256 wide), each line along D's contiguous dimension padded by 16 bytes, and it
+    renders l2c's epilogue, not CUTLASS's."""
+    from l2c.targets.cutlass.rules import cutlass_gemm_spec
+    staged_spec = dataclasses.replace(spec, epilogue_store="staged")
+    scheduler_split = spec.split_k_mode == "stream_k" or (spec.split_k_slices > 1 and not spec.parallel_split_k)
+    try:
+        staged = validate(staged_spec, "cutlass")
+    except L2ValidationError as err:
+        assert err.rule == ("staged-store" if scheduler_split else "shared-memory"), err
+        return
+    assert not scheduler_split
+    gemm = cutlass_gemm_spec(staged_spec)
+    rows = min(gemm.tile_m, 128 if staged.schedule == "cooperative" else 64)   # one warpgroup MMA step along M
+    columns = gemm.tile_n // 2 if gemm.tile_n >= 192 else gemm.tile_n
+    line, lines = (columns, rows) if gemm.layout_c == "row" else (rows, columns)
+    assert cutlass_epilogue_smem(gemm, staged.schedule) == -(-lines * (line * DTYPE_BYTES[gemm.types_c] + 16)
+                                                             // 128) * 128
+    source = render(staged)
+    assert "class StagedEpilogue" in source and "epilogue::collective::CollectiveBuilder" not in source
+
+
+@pytest.mark.parametrize("store", ["direct", "staged"])
+def test_a_direct_or_staged_store_kernel_asked_for_a_bias_or_activation_stores_through_tma(store):
     from l2c.tuned_table import TunedTable, served_spec
     text = ("kernel d { target cutlass tile m=16 n=64 k=128 launch schedule=basic swap=yes layout b=col "
-            "epilogue store=direct }")
+            f"epilogue store={store} }}")
     table = TunedTable.serving(parse_one(text).to_l2(), "cutlass", "f16", "row,col,row")
     entry = table.lookup("f16", "row,col,row", 7, 64, 64)
     plain = served_spec(entry, 7, has_bias=False, activation="none")
-    assert plain.epilogue_store == "direct" and validate(plain, "cutlass")
+    assert plain.epilogue_store == store and validate(plain, "cutlass")
     for has_bias, activation in ((True, "none"), (False, "silu"), (True, "gelu")):
         fused = served_spec(entry, 7, has_bias, activation)
         assert fused.epilogue_store == "tma" and validate(fused, "cutlass")
-        assert fused.replace(epilogue_store="direct", epilogue_bias="none", epilogue_activation="none") == plain
-    parallel = TunedTable.serving(parse_one(text.replace("store=direct", "store=direct split_k slices=2 "
+        assert fused.replace(epilogue_store=store, epilogue_bias="none", epilogue_activation="none") == plain
+    parallel = TunedTable.serving(parse_one(text.replace(f"store={store}", f"store={store} split_k slices=2 "
                                                          "mode=parallel")).to_l2(), "cutlass", "f16", "row,col,row")
     fused = served_spec(parallel.lookup("f16", "row,col,row", 7, 64, 64), 7, has_bias=True, activation="silu")
-    assert fused.epilogue_store == "direct" and validate(fused, "cutlass")   # the reduction kernel applies both
+    assert fused.epilogue_store == store and validate(fused, "cutlass")   # the reduction kernel applies both
 
 
 def test_a_direct_store_kernel_with_stages_only_it_fits_gets_the_tma_store_with_the_stages_that_fit():

@@ -41,6 +41,10 @@ RULES = declare({
     "direct-store": "`epilogue store=direct` is CUTLASS's epilogue without shared memory, which computes alpha * A@B "
                     "+ beta * C only: no bias or activation in the GEMM (under split_k mode=parallel the reduction "
                     "kernel applies them), and only a GEMM reads it (a gemv kernel stores its own way)",
+    "staged-store": "`epilogue store=staged` is l2c's own epilogue, which computes alpha * A@B + beta * C only (no bias "
+                    "or activation in the GEMM; under split_k mode=parallel the reduction kernel applies them), "
+                    "stores each tile whole (not CUTLASS's split-K or stream-K schedulers, which may store parts of "
+                    "a tile) and only in a GEMM",
 })
 
 
@@ -72,10 +76,18 @@ def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     D is stored in (64 or 128) x 32 sub-tiles, double-buffered; when beta != 0, C (same type as D) is loaded
     into the same buffer, which then holds max(min(sub-tiles, 4), 3) sub-tiles; a per-column bias is staged
     through shared memory (one tile row). An empty fusion storage still takes a byte, hence an alignment unit.
-    `store=direct` (CUTLASS's epilogue without shared memory) keeps only that unit and loads C through no pipeline.
+    `store=direct` (CUTLASS's epilogue without shared memory) keeps only that unit and loads C through no pipeline;
+    `store=staged` holds one step of the warpgroup MMA along M at a time (64 rows, 128 under the cooperative
+    schedule), half its columns for tiles 192 or 256 wide, in D's type, each line along D's contiguous dimension
+    padded by 16 bytes (templates/cutlass/gemm.cu.j2, StagedEpilogue), and loads C through no pipeline either.
     """
     if spec.epilogue_store == "direct":
         return 128, 0, 128
+    if spec.epilogue_store == "staged":
+        rows = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
+        columns = spec.tile_n // 2 if spec.tile_n >= 192 else spec.tile_n
+        contiguous, lines = (columns, rows) if spec.layout_c == "row" else (rows, columns)
+        return _round_up(lines * (contiguous * DTYPE_BYTES[spec.types_c] + 16), 128), 0, 128
     epi_m = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
     epi_n = math.gcd(min(32, spec.tile_n), spec.tile_n)
     subtiles = (spec.tile_m // epi_m) * (spec.tile_n // epi_n)
@@ -145,13 +157,18 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     the stage count CUTLASS instantiates and the kernel's shared memory."""
     if gated(spec) and spec.launch_family != "gemv":
         raise fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on a CUTLASS GEMM")
-    if spec.epilogue_store == "direct":
+    if spec.epilogue_store in ("direct", "staged"):
+        rule, store = f"{spec.epilogue_store}-store", f"store={spec.epilogue_store}"
         if spec.launch_family == "gemv":
-            raise fail(spec, "epilogue_store", "direct-store", "store=direct with family=gemv")
+            raise fail(spec, "epilogue_store", rule, f"{store} with family=gemv")
         fused = cutlass_gemm_spec(spec)   # the epilogue the GEMM itself runs (its bias turned under swap=yes)
         for field in ("epilogue_bias", "epilogue_activation"):
             if getattr(fused, field) != "none":
-                raise fail(spec, field, "direct-store", f"{knob(field).key}={getattr(spec, field)} with store=direct")
+                raise fail(spec, field, rule, f"{knob(field).key}={getattr(spec, field)} with {store}")
+        if spec.epilogue_store == "staged" and (spec.split_k_mode == "stream_k" or
+                                                (spec.split_k_slices > 1 and not spec.parallel_split_k)):
+            field = "split_k_mode" if spec.split_k_mode == "stream_k" else "split_k_slices"
+            raise fail(spec, field, rule, f"{knob(field).key}={getattr(spec, field)} with {store}")
     if spec.launch_family == "gemv":
         return gemv.check(spec, arch)
     if spec.target == "cutlass":   # a spec for both targets keeps its Triton knobs, which CUTLASS ignores
