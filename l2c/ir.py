@@ -53,12 +53,11 @@ class KernelSpec(_SpecBase):
 
     def with_epilogue(self, bias: str, activation: str) -> "KernelSpec":
         """This kernel with a call's bias and activation fused. A bias or activation in the GEMM's own epilogue
-        needs CUTLASS's TMA epilogue (rules direct-store and staged-store; under parallel split-K the reduction
-        kernel applies them instead), so there a `store=direct` or `store=staged` kernel stores through TMA instead
-        of being a kernel that cannot be built: the same main loop and tiles, with as many stages as fit beside
-        that epilogue (a count pinned for the other store may not)."""
-        if (self.epilogue_store in ("direct", "staged") and (bias != "none" or activation != "none")
-                and not self.parallel_split_k):
+        needs an epilogue with shared memory (rule direct-store; under parallel split-K the reduction kernel applies
+        them instead), so there a `store=direct` kernel stores through TMA instead of being a kernel that cannot be
+        built: the same main loop and tiles, with as many stages as fit beside that epilogue (a count pinned for the
+        direct store may not)."""
+        if self.epilogue_store == "direct" and (bias != "none" or activation != "none") and not self.parallel_split_k:
             return self.replace(epilogue_bias=bias, epilogue_activation=activation, epilogue_store="tma",
                                 pipeline_stages=AUTO)
         return self.replace(epilogue_bias=bias, epilogue_activation=activation)

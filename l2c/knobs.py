@@ -207,7 +207,8 @@ KNOBS: Tuple[Knob, ...] = (
          "stages, no store to wait for, and a lighter kernel to compile; alpha, beta and C only) or `staged` "
          "(the consumer threads write the finished tile, in the output type, to shared memory, then copy it out "
          "in 16-byte stores along D's contiguous dimension: whole-line stores as TMA makes, with l2c's own short "
-         "epilogue, which compiles as fast as `direct`; alpha, beta and C only).",
+         "epilogue, which compiles in about two thirds of the TMA store's time; every epilogue the TMA store "
+         "fuses).",
          choices=("tma", "direct", "staged"), targets=("cutlass",), spelled_at_default=False,
          # not in the tuner's space until measured (`scripts/gpu.py direct_store` pairs each plain table kernel with
          # its direct twin): an unmeasured dimension would halve every study's CUTLASS draws

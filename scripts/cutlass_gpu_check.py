@@ -98,9 +98,16 @@ def sample_specs(count: int, seed: int, only: str = ""):
         KernelSpec(name="s7_swap_splitk3_coop_128x256_c2x1", tile_m=128, tile_n=256, tile_k=64, cluster_m=2,
                    launch_schedule="cooperative", launch_swap="yes", split_k_slices=3, split_k_mode="workspace"),
         # Session 38: epilogue store=staged (l2c's epilogue through shared memory) in every schedule and layout of
-        # D, with C, a batch, f32 output, swap=yes and parallel split-K (`--only staged`)
-        KernelSpec(name="staged_coop_256x128_c1x2_c", tile_m=256, tile_n=128, tile_k=64, cluster_n=2,
-                   launch_schedule="cooperative", epilogue_alpha=0.75, epilogue_beta=0.5, epilogue_store="staged"),
+        # D, with C, both biases, activations, a batch, f32 output, swap=yes, split-K (CUTLASS's scheduler and
+        # parallel) and stream-K (`--only staged`)
+        KernelSpec(name="staged_coop_256x128_c1x2_c_colbias_gelu", tile_m=256, tile_n=128, tile_k=64, cluster_n=2,
+                   launch_schedule="cooperative", epilogue_alpha=0.75, epilogue_beta=0.5, epilogue_bias="col",
+                   epilogue_activation="gelu", epilogue_store="staged"),
+        KernelSpec(name="staged_swap_16x64_basic_nt_colbias_silu", layout_b="col", tile_m=16, tile_n=64, tile_k=128,
+                   launch_schedule="basic", launch_swap="yes", epilogue_bias="col", epilogue_activation="silu",
+                   epilogue_store="staged"),
+        KernelSpec(name="staged_rowbias_relu_nt", layout_a="col", tile_m=128, tile_n=128, epilogue_bias="row",
+                   epilogue_activation="relu", epilogue_store="staged"),
         KernelSpec(name="staged_coop_128x256_headline", tile_m=128, tile_n=256, tile_k=64, cluster_n=2,
                    launch_schedule="cooperative", epilogue_store="staged"),
         KernelSpec(name="staged_pingpong_128x128_bf16_colc_batched", types_a="bf16", types_b="bf16", types_c="bf16",
@@ -115,6 +122,10 @@ def sample_specs(count: int, seed: int, only: str = ""):
         KernelSpec(name="staged_swap_parallel4_48x64_tn_colbias", layout_a="col", tile_m=48, tile_n=64, tile_k=64,
                    launch_schedule="pingpong", launch_swap="yes", split_k_slices=4, split_k_mode="parallel",
                    epilogue_bias="col", epilogue_activation="relu", epilogue_store="staged"),
+        KernelSpec(name="staged_splitk3_workspace_coop_128x128_c", tile_m=128, tile_n=128, split_k_slices=3,
+                   split_k_mode="workspace", epilogue_beta=1.0, epilogue_store="staged"),
+        KernelSpec(name="staged_streamk_128x256_c1x2", tile_m=128, tile_n=256, split_k_mode="stream_k",
+                   cluster_n=2, epilogue_store="staged"),
     ]
     rng = random.Random(seed)
     choices = {

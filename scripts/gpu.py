@@ -232,34 +232,55 @@ def _widegemv(a):
 
 
 # The plain CUTLASS GEMM entries whose twin with `epilogue store=direct` is valid (rule direct-store).
-DIRECT_STORE_WHERE = ("--where", "target=cutlass", "--where", "launch_family=gemm", "--where", "epilogue_bias=none",
-                       "--where", "epilogue_activation=none", "--where", "epilogue_store=tma")
-DIRECT_STORE_SETS = {"default": ("sm_90.json", ("--max-gflop", "1", "--per-spec", "3")),
-                     "graphs": ("sm_90_graphs.json", ("--where", "layout_b=col", "--per-spec", "2"))}
+STORE_WHERE = ("--where", "target=cutlass", "--where", "launch_family=gemm", "--where", "epilogue_bias=none",
+               "--where", "epilogue_activation=none", "--where", "epilogue_store=tma")
+# Which table entries each store is paired on: the direct store (plain epilogues, wins only on small outputs) on the
+# default table's entries under 1 GFLOP; the staged store (to replace the TMA store, for its build time) on entries of
+# every size.
+STORE_SETS = {
+    "direct": {"default": ("sm_90.json", ("--max-gflop", "1", "--per-spec", "3")),
+               "graphs": ("sm_90_graphs.json", ("--where", "layout_b=col", "--per-spec", "2"))},
+    "staged": {"default": ("sm_90.json", ("--per-spec", "2")),
+               "graphs": ("sm_90_graphs.json", ("--where", "layout_b=col", "--per-spec", "2"))},
+}
+
+
+def _store_study(a, store: str):
+    """`epilogue store=STORE` against the same kernels with the TMA store, paired side by side with torch
+    (scripts/table_variant.py, then scripts/variant_pairs.py): the default table's plain CUTLASS GEMM entries (`kernel`
+    and `call`) and the graphs table's nn.Linear ones (`kernel` with cold weights), selected per STORE_SETS. The B
+    kernels are built first in parallel (`l2c build`: cache hits where the build cache holds them, e.g. unpacked from
+    a tarball made here), the A side's come from the shipped pack; the bench verifies each before it times it."""
+    tables, out = ROOT / "l2c" / "tuned", []
+    sets = STORE_SETS[store]
+    for name, (table, select) in sets.items():
+        for side, change in (("a", ()), ("b", ("--set", f"epilogue_store={store}"))):
+            out.append(script("scripts/table_variant.py", str(tables / table), *STORE_WHERE, *select,
+                              *change, "-o", f"{a.out}/{store}_{name}_{side}.json", "--specs-out",
+                              f"{a.out}/{store}_{name}_{side}.l2"))
+    out.append(l2c("build", *(f"{a.out}/{store}_{name}_b.l2" for name in sets), "--target", "cutlass", "-j", "16"))
+    for name, protocol in (("default", ("--protocol", "kernel,call", "--iters", "10")),
+                           ("graphs", ("--protocol", "kernel", "--roofline"))):
+        pair = (f"{a.out}/{store}_{name}_a.json", f"{a.out}/{store}_{name}_b.json")
+        out += [l2c("bench", *pair, *protocol, "--reps", "5", "-o", f"{a.out}/{store}_store_{name}.jsonl"),
+                script("scripts/variant_pairs.py", f"{a.out}/{store}_store_{name}.jsonl", "--a", pair[0], "--b",
+                       pair[1], "--out", f"{a.out}/{store}_store_{name}_summary.json")]
+    return out
 
 
 def _direct_store(a):
-    """`epilogue store=direct` against the same kernels with the TMA store, paired side by side with torch
-    (scripts/table_variant.py, then scripts/variant_pairs.py): the default table's plain CUTLASS GEMM entries under
-    1 GFLOP (3 per spec, both layouts, `kernel` and `call`) and the graphs table's nn.Linear ones (2 per spec, `kernel`
-    with cold weights). The direct kernels are built first in parallel (`l2c build`: cache hits where the build cache
-    holds them, e.g. unpacked from a tarball made here), the A side's come from the shipped pack; the bench verifies
-    each before it times it. About a minute and a half on the H200 with the kernels in the cache."""
-    tables, out = ROOT / "l2c" / "tuned", []
-    for name, (table, select) in DIRECT_STORE_SETS.items():
-        for side, change in (("a", ()), ("b", ("--set", "epilogue_store=direct"))):
-            out.append(script("scripts/table_variant.py", str(tables / table), *DIRECT_STORE_WHERE, *select,
-                              *change, "-o", f"{a.out}/direct_{name}_{side}.json", "--specs-out",
-                              f"{a.out}/direct_{name}_{side}.l2"))
-    out.append(l2c("build", *(f"{a.out}/direct_{name}_b.l2" for name in DIRECT_STORE_SETS), "--target", "cutlass",
-                   "-j", "16"))
-    for name, protocol in (("default", ("--protocol", "kernel,call", "--iters", "10")),
-                           ("graphs", ("--protocol", "kernel", "--roofline"))):
-        pair = (f"{a.out}/direct_{name}_a.json", f"{a.out}/direct_{name}_b.json")
-        out += [l2c("bench", *pair, *protocol, "--reps", "5", "-o", f"{a.out}/direct_store_{name}.jsonl"),
-                script("scripts/variant_pairs.py", f"{a.out}/direct_store_{name}.jsonl", "--a", pair[0], "--b",
-                       pair[1], "--out", f"{a.out}/direct_store_{name}_summary.json")]
-    return out
+    """The direct store's study (about a minute and a half on the H200 with its kernels in the cache)."""
+    return _store_study(a, "direct")
+
+
+def _staged_store(a):
+    """l2c's staged epilogue: its GPU check (`cutlass_gpu_check.py --only staged`: seven specs over the schedules,
+    layouts, C, f32 output, swap=yes and parallel split-K, verified then timed), its study, and #19's build part on
+    this host with the TMA store and with the staged one (32 pack kernels each, 4 nvcc runs of 8)."""
+    return [script("scripts/cutlass_gpu_check.py", "--only", "staged", "--out", f"{a.out}/staged_gpu_check.json"),
+            *_store_study(a, "staged"),
+            *(script("scripts/zero_wait.py", "--parts", "build", "--build-store", store, "--out",
+                     f"{a.out}/zero_wait_build_{store}.json") for store in ("tma", "staged"))]
 
 
 def _unswapped(a):
@@ -366,6 +387,9 @@ STAGES: Dict[str, Stage] = {
     "direct_store": Stage("CUTLASS GEMMs with `epilogue store=direct` (no shared memory in the epilogue) against the "
                           "same kernels with the TMA store, paired: the default table's small entries and the graphs "
                           "table's nn.Linear ones", _direct_store),
+    "staged_store": Stage("l2c's staged epilogue (`epilogue store=staged`) verified on the GPU, then against the same "
+                          "kernels with the TMA store, paired: plain entries of every size of both tables (its build "
+                          "is a third shorter; this decides whether it can replace the TMA store)", _staged_store),
     "unswapped": Stage("search CUTLASS tiles with the tokens on the MMA's M side and the grid sized to whole waves of "
                        "the SMs on the decoding set at 48-512 tokens (f16, bf16) into JSON lines for `l2c table`",
                        _unswapped),

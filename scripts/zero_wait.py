@@ -127,18 +127,34 @@ def unbuilt_variant(entry, pack):
     raise SystemExit(f"no variant of {spec.name} is both valid and absent from the pack")
 
 
-def batch_specs(pack, count: int) -> List[str]:
+def batch_specs(pack, count: int, store: str = "tma") -> List[str]:
     """(c)'s kernels: `count` of the pack's specs spread evenly over its kernel names in name order (a mix of tiles,
     schedules and split-K modes like the shipped tables'), one spec per name (a name twice in one file is refused);
-    never l2c's checker, which is no spec."""
+    never l2c's checker, which is no spec. With `store` other than tma, each spec that is valid with that epilogue
+    store (a plain CUTLASS GEMM: rules direct-store and staged-store) is built with it, the others as they are."""
     from l2c import checker
+    from l2c.errors import L2ValidationError
+    from l2c.parser import parse_one
+    from l2c.validate import validate
     by_name: Dict[str, str] = {}
     for e in sorted(pack.entries.values(), key=lambda e: (e.name, e.key)):
         if e.name != checker.NAME:
             by_name.setdefault(e.name, e.spec)
     names = sorted(by_name)
     count = max(1, min(count, len(names)))
-    return [by_name[names[i * len(names) // count]] for i in range(count)]
+    specs = [by_name[names[i * len(names) // count]] for i in range(count)]
+    if store == "tma":
+        return specs
+    changed = []
+    for text in specs:
+        spec = parse_one(text)
+        try:
+            variant = spec.replace(epilogue_store=store)
+            validate(variant, "cutlass", ARCH)
+            changed.append(variant.to_l2())
+        except L2ValidationError:
+            changed.append(text)
+    return changed
 
 
 def queued_job(entry, device: str):
@@ -374,7 +390,7 @@ def judge_unbuilt(part: dict) -> dict:
 
 
 def run_build(pack, root: Path, args) -> dict:
-    specs = batch_specs(pack, args.build_kernels)
+    specs = batch_specs(pack, args.build_kernels, args.build_store)
     pool = root / "batch.l2"
     pool.write_text("\n".join(specs))
     env = fresh_env(root, L2C_PACK=str(root / "no_pack.zip"))   # a pack that does not exist: nvcc builds all
@@ -385,7 +401,8 @@ def run_build(pack, root: Path, args) -> dict:
     sizes = [int(line.split("(one of ", 1)[1].split()[0]) if "(one of " in line else 1
              for line in built if "(cached)" not in line]   # per kernel: how many its nvcc run compiled
     per_kernel = ran["cpu_s"] / len(specs)
-    return {"kernels": len(specs), "built": len(built), "failed": sum(line.startswith("FAILED ") for line in lines),
+    stored = sum(f"store={args.build_store}" in text for text in specs) if args.build_store != "tma" else len(specs)
+    return {"kernels": len(specs), "store": args.build_store, "kernels_with_store": stored, "built": len(built), "failed": sum(line.startswith("FAILED ") for line in lines),
             "cached": sum("(cached)" in line for line in built), "jobs": args.build_jobs, "rc": ran["rc"],
             "wall_s": ran["wall_s"], "cpu_s": ran["cpu_s"], "cpu_s_per_kernel": round(per_kernel, 2),
             "cpu_share": round(ran["cpu_s"] / ran["wall_s"], 2) if ran["wall_s"] else None,
@@ -458,6 +475,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gap-ms", type=float, default=10.0, help="(a), (b): pause between calls")
     ap.add_argument("--build-kernels", type=int, default=32, help="(c): kernels compiled")
     ap.add_argument("--build-jobs", type=int, default=4, help="(c): l2c build -j (kernels per nvcc run follow)")
+    ap.add_argument("--build-store", choices=("tma", "direct", "staged"), default="tma",
+                    help="(c): the epilogue store of the kernels built, where their spec is valid with it")
     ap.add_argument("--build-timeout-s", type=float, default=180.0)
     ap.add_argument("--tune-timeout-s", type=float, default=150.0, help="(d): killed after this long (a fail)")
     ap.add_argument("--tmp", default=None, help="where the parts' temporary caches go (default: the system's)")

@@ -73,9 +73,9 @@ def valid_specs(draw, target: str, arch: str = "sm_90", **fixed) -> KernelSpec:
         pins.setdefault(wgmma_m, draw(st.sampled_from((64, 128, 256))))
         pins.setdefault("tile_k", draw(st.sampled_from((32, 64, 128))))
         pins.setdefault("types_c", draw(st.sampled_from(("f16", "bf16", "f32"))))
-        if pins.setdefault("epilogue_store", draw(st.sampled_from(("tma", "direct", "staged")))) != "tma":
-            pins.setdefault("epilogue_bias", "none")   # rules direct-store and staged-store, drawn apart so as not
-            pins.setdefault("epilogue_activation", "none")   # to starve the draws
+        if pins.setdefault("epilogue_store", draw(st.sampled_from(("tma", "direct", "staged")))) == "direct":
+            pins.setdefault("epilogue_bias", "none")   # rule direct-store, drawn apart so as not to starve the draws
+            pins.setdefault("epilogue_activation", "none")
     else:   # Triton tiles are powers of two (rule triton-tile-pow2); the tile choices include CUTLASS's others
         for dim in ("tile_m", "tile_n"):
             pins.setdefault(dim, draw(st.sampled_from(tuple(n for n in knob_named(dim).choices

@@ -73,15 +73,20 @@ SPECS = [
     KernelSpec(name="pp_direct", types_a="bf16", types_b="bf16", types_c="bf16", tile_m=64, tile_n=64, tile_k=64,
                pipeline_stages=4, launch_schedule="pingpong", layout_b="col", epilogue_store="direct"),
     # epilogue store=staged (l2c's epilogue: the tile through shared memory, 16-byte stores): cooperative 256-row
-    # tile with a C input, cluster 1x2; pingpong bf16 with D column-major and a batch; a swapped 8-wide decoding
-    # tile under parallel split-K (fp32 partials, lines along CUTLASS's M) whose bias the reduction applies
+    # tile with C, a per-column bias and GELU, cluster 1x2; pingpong bf16 with D column-major, a batch, a per-row
+    # bias and ReLU; a swapped 8-wide decoding tile under parallel split-K (fp32 partials, lines along CUTLASS's M)
+    # whose bias the reduction applies; a 256-wide tile (staged in column halves) under CUTLASS's stream-K scheduler
     KernelSpec(name="coop_staged", tile_m=256, tile_n=128, tile_k=64, cluster_n=2, launch_schedule="cooperative",
-               epilogue_beta=1.0, epilogue_alpha=0.5, epilogue_store="staged"),
+               epilogue_beta=1.0, epilogue_alpha=0.5, epilogue_bias="col", epilogue_activation="gelu",
+               epilogue_store="staged"),
     KernelSpec(name="pp_staged_colmajor", types_a="bf16", types_b="bf16", types_c="bf16", tile_m=128, tile_n=128,
-               tile_k=64, launch_schedule="pingpong", layout_c="col", problem_batch="any", epilogue_store="staged"),
+               tile_k=64, launch_schedule="pingpong", layout_c="col", problem_batch="any", epilogue_bias="row",
+               epilogue_activation="relu", epilogue_store="staged"),
     KernelSpec(name="swap_staged_parallel", tile_m=8, tile_n=64, tile_k=64, launch_schedule="basic",
                launch_swap="yes", layout_b="col", split_k_slices=2, split_k_mode="parallel", epilogue_bias="col",
                epilogue_store="staged"),
+    KernelSpec(name="streamk_staged", tile_m=128, tile_n=256, tile_k=64, launch_schedule="cooperative",
+               split_k_mode="stream_k", epilogue_activation="silu", epilogue_store="staged"),
 ]
 
 

@@ -1,6 +1,7 @@
-"""The direct-store A/B inputs on the CPU: scripts/table_variant.py picks the same entries on both sides of the
-shipped tables' plain CUTLASS GEMM entries and changes only the epilogue store, gpu.py's stage selects what it says,
-and scripts/variant_pairs.py pairs the two sides' rows entry by entry."""
+"""The direct- and staged-store A/B inputs on the CPU: scripts/table_variant.py picks the same entries on both sides
+of the shipped tables' plain CUTLASS GEMM entries and changes only the epilogue store, gpu.py's stages select what
+they say, and scripts/variant_pairs.py pairs the two sides' rows entry by entry."""
+import pytest
 import json
 import math
 import sys
@@ -29,38 +30,39 @@ def _selection(args):
     return where, max_gflop, per_spec
 
 
-def _sides(table_file, where, max_gflop=None, per_spec=None):
+def _sides(table_file, where, max_gflop=None, per_spec=None, store="direct"):
     table = json.loads((ROOT / "l2c" / "tuned" / table_file).read_text())
     return (table, table_variant.variant(table, where, None, max_gflop, per_spec),
-            table_variant.variant(table, where, ("epilogue_store", "direct"), max_gflop, per_spec))
+            table_variant.variant(table, where, ("epilogue_store", store), max_gflop, per_spec))
 
 
 def _shape(e):
     return e["m"], e["n"], e["k"], e.get("batch", 1), e["dtype"], e["layout"]
 
 
-def test_both_sides_hold_the_same_entries_and_differ_only_in_the_store():
-    for table_file, select in gpu.DIRECT_STORE_SETS.values():
-        where, max_gflop, per_spec = _selection(gpu.DIRECT_STORE_WHERE + select)
-        _, a, b = _sides(table_file, where, max_gflop, per_spec)
+@pytest.mark.parametrize("store", ["direct", "staged"])
+def test_both_sides_hold_the_same_entries_and_differ_only_in_the_store(store):
+    for table_file, select in gpu.STORE_SETS[store].values():
+        where, max_gflop, per_spec = _selection(gpu.STORE_WHERE + select)
+        _, a, b = _sides(table_file, where, max_gflop, per_spec, store)
         assert a["entries"] and [_shape(e) for e in a["entries"]] == [_shape(e) for e in b["entries"]]
         per_spec_count = {}
         for ea, eb in zip(a["entries"], b["entries"]):
             sa, sb = parse_one(ea["spec"]), parse_one(eb["spec"])
-            assert ea["target"] == "cutlass" and sa.epilogue_store == "tma" and sb.epilogue_store == "direct"
+            assert ea["target"] == "cutlass" and sa.epilogue_store == "tma" and sb.epilogue_store == store
             assert sa.epilogue_bias == sa.epilogue_activation == "none" and sa.launch_family == "gemm"
             assert sb.replace(name=sa.name, epilogue_store="tma") == sa and sb.name != sa.name
-            assert validate(sb, "cutlass").spec.epilogue_store == "direct"
+            assert validate(sb, "cutlass").spec.epilogue_store == store
             if max_gflop is not None:
                 assert 2 * ea["m"] * ea["n"] * ea["k"] < max_gflop * 1e9
             assert all(str(getattr(sa, field)) == value for field, value in where if field != "target")
             per_spec_count[ea["spec"]] = per_spec_count.get(ea["spec"], 0) + 1
         assert max(per_spec_count.values()) <= per_spec
-        assert "near" not in a and a["changed"] is None and b["changed"] == ["epilogue_store", "direct"]
+        assert "near" not in a and a["changed"] is None and b["changed"] == ["epilogue_store", store]
 
 
 def test_per_spec_keeps_the_smallest_and_the_largest_entry_of_each_spec():
-    where = [tuple(w.split("=")) for w in gpu.DIRECT_STORE_WHERE[1::2]]
+    where = [tuple(w.split("=")) for w in gpu.STORE_WHERE[1::2]]
     table, a, _ = _sides("sm_90.json", where, per_spec=2)
     sizes, kept = {}, {}
     for e in table["entries"]:
@@ -116,7 +118,7 @@ def test_pairs_compare_each_entry_with_its_twin():
 
 
 def test_the_schedules_come_from_the_a_table_resolved():
-    where = [tuple(w.split("=")) for w in gpu.DIRECT_STORE_WHERE[1::2]]
+    where = [tuple(w.split("=")) for w in gpu.STORE_WHERE[1::2]]
     _, a, _ = _sides("sm_90_graphs.json", where, per_spec=1)
     schedules = variant_pairs.schedules(a)
     assert len(schedules) == len(a["entries"]) and set(schedules) <= {"basic", "pingpong", "cooperative"}

@@ -79,12 +79,6 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
     ("kernel a { tile m=1 n=64 k=256 launch family=gemv epilogue store=direct }", "cutlass", "direct-store",
      "epilogue.store"),
     ("kernel a { target triton epilogue store=direct }", "triton", "target-knob", "epilogue.store"),
-    ("kernel a { epilogue bias=row store=staged }", "cutlass", "staged-store", "epilogue.bias"),
-    ("kernel a { epilogue activation=gelu store=staged }", "cutlass", "staged-store", "epilogue.activation"),
-    ("kernel a { tile m=128 n=128 k=64 launch schedule=cooperative split_k slices=2 mode=workspace "
-     "epilogue store=staged }", "cutlass", "staged-store", "split_k.slices"),
-    ("kernel a { tile m=128 n=128 k=64 launch schedule=cooperative split_k mode=stream_k epilogue store=staged }",
-     "cutlass", "staged-store", "split_k.mode"),
     ("kernel a { tile m=1 n=64 k=256 launch family=gemv epilogue store=staged }", "cutlass", "staged-store",
      "epilogue.store"),
 ])
@@ -254,19 +248,17 @@ def test_a_direct_store_frees_the_epilogue_shared_memory_for_stages(spec):
 @settings(max_examples=200)
 @given(valid_specs("cutlass", epilogue_store="tma", epilogue_bias="none", epilogue_activation="none"))
 def test_a_staged_store_is_valid_wherever_its_tile_fits_beside_the_main_loop(spec):
-    """The same plain kernel with `store=staged` is valid unless CUTLASS's split-K or stream-K scheduler runs it
-    (rule staged-store) or its staged block leaves under two stages; its epilogue holds one MMA step of rows (half
-    the columns of a tile 192 or 256 wide), each line along D's contiguous dimension padded by 16 bytes, and it
-    renders l2c's epilogue, not CUTLASS's."""
+    """The same plain kernel with `store=staged` is valid unless its staged block leaves under two stages (CUTLASS's
+    split-K and stream-K schedulers included: in CUTLASS 4.2 the last split of a tile stores it whole); its epilogue
+    holds one MMA step of rows (half the columns of a tile 192 or 256 wide), each line along D's contiguous
+    dimension padded by 16 bytes, and it renders l2c's epilogue, not CUTLASS's."""
     from l2c.targets.cutlass.rules import cutlass_gemm_spec
     staged_spec = dataclasses.replace(spec, epilogue_store="staged")
-    scheduler_split = spec.split_k_mode == "stream_k" or (spec.split_k_slices > 1 and not spec.parallel_split_k)
     try:
         staged = validate(staged_spec, "cutlass")
     except L2ValidationError as err:
-        assert err.rule == ("staged-store" if scheduler_split else "shared-memory"), err
+        assert err.rule == "shared-memory", err
         return
-    assert not scheduler_split
     gemm = cutlass_gemm_spec(staged_spec)
     rows = min(gemm.tile_m, 128 if staged.schedule == "cooperative" else 64)   # one warpgroup MMA step along M
     columns = gemm.tile_n // 2 if gemm.tile_n >= 192 else gemm.tile_n
@@ -277,23 +269,36 @@ def test_a_staged_store_is_valid_wherever_its_tile_fits_beside_the_main_loop(spe
     assert "class StagedEpilogue" in source and "epilogue::collective::CollectiveBuilder" not in source
 
 
-@pytest.mark.parametrize("store", ["direct", "staged"])
-def test_a_direct_or_staged_store_kernel_asked_for_a_bias_or_activation_stores_through_tma(store):
+def test_a_staged_store_kernel_fuses_a_call_s_bias_and_activation_itself():
+    from l2c.tuned_table import TunedTable, served_spec
+    text = ("kernel s { target cutlass tile m=16 n=64 k=128 launch schedule=basic swap=yes layout b=col "
+            "epilogue store=staged }")
+    table = TunedTable.serving(parse_one(text).to_l2(), "cutlass", "f16", "row,col,row")
+    entry = table.lookup("f16", "row,col,row", 7, 64, 64)
+    for has_bias, activation in ((True, "none"), (False, "silu"), (True, "gelu")):
+        fused = served_spec(entry, 7, has_bias, activation)
+        assert fused.epilogue_store == "staged" and fused.epilogue_activation == activation
+        source = render(validate(fused, "cutlass"))
+        assert ("StagedBias::kPerRow,   // bias=col" in source) == has_bias   # per row of D^T: swap=yes
+        assert ("<float>>>;   // activation=" + activation in source) == (activation != "none")
+
+
+def test_a_direct_store_kernel_asked_for_a_bias_or_activation_stores_through_tma():
     from l2c.tuned_table import TunedTable, served_spec
     text = ("kernel d { target cutlass tile m=16 n=64 k=128 launch schedule=basic swap=yes layout b=col "
-            f"epilogue store={store} }}")
+            "epilogue store=direct }")
     table = TunedTable.serving(parse_one(text).to_l2(), "cutlass", "f16", "row,col,row")
     entry = table.lookup("f16", "row,col,row", 7, 64, 64)
     plain = served_spec(entry, 7, has_bias=False, activation="none")
-    assert plain.epilogue_store == store and validate(plain, "cutlass")
+    assert plain.epilogue_store == "direct" and validate(plain, "cutlass")
     for has_bias, activation in ((True, "none"), (False, "silu"), (True, "gelu")):
         fused = served_spec(entry, 7, has_bias, activation)
         assert fused.epilogue_store == "tma" and validate(fused, "cutlass")
-        assert fused.replace(epilogue_store=store, epilogue_bias="none", epilogue_activation="none") == plain
-    parallel = TunedTable.serving(parse_one(text.replace(f"store={store}", f"store={store} split_k slices=2 "
+        assert fused.replace(epilogue_store="direct", epilogue_bias="none", epilogue_activation="none") == plain
+    parallel = TunedTable.serving(parse_one(text.replace("store=direct", "store=direct split_k slices=2 "
                                                          "mode=parallel")).to_l2(), "cutlass", "f16", "row,col,row")
     fused = served_spec(parallel.lookup("f16", "row,col,row", 7, 64, 64), 7, has_bias=True, activation="silu")
-    assert fused.epilogue_store == store and validate(fused, "cutlass")   # the reduction kernel applies both
+    assert fused.epilogue_store == "direct" and validate(fused, "cutlass")   # the reduction kernel applies both
 
 
 def test_a_direct_store_kernel_with_stages_only_it_fits_gets_the_tma_store_with_the_stages_that_fit():

@@ -34,7 +34,9 @@ def prebuilt(zw, pack):
 
 
 def test_a_packed_entry_and_a_one_knob_variant_the_pack_lacks(zw, pack, prebuilt):
+    from l2c.errors import L2ValidationError
     from l2c.parser import parse_one
+    from l2c.validate import validate
     assert prebuilt.target == "cutlass" and zw.in_pack(prebuilt, pack)
     variant, change = zw.unbuilt_variant(prebuilt, pack)
     assert not zw.in_pack(variant, pack)
@@ -46,6 +48,13 @@ def test_a_packed_entry_and_a_one_knob_variant_the_pack_lacks(zw, pack, prebuilt
     specs = zw.batch_specs(pack, 32)
     names = [s.split()[1] for s in specs]
     assert len(specs) == 32 and len(set(names)) == 32
+    staged = zw.batch_specs(pack, 32, "staged")   # the same kernels, with the staged store wherever it is valid
+    assert [s.split()[1] for s in staged] == names
+    changed = [(a, b) for a, b in zip(specs, staged) if a != b]
+    assert changed and all(parse_one(b) == parse_one(a).replace(epilogue_store="staged") for a, b in changed)
+    for kept in (a for a, b in zip(specs, staged) if a == b):   # kept only where the staged store is not valid
+        with pytest.raises(L2ValidationError):
+            validate(parse_one(kept).replace(epilogue_store="staged"), "cutlass")
 
 
 def test_the_watched_job_is_the_one_the_dispatcher_queues(zw, prebuilt):

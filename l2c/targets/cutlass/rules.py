@@ -41,10 +41,8 @@ RULES = declare({
     "direct-store": "`epilogue store=direct` is CUTLASS's epilogue without shared memory, which computes alpha * A@B "
                     "+ beta * C only: no bias or activation in the GEMM (under split_k mode=parallel the reduction "
                     "kernel applies them), and only a GEMM reads it (a gemv kernel stores its own way)",
-    "staged-store": "`epilogue store=staged` is l2c's own epilogue, which computes alpha * A@B + beta * C only (no bias "
-                    "or activation in the GEMM; under split_k mode=parallel the reduction kernel applies them), "
-                    "stores each tile whole (not CUTLASS's split-K or stream-K schedulers, which may store parts of "
-                    "a tile) and only in a GEMM",
+    "staged-store": "`epilogue store=staged` is l2c's epilogue for CUTLASS's GEMM kernels: only a GEMM reads it (a gemv "
+                    "kernel stores its own way)",
 })
 
 
@@ -163,12 +161,8 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
             raise fail(spec, "epilogue_store", rule, f"{store} with family=gemv")
         fused = cutlass_gemm_spec(spec)   # the epilogue the GEMM itself runs (its bias turned under swap=yes)
         for field in ("epilogue_bias", "epilogue_activation"):
-            if getattr(fused, field) != "none":
+            if spec.epilogue_store == "direct" and getattr(fused, field) != "none":
                 raise fail(spec, field, rule, f"{knob(field).key}={getattr(spec, field)} with {store}")
-        if spec.epilogue_store == "staged" and (spec.split_k_mode == "stream_k" or
-                                                (spec.split_k_slices > 1 and not spec.parallel_split_k)):
-            field = "split_k_mode" if spec.split_k_mode == "stream_k" else "split_k_slices"
-            raise fail(spec, field, rule, f"{knob(field).key}={getattr(spec, field)} with {store}")
     if spec.launch_family == "gemv":
         return gemv.check(spec, arch)
     if spec.target == "cutlass":   # a spec for both targets keeps its Triton knobs, which CUTLASS ignores
