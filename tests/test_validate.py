@@ -261,7 +261,7 @@ def test_a_staged_store_is_valid_wherever_its_tile_fits_beside_the_main_loop(spe
         return
     gemm = cutlass_gemm_spec(staged_spec)
     rows = min(gemm.tile_m, 128 if staged.schedule == "cooperative" else 64)   # one warpgroup MMA step along M
-    columns = gemm.tile_n // 2 if gemm.tile_n >= 192 else gemm.tile_n
+    columns = gemm.tile_n // 2 if gemm.tile_n in (192, 256) else gemm.tile_n
     line, lines = (columns, rows) if gemm.layout_c == "row" else (rows, columns)
     assert cutlass_epilogue_smem(gemm, staged.schedule) == -(-lines * (line * DTYPE_BYTES[gemm.types_c] + 16)
                                                              // 128) * 128

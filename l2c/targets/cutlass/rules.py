@@ -76,14 +76,14 @@ def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     through shared memory (one tile row). An empty fusion storage still takes a byte, hence an alignment unit.
     `store=direct` (CUTLASS's epilogue without shared memory) keeps only that unit and loads C through no pipeline;
     `store=staged` holds one step of the warpgroup MMA along M at a time (64 rows, 128 under the cooperative
-    schedule), half its columns for tiles 192 or 256 wide, in D's type, each line along D's contiguous dimension
+    schedule), half its columns for tiles 192 or 256 wide (208-240 take several MMAs along N: whole), in D's type, each line along D's contiguous dimension
     padded by 16 bytes (templates/cutlass/gemm.cu.j2, StagedEpilogue), and loads C through no pipeline either.
     """
     if spec.epilogue_store == "direct":
         return 128, 0, 128
     if spec.epilogue_store == "staged":
         rows = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
-        columns = spec.tile_n // 2 if spec.tile_n >= 192 else spec.tile_n
+        columns = spec.tile_n // 2 if spec.tile_n in (192, 256) else spec.tile_n   # one MMA across: halves
         contiguous, lines = (columns, rows) if spec.layout_c == "row" else (rows, columns)
         return _round_up(lines * (contiguous * DTYPE_BYTES[spec.types_c] + 16), 128), 0, 128
     epi_m = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
