@@ -210,8 +210,8 @@ KNOBS: Tuple[Knob, ...] = (
          "epilogue, which compiles in about two thirds of the TMA store's time; every epilogue the TMA store "
          "fuses).",
          choices=("tma", "direct", "staged"), targets=("cutlass",), spelled_at_default=False,
-         # not in the tuner's space until measured (`scripts/gpu.py direct_store` pairs each plain table kernel with
-         # its direct twin): an unmeasured dimension would halve every study's CUTLASS draws
+         # not in the tuner's space until measured (`scripts/gpu.py direct_store` and `staged_store` pair table
+         # kernels with their twins): an unmeasured dimension would halve every study's CUTLASS draws
          searchable=False),
 )
 
