@@ -402,7 +402,8 @@ def run_build(pack, root: Path, args) -> dict:
              for line in built if "(cached)" not in line]   # per kernel: how many its nvcc run compiled
     per_kernel = ran["cpu_s"] / len(specs)
     stored = sum(f"store={args.build_store}" in text for text in specs) if args.build_store != "tma" else len(specs)
-    return {"kernels": len(specs), "store": args.build_store, "kernels_with_store": stored, "built": len(built), "failed": sum(line.startswith("FAILED ") for line in lines),
+    return {"kernels": len(specs), "store": args.build_store, "kernels_with_store": stored, "built": len(built),
+            "failed": sum(line.startswith("FAILED ") for line in lines),
             "cached": sum("(cached)" in line for line in built), "jobs": args.build_jobs, "rc": ran["rc"],
             "wall_s": ran["wall_s"], "cpu_s": ran["cpu_s"], "cpu_s_per_kernel": round(per_kernel, 2),
             "cpu_share": round(ran["cpu_s"] / ran["wall_s"], 2) if ran["wall_s"] else None,

@@ -138,9 +138,9 @@ def test_no_kernel_spills_to_local_memory(built):
 
 def test_the_staged_epilogue_s_blocks_are_where_the_mma_holds_them(tmp_path):
     """tests/data/staged_layout_check.cu, compiled by nvcc and run on the host: for the warpgroup MMAs CUTLASS's
-    builder picks (three schedules, tiles 8-256 wide, 208-240 among them), every tile element is held by one consumer thread once, an MMA
-    step along M is the block of rows the staged epilogue writes for it, and the halves of each thread's values
-    are the halves of the columns where it stages a tile 192 or 256 wide."""
+    builder picks (three schedules, tiles 8-256 wide, 208-240 among them), every tile element is held by one
+    consumer thread once, an MMA step along M is the block of rows the staged epilogue writes for it, and the halves
+    of each thread's values are the halves of the columns where it stages a tile 192 or 256 wide."""
     import subprocess
     from pathlib import Path
     from l2c.targets.cutlass.toolchain import cutlass_include_dirs, find_nvcc

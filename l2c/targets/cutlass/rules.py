@@ -41,8 +41,8 @@ RULES = declare({
     "direct-store": "`epilogue store=direct` is CUTLASS's epilogue without shared memory, which computes alpha * A@B "
                     "+ beta * C only: no bias or activation in the GEMM (under split_k mode=parallel the reduction "
                     "kernel applies them), and only a GEMM reads it (a gemv kernel stores its own way)",
-    "staged-store": "`epilogue store=staged` is l2c's epilogue for CUTLASS's GEMM kernels: only a GEMM reads it (a gemv "
-                    "kernel stores its own way)",
+    "staged-store": "`epilogue store=staged` is l2c's epilogue for CUTLASS's GEMM kernels: only a GEMM reads it (a "
+                    "gemv kernel stores its own way)",
 })
 
 
@@ -76,8 +76,9 @@ def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     through shared memory (one tile row). An empty fusion storage still takes a byte, hence an alignment unit.
     `store=direct` (CUTLASS's epilogue without shared memory) keeps only that unit and loads C through no pipeline;
     `store=staged` holds one step of the warpgroup MMA along M at a time (64 rows, 128 under the cooperative
-    schedule), half its columns for tiles 192 or 256 wide (208-240 take several MMAs along N: whole), in D's type, each line along D's contiguous dimension
-    padded by 16 bytes (templates/cutlass/gemm.cu.j2, StagedEpilogue), and loads C through no pipeline either.
+    schedule), half its columns for tiles 192 or 256 wide (208-240 take several MMAs along N: whole), in D's type,
+    each line along D's contiguous dimension padded by 16 bytes (templates/cutlass/gemm.cu.j2, StagedEpilogue), and
+    loads C through no pipeline either.
     """
     if spec.epilogue_store == "direct":
         return 128, 0, 128
@@ -155,14 +156,14 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     the stage count CUTLASS instantiates and the kernel's shared memory."""
     if gated(spec) and spec.launch_family != "gemv":
         raise fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on a CUTLASS GEMM")
-    if spec.epilogue_store in ("direct", "staged"):
-        rule, store = f"{spec.epilogue_store}-store", f"store={spec.epilogue_store}"
-        if spec.launch_family == "gemv":
-            raise fail(spec, "epilogue_store", rule, f"{store} with family=gemv")
+    if spec.epilogue_store != "tma" and spec.launch_family == "gemv":
+        raise fail(spec, "epilogue_store", f"{spec.epilogue_store}-store",
+                   f"store={spec.epilogue_store} with family=gemv")
+    if spec.epilogue_store == "direct":
         fused = cutlass_gemm_spec(spec)   # the epilogue the GEMM itself runs (its bias turned under swap=yes)
         for field in ("epilogue_bias", "epilogue_activation"):
-            if spec.epilogue_store == "direct" and getattr(fused, field) != "none":
-                raise fail(spec, field, rule, f"{knob(field).key}={getattr(spec, field)} with {store}")
+            if getattr(fused, field) != "none":
+                raise fail(spec, field, "direct-store", f"{knob(field).key}={getattr(spec, field)} with store=direct")
     if spec.launch_family == "gemv":
         return gemv.check(spec, arch)
     if spec.target == "cutlass":   # a spec for both targets keeps its Triton knobs, which CUTLASS ignores
