@@ -461,6 +461,7 @@ def parse_shape(text: str) -> Tuple[int, int, int]:
 
 
 def main(argv=None) -> int:
+    from l2c.search.space import NEW_KERNEL_STORE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="zero_wait_h200.json")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
@@ -476,8 +477,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gap-ms", type=float, default=10.0, help="(a), (b): pause between calls")
     ap.add_argument("--build-kernels", type=int, default=32, help="(c): kernels compiled")
     ap.add_argument("--build-jobs", type=int, default=4, help="(c): l2c build -j (kernels per nvcc run follow)")
-    ap.add_argument("--build-store", choices=("tma", "direct", "staged"), default="tma",
-                    help="(c): the epilogue store of the kernels built, where their spec is valid with it")
+    ap.add_argument("--build-store", choices=("tma", "direct", "staged"), default=NEW_KERNEL_STORE,
+                    help="(c): the epilogue store of the kernels built, where their spec is valid with it (default: "
+                         "the tuner's for new kernels)")
     ap.add_argument("--build-timeout-s", type=float, default=180.0)
     ap.add_argument("--tune-timeout-s", type=float, default=150.0, help="(d): killed after this long (a fail)")
     ap.add_argument("--tmp", default=None, help="where the parts' temporary caches go (default: the system's)")

@@ -10,6 +10,7 @@ the range: the policy needs a categorical head per knob, and the non-powers add 
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -119,14 +120,27 @@ def suggest_params(trial, targets: Sequence[str]) -> Dict[str, object]:
     return params
 
 
+def point_key(params: Dict[str, object]) -> Tuple:
+    """A search point's identity, to find one already in a study or in the pack."""
+    return tuple(sorted((k, str(v)) for k, v in params.items()))
+
+
 def spec_from_params(params: Dict[str, object], problem: Problem, generic: bool = False,
                      name: Optional[str] = None) -> KernelSpec:
     """A KernelSpec for `problem` with the searched knobs from `params` (unset knobs keep their defaults).
 
     `generic=True` leaves M, N, K open (`any`) so one build serves every shape (compile once, measure
     many); batch stays fixed because it changes the kernel's calling convention. Unless `name` is given,
-    the spec is named after its knobs (`config_name`), so equal configurations share one build.
+    the spec is named after its knobs (`config_name`), so equal configurations share one build. A CUTLASS
+    point takes the epilogue store `tuner_store` gives it.
     """
+    spec = _spec(params, problem, generic, name)
+    if spec.target == "cutlass" and spec.launch_family == "gemm":
+        spec = spec.replace(epilogue_store=tuner_store(params, problem))
+    return spec if name else spec.replace(name=config_name(spec))
+
+
+def _spec(params: Dict[str, object], problem: Problem, generic: bool, name: Optional[str]) -> KernelSpec:
     target = params.get(TARGET_PARAM, "any")
     values = {p.name: params[p.name] for p in KNOB_PARAMS if p.name in params}
     for key, value in values.items():
@@ -138,7 +152,57 @@ def spec_from_params(params: Dict[str, object], problem: Problem, generic: bool 
                       problem_batch=problem.batch, types_a=problem.dtype, types_b=problem.dtype,
                       types_c=problem.dtype, types_acc=acc, layout_a=problem.layout_a,
                       layout_b=problem.layout_b, layout_c=problem.layout_c, **values)
-    return spec if name else spec.replace(name=config_name(spec))
+    return spec
+
+
+# The store of the CUTLASS kernels the tuner builds: l2c's staged epilogue builds in about half the TMA store's
+# time at the same speed (benchmarks/NOTES.md, "The staged epilogue").
+NEW_KERNEL_STORE = "staged"
+
+
+def tuner_store(params: Dict[str, object], problem: Problem) -> str:
+    """The epilogue store of a CUTLASS point: the TMA store where the prebuilt pack holds the point built so (it
+    then costs no compile), else `NEW_KERNEL_STORE`."""
+    return "tma" if point_key(params) in prebuilt_index(problem) else NEW_KERNEL_STORE
+
+
+def prebuilt_index(problem: Problem) -> Dict[Tuple, Dict[str, object]]:
+    """Search points (by `point_key`, in the pack's order) whose CUTLASS kernel, built as the tuner builds it
+    (shape-generic, no epilogue, the TMA store), the prebuilt pack of `problem`'s architecture holds byte for byte,
+    for problems of its dtype, layout and batch. Read once per pack file and problem kind."""
+    from ..targets.cutlass.pack import default_pack_path
+    path = default_pack_path(problem.arch)
+    try:
+        stat = path.stat()
+    except OSError:
+        return {}
+    kind = Problem(1, 1, 1, problem.batch, problem.dtype, problem.layout_a, problem.layout_b, problem.layout_c,
+                   problem.arch)
+    return _prebuilt_index(str(path), stat.st_mtime_ns, stat.st_size, kind)
+
+
+@functools.lru_cache(maxsize=64)
+def _prebuilt_index(path: str, mtime_ns: int, size: int, kind: Problem) -> Dict[Tuple, Dict[str, object]]:
+    from ..errors import L2Error
+    from ..lower import render
+    from ..parser import parse_one
+    from ..targets.cutlass.pack import PackError, read_pack
+    from ..targets.cutlass.toolchain import pack_key
+    try:
+        entries = read_pack(path).entries
+    except PackError:
+        return {}
+    index: Dict[Tuple, Dict[str, object]] = {}
+    for key, entry in sorted(entries.items()):
+        try:
+            params = params_from_spec(parse_one(entry.spec, file="<pack>"), "cutlass")
+            generic = _spec(params, kind, generic=True, name=None).replace(epilogue_store="tma")
+            generic = generic.replace(name=config_name(generic))
+            if pack_key(render(validate(generic, "cutlass", kind.arch))) == key:
+                index.setdefault(point_key(params), params)
+        except (L2Error, ValueError):
+            continue
+    return index
 
 
 def params_from_spec(spec: KernelSpec, target: Optional[str] = None) -> Dict[str, object]:

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from ..errors import DataFileError
 from .recovery import ORPHAN_AFTER_S
 from .policy import PolicySampler
-from .space import Problem, TARGET_PARAM, check_targets, spec_from_params
+from .space import Problem, TARGET_PARAM, check_targets, point_key, spec_from_params
 from .store import Store
 
 COUNTED = ("ok", "build_failed", "verify_failed", "killed_worker")   # statuses that spend the trial budget
@@ -80,11 +80,6 @@ def open_studies(storage, problems: Sequence[Problem], cfg: TuneConfig, gpu: str
         sampler = make_sampler(cfg, p, policy, seed_offset=1000 * worker_index + i)
         studies.append(open_study(storage, p, cfg, gpu, sampler))
     return studies
-
-
-def point_key(params: Dict[str, object]) -> Tuple:
-    """A search point's identity, to find one already in a study."""
-    return tuple(sorted((k, str(v)) for k, v in params.items()))
 
 
 def trial_point(trial) -> Tuple:

@@ -7,40 +7,16 @@ from typing import Callable, Dict, List, Optional
 
 import optuna
 
-from .space import Problem, check_point, params_from_spec, spec_from_params
+from .space import Problem, check_point, params_from_spec, prebuilt_index
 from .store import Store
 from .study import TuneConfig, point_key, trial_point
 
 
 def prebuilt_points(problem: Problem, policy=None) -> List[Dict[str, object]]:
     """Search-space points of `problem` whose CUTLASS kernel, built as the tuner builds it (shape-generic, no
-    epilogue), the prebuilt pack holds byte for byte: each costs a measurement and no nvcc run (40-60 s of a core
-    otherwise). The policy's most likely first, else in the pack's order."""
-    from ..errors import L2Error
-    from ..lower import render
-    from ..parser import parse_one
-    from ..targets.cutlass.pack import PackError, default_pack_path, read_pack
-    from ..targets.cutlass.toolchain import pack_key
-    from ..validate import validate
-    path = default_pack_path(problem.arch)
-    if not path.exists():
-        return []
-    try:
-        entries = read_pack(path).entries
-    except PackError:
-        return []
-    points: Dict[tuple, Dict[str, object]] = {}
-    for key, entry in sorted(entries.items()):
-        try:
-            params = params_from_spec(parse_one(entry.spec, file="<pack>"), "cutlass")
-            if check_point(params, problem)[0] is None:
-                continue
-            generic = validate(spec_from_params(params, problem, generic=True), "cutlass", problem.arch)
-            if pack_key(render(generic)) == key:
-                points.setdefault(point_key(params), params)
-        except (L2Error, ValueError):
-            continue
-    found = list(points.values())
+    epilogue), the prebuilt pack holds byte for byte (`space.prebuilt_index`): each costs a measurement and no nvcc
+    run. The policy's most likely first, else in the pack's order."""
+    found = [params for params in prebuilt_index(problem).values() if check_point(params, problem)[0] is not None]
     if policy is not None:
         found.sort(key=lambda params: -policy.log_prob(problem, params))
     return found

@@ -10,7 +10,7 @@ import torch
 
 from l2c.results_file import read_rows
 from l2c.cli import main
-from l2c.parser import parse_file
+from l2c.parser import parse_file, parse_one
 from l2c.search.policy import Policy
 from l2c.search.runners import FunctionRunner
 from l2c.search.space import Problem, params_from_spec, spec_from_params
@@ -149,3 +149,29 @@ def test_a_win_without_verified_figures_is_not_imported(measured, capsys, tmp_pa
     assert main(["import", str(bad), "--store", str(store.path)]) == 0
     assert "2 win(s) without verified figures skipped" in capsys.readouterr().out
     assert store.count() == 0
+
+
+def test_a_cutlass_row_imports_as_its_point_with_either_epilogue_store(measured):
+    """The epilogue store is the tuner's choice per point (`space.tuner_store`), not a searched knob: a CUTLASS row
+    measured with the TMA store or with the staged one is the same search point, and keeps the text of the kernel it
+    timed."""
+    from l2c.commands.import_results import results_from_rows
+    from l2c.search.space import Problem, params_from_spec, spec_from_params
+    _, _, out = measured
+    rows = read_rows(out)
+    env = next(r for r in rows if r.get("type") == "env")
+    row = next(r for r in rows if r.get("type") == "result" and r.get("status") == "ok")
+    problem = Problem(int(row["m"]), int(row["n"]), int(row["k"]))
+    params = {"target": "cutlass", "tile_m": 128, "tile_n": 128, "tile_k": 64, "pipeline_stages": "auto",
+              "launch_schedule": "pingpong", "launch_swap": "no", "cluster_m": 1, "cluster_n": 2,
+              "swizzle_group": 4, "swizzle_raster": "n", "split_k_slices": 1, "split_k_mode": "workspace"}
+    new = spec_from_params(params, problem, generic=True)
+    assert new.epilogue_store == "staged"
+    for store in ("tma", "staged"):
+        text = new.replace(epilogue_store=store).to_l2()
+        measured_row = dict(row, target="cutlass", spec=text, name=new.name, kernel=new.name)
+        results, counts = results_from_rows([env, measured_row], "sm_90", {})
+        assert counts["imported"] == 1 and counts["outside_space"] == 0
+        (result,) = results
+        assert result.params == params and params_from_spec(parse_one(result.spec), "cutlass") == params
+        assert parse_one(result.spec).epilogue_store == store

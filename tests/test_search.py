@@ -17,6 +17,8 @@ from pathlib import Path
 
 import optuna
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from optuna.trial import TrialState
 
 from l2c.parser import parse_one
@@ -965,7 +967,8 @@ def test_llm_proposals_enter_the_study_tagged_llm():
 
 def test_shipped_pool_specs_are_exactly_what_the_tuner_builds():
     """benchmarks/pool_h200.l2 is prebuilt with `l2c build` so the GPU spends no time compiling: each spec must
-    be byte-identical to the spec the tuner makes from the same knobs (same text -> same build-cache key)."""
+    be byte-identical to the spec the tuner makes from the same knobs (same text -> same build-cache key), but
+    for the epilogue store, the tuner's choice per point (the pool's CUTLASS kernels predate the staged store)."""
     from pathlib import Path
 
     from l2c.ir import config_name
@@ -979,7 +982,8 @@ def test_shipped_pool_specs_are_exactly_what_the_tuner_builds():
         problem = Problem(64, 64, 64, dtype=spec.types_a, layout_a=spec.layout_a, layout_b=spec.layout_b,
                           layout_c=spec.layout_c)
         made = spec_from_params(params_from_spec(spec, spec.target), problem, generic=True)
-        assert made.to_l2() == spec.to_l2()
+        made = made.replace(epilogue_store=spec.epilogue_store)
+        assert made.replace(name=config_name(made)).to_l2() == spec.to_l2()
 
 
 def test_config_names_differ_exactly_when_knobs_differ():
@@ -1051,3 +1055,39 @@ def test_a_store_trained_policy_replaces_the_shipped_one_only_once_the_store_is_
     assert policy_source("auto", False, MIN_STORE_RESULTS, None) == "store"
     assert policy_source("my.pt", True, 0, None) == "file"
     assert policy_source("my.pt", False, MIN_STORE_RESULTS, None) == "store"
+
+
+def _valid_cutlass_point(rng: random.Random, problem: Problem) -> dict:
+    """A random valid CUTLASS point of `problem`, drawn from the space's own choices."""
+    for _ in range(20_000):
+        params = {"target": "cutlass", **{p.name: rng.choice(p.choices) for p in params_for("cutlass")}}
+        if check_point(params, problem)[0] is not None:
+            return params
+    raise AssertionError("no valid CUTLASS point in 20,000 draws")
+
+
+@given(seed=st.integers(0, 2**32 - 1), pick=st.integers(0, 10**6),
+       shape=st.sampled_from([(16, 14336, 4096, "row,col,row"), (304, 1000, 704, "col,row,row"),
+                              (4096, 4096, 4096, "row,row,row")]))
+@settings(max_examples=25, deadline=None)
+def test_new_cutlass_points_take_the_staged_store_and_prebuilt_ones_the_packs_build(seed, pick, shape):
+    """The tuner builds a CUTLASS point with the staged epilogue (half the TMA store's build), except a point whose
+    TMA build the pack holds byte for byte: that one keeps it (no compile at all)."""
+    from l2c.lower import render
+    from l2c.search.space import NEW_KERNEL_STORE, prebuilt_index, tuner_store
+    from l2c.targets.cutlass.pack import default_pack_path, read_pack
+    from l2c.targets.cutlass.toolchain import pack_key
+    m, n, k, layout = shape
+    la, lb, lc = layout.split(",")
+    p = Problem(m, n, k, layout_a=la, layout_b=lb, layout_c=lc)
+    held = read_pack(default_pack_path("sm_90")).entries
+    prebuilt = list(prebuilt_index(p).values())
+    drawn = _valid_cutlass_point(random.Random(seed), p)
+    points = [drawn] + ([prebuilt[pick % len(prebuilt)]] if prebuilt else [])
+    for params in points:
+        spec = spec_from_params(params, p, generic=True)
+        in_pack = point_key(params) in prebuilt_index(p)
+        assert spec.epilogue_store == tuner_store(params, p) == ("tma" if in_pack else NEW_KERNEL_STORE)
+        assert (pack_key(render(validate(spec, "cutlass", "sm_90"))) in held) == in_pack
+        assert params_from_spec(spec, "cutlass") == params   # the store is no searched knob: the point round-trips
+    assert NEW_KERNEL_STORE == "staged"

@@ -31,6 +31,7 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
     from l2c.build import build_id_of
     from l2c.commands.table import spec_text
     from l2c.errors import L2Error
+    from l2c.ir import config_name
     from l2c.knobs import ANY
     from l2c.parser import parse_one
     from l2c.search.space import Problem, params_from_spec, spec_from_params
@@ -77,8 +78,10 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
             try:
                 candidate = params_from_spec(spec, target)
                 point = spec_from_params(candidate, problem, generic=True)
-                if point.replace(name="_") == generic:
-                    points[memo_key] = (candidate, point.to_l2())
+                # the point's kernel, or its twin with the other epilogue store (the tuner's choice per point,
+                # `space.tuner_store`, not a searched knob): the row keeps the text of the kernel it measured
+                if point.replace(name="_", epilogue_store=generic.epilogue_store) == generic:
+                    points[memo_key] = (candidate, generic.replace(name=config_name(generic)).to_l2())
             except (ValueError, L2Error):
                 pass
         params, text = points[memo_key]
