@@ -207,11 +207,11 @@ KNOBS: Tuple[Knob, ...] = (
          "stages, no store to wait for, and a lighter kernel to compile; alpha, beta and C only) or `staged` "
          "(the consumer threads write the finished tile, in the output type, to shared memory, then copy it out "
          "in 16-byte stores along D's contiguous dimension: whole-line stores as TMA makes, with l2c's own short "
-         "epilogue, which compiles in about two thirds of the TMA store's time; every epilogue the TMA store "
-         "fuses).",
+         "epilogue, which compiles in about half the TMA store's time at the same speed; every epilogue the TMA "
+         "store fuses; the store of the new kernels `l2c tune` builds).",
          choices=("tma", "direct", "staged"), targets=("cutlass",), spelled_at_default=False,
-         # not in the tuner's space until measured (`scripts/gpu.py direct_store` and `staged_store` pair table
-         # kernels with their twins): an unmeasured dimension would halve every study's CUTLASS draws
+         # not a searched dimension: the tuner gives each CUTLASS point its store (`search.space.tuner_store`:
+         # staged for a new kernel, TMA where the pack holds the point), so no study spends draws on twins
          searchable=False),
 )
 
