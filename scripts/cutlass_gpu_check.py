@@ -126,6 +126,13 @@ def sample_specs(count: int, seed: int, only: str = ""):
                    split_k_mode="workspace", epilogue_beta=1.0, epilogue_store="staged"),
         KernelSpec(name="staged_streamk_128x256_c1x2", tile_m=128, tile_n=256, split_k_mode="stream_k",
                    cluster_n=2, epilogue_store="staged"),
+        # Session 39: column halves at 96 and 128 wide (fp32 partial sums of parallel split-K, the cooperative
+        # tile whose whole staged block cost a pipeline stage; a swapped tile 96 wide in CUTLASS's N)
+        KernelSpec(name="staged_parallel4_coop_128x128_f32_halves", tile_m=128, tile_n=128, tile_k=64,
+                   launch_schedule="cooperative", split_k_slices=4, split_k_mode="parallel",
+                   epilogue_store="staged"),
+        KernelSpec(name="staged_swap_96x64_pingpong_nt_halves", layout_b="col", tile_m=96, tile_n=64, tile_k=64,
+                   launch_schedule="pingpong", launch_swap="yes", epilogue_bias="col", epilogue_store="staged"),
     ]
     rng = random.Random(seed)
     choices = {

@@ -250,8 +250,8 @@ def test_a_direct_store_frees_the_epilogue_shared_memory_for_stages(spec):
 def test_a_staged_store_is_valid_wherever_its_tile_fits_beside_the_main_loop(spec):
     """The same plain kernel with `store=staged` is valid unless its staged block leaves under two stages (CUTLASS's
     split-K and stream-K schedulers included: in CUTLASS 4.2 the last split of a tile stores it whole); its epilogue
-    holds one MMA step of rows (half the columns of a tile 192 or 256 wide), each line along D's contiguous
-    dimension padded by 16 bytes, and it renders l2c's epilogue, not CUTLASS's."""
+    holds one MMA step of rows (half the columns of a tile one MMA spans: 96-256 wide but 112-176, 208-240), each
+    line along D's contiguous dimension padded by 16 bytes, and it renders l2c's epilogue, not CUTLASS's."""
     from l2c.targets.cutlass.rules import cutlass_gemm_spec
     staged_spec = dataclasses.replace(spec, epilogue_store="staged")
     try:
@@ -261,7 +261,7 @@ def test_a_staged_store_is_valid_wherever_its_tile_fits_beside_the_main_loop(spe
         return
     gemm = cutlass_gemm_spec(staged_spec)
     rows = min(gemm.tile_m, 128 if staged.schedule == "cooperative" else 64)   # one warpgroup MMA step along M
-    columns = gemm.tile_n // 2 if gemm.tile_n in (192, 256) else gemm.tile_n
+    columns = gemm.tile_n // 2 if gemm.tile_n in (96, 128, 192, 256) else gemm.tile_n
     line, lines = (columns, rows) if gemm.layout_c == "row" else (rows, columns)
     assert cutlass_epilogue_smem(gemm, staged.schedule) == -(-lines * (line * DTYPE_BYTES[gemm.types_c] + 16)
                                                              // 128) * 128

@@ -2,8 +2,8 @@
 // about the accumulators of the warpgroup MMAs CUTLASS's collective builder picks: over all consumer threads, the
 // tile's every element is held exactly once; the values of MMA step `step` along M lie in rows
 // [step * rows, (step + 1) * rows); and where the tile is staged in column halves, the first half of each thread's
-// values lies in the first half of the columns (tiles 192 or 256 wide; 208-240 take several MMAs along N). Prints
-// one line per configuration and exits non-zero on a failure.
+// values lies in the first half of the columns (tiles 96, 128, 192 or 256 wide, which one MMA spans; 112, 144-176 and
+// 208-240 take several MMAs along N). Prints one line per configuration and exits non-zero on a failure.
 #include <cstdio>
 #include <vector>
 
@@ -23,7 +23,7 @@ bool check(char const* name) {
   using TiledMma = typename Mainloop::TiledMma;
   constexpr int kThreads = size(TiledMma{});
   constexpr int kRows = kTileM < (cooperative ? 128 : 64) ? kTileM : (cooperative ? 128 : 64);
-  constexpr int kHalves = kTileN == 192 || kTileN == 256 ? 2 : 1;   // one MMA across the tile
+  constexpr int kHalves = kTileN == 96 || kTileN == 128 || kTileN == 192 || kTileN == 256 ? 2 : 1;   // one MMA
   std::vector<int> seen(kTileM * kTileN, 0);
   bool ok = true;
   for (int t = 0; t < kThreads; ++t) {
@@ -76,5 +76,9 @@ int main() {
   ok &= check<64, 208, Ping, Col>("pingpong");
   ok &= check<64, 224, Basic, Row>("basic");
   ok &= check<64, 240, Basic, Col>("basic");
+  ok &= check<128, 96, Coop, Row>("cooperative");
+  ok &= check<64, 96, Ping, Col>("pingpong");
+  ok &= check<64, 128, Basic, Row>("basic");
+  ok &= check<64, 160, Basic, Col>("basic");
   return ok ? 0 : 1;
 }

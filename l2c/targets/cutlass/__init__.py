@@ -18,10 +18,11 @@ class CutlassTarget(Target):
 
     def context(self, valid) -> Dict[str, object]:
         """The GEMM CUTLASS instantiates (transposed under launch swap=yes, the partials' GEMM under parallel
-        split-K), or a gemv kernel's block geometry."""
+        split-K) and the column blocks of its staged epilogue, or a gemv kernel's block geometry."""
         if valid.spec.launch_family == "gemv":
             return {"g": gemv.geometry(valid.spec)}
-        return {"gemm": target_rules.cutlass_gemm_spec(valid.spec)}
+        gemm = target_rules.cutlass_gemm_spec(valid.spec)
+        return {"gemm": gemm, "staged_halves": target_rules.staged_column_halves(gemm.tile_n)}
 
     def toolchain_id(self) -> str:
         """Flags, CUTLASS version and the local nvcc's version (none where nvcc is missing: then the prebuilt pack's

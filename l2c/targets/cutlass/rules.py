@@ -68,6 +68,18 @@ def _swizzle_alignment(contiguous_bytes: int) -> int:
     return 128
 
 
+# Tile widths one warpgroup MMA spans whole (CUTLASS's builder takes an MMA as wide as the tile; 112, 144-176 and
+# 208-240 take several narrower ones along N): there the staged epilogue writes the tile in column halves, the first
+# half of each thread's values being the tile's first half of columns, which keeps its shared memory at or under the
+# TMA store's on the tiles the tables use (a 128-wide tile of fp32 partial sums whole would cost a pipeline stage).
+STAGED_HALVES_TILE_N = (96, 128, 192, 256)
+
+
+def staged_column_halves(tile_n: int) -> int:
+    """How many column blocks the staged epilogue writes a tile `tile_n` wide in (templates/cutlass/gemm.cu.j2)."""
+    return 2 if tile_n in STAGED_HALVES_TILE_N else 1
+
+
 def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     """(tensor storage bytes, C-load pipeline stages, alignment) of the sm90 TMA epilogue (CUTLASS 4.2 builder).
 
@@ -76,15 +88,15 @@ def _cutlass_epilogue(spec: KernelSpec, schedule: str) -> Tuple[int, int, int]:
     through shared memory (one tile row). An empty fusion storage still takes a byte, hence an alignment unit.
     `store=direct` (CUTLASS's epilogue without shared memory) keeps only that unit and loads C through no pipeline;
     `store=staged` holds one step of the warpgroup MMA along M at a time (64 rows, 128 under the cooperative
-    schedule), half its columns for tiles 192 or 256 wide (208-240 take several MMAs along N: whole), in D's type,
-    each line along D's contiguous dimension padded by 16 bytes (templates/cutlass/gemm.cu.j2, StagedEpilogue), and
-    loads C through no pipeline either.
+    schedule), half its columns where one MMA spans the tile (`staged_column_halves`), in D's type, each line along
+    D's contiguous dimension padded by 16 bytes (templates/cutlass/gemm.cu.j2, StagedEpilogue), and loads C through
+    no pipeline either.
     """
     if spec.epilogue_store == "direct":
         return 128, 0, 128
     if spec.epilogue_store == "staged":
         rows = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
-        columns = spec.tile_n // 2 if spec.tile_n in (192, 256) else spec.tile_n   # one MMA across: halves
+        columns = spec.tile_n // staged_column_halves(spec.tile_n)
         contiguous, lines = (columns, rows) if spec.layout_c == "row" else (rows, columns)
         return _round_up(lines * (contiguous * DTYPE_BYTES[spec.types_c] + 16), 128), 0, 128
     epi_m = min(spec.tile_m, 128 if schedule == "cooperative" else 64)
