@@ -285,6 +285,31 @@ def _staged_store(a):
             *_store_study(a, "staged")]
 
 
+STAGED_WHOLE_WHERE = ("--where", "target=cutlass", "--where", "launch_family=gemm", "--where", "epilogue_store=tma")
+
+
+def _staged_tables(a):
+    """The shipped tables with every CUTLASS GEMM entry's staged twin (`table_variant.py --whole`), the twins built on
+    this host's cores, then each table against its twin side by side with torch: `l2c.matmul` on `offgrid` and
+    `heldout` (`kernel`, `call`), nn.Linear on `serve` (`kernel`, cold weights): whether the tables should switch."""
+    out = []
+    for name, table in (("default", a.eager_table), ("graphs", a.graphs_table)):
+        out.append(script("scripts/table_variant.py", table, "--whole", *STAGED_WHOLE_WHERE, "--set",
+                          "epilogue_store=staged", "-o", f"{a.out}/staged_whole_{name}.json", "--specs-out",
+                          f"{a.out}/staged_whole_{name}.l2"))
+    out.append(l2c("build", f"{a.out}/staged_whole_default.l2", f"{a.out}/staged_whole_graphs.l2", "--target",
+                   "cutlass", "-j", str(os.cpu_count() or 16)))
+    for shapes in ("offgrid", "heldout"):
+        for dtype in ("f16", "bf16"):
+            out.append(l2c("bench", f"dispatch:{a.eager_table}", f"dispatch:{a.out}/staged_whole_default.json",
+                           "--shapes", shapes, "--dtype", dtype, "--protocol", "kernel,call", "--reps", "5",
+                           "--iters", "10", "-o", f"{a.out}/staged_dispatch_{shapes}_{dtype}.jsonl"))
+    out.append(l2c("bench", f"linear:{a.graphs_table}", f"linear:{a.out}/staged_whole_graphs.json", "--shapes",
+                   "serve", "--protocol", "kernel", "--roofline", "--reps", "5", "-o",
+                   f"{a.out}/staged_serve_f16.jsonl"))
+    return out
+
+
 def _unswapped(a):
     return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "unswapped", "--min-m", "48",
                    "--max-m", "512", "--build-jobs", str(os.cpu_count() or 8), "--budget-s", "330")
@@ -395,6 +420,9 @@ STAGES: Dict[str, Stage] = {
     "unswapped": Stage("search CUTLASS tiles with the tokens on the MMA's M side and the grid sized to whole waves of "
                        "the SMs on the decoding set at 48-512 tokens (f16, bf16) into JSON lines for `l2c table`",
                        _unswapped),
+    "staged_tables": Stage("the shipped tables against their twins with every CUTLASS GEMM entry on the staged "
+                           "epilogue, through l2c.matmul (offgrid, heldout) and nn.Linear (serve): whether to switch",
+                           _staged_tables),
     "unswapped_grid": Stage("the unswapped stage's wave-sized CUTLASS tiles on the grid's `a @ b` shapes of 64-1024 "
                             "rows (N >= 1024, K >= 512, f16 and bf16) into JSON lines for `l2c table`",
                             _unswapped_grid),

@@ -13,6 +13,15 @@ to the largest), so that the A and B sides of one selection hold the same shapes
 again (an entry the change makes invalid is an error, not dropped) and named by its configuration
 (l2c.ir.config_name). The entries keep the source entry's measured figures, which belong to the unchanged spec: the
 table records `variant_of` and `changed`, and is a benchmark input, not a table to ship.
+
+    python scripts/table_variant.py TABLE --whole --where target=cutlass --where launch_family=gemm \
+        --set epilogue_store=staged -o OUT.json --specs-out CHANGED.l2
+
+`--whole` keeps every entry of the table (exact, ranges and cells, with its other fields) and changes the spec of
+each one matching every --where: the table as the dispatcher would serve it with the twins, for `l2c.matmul` through
+both tables side by side (`l2c bench dispatch:TABLE dispatch:OUT.json`). An entry whose changed spec does not
+validate keeps its spec and is listed under `kept` with the rule it broke; --specs-out then lists the changed specs
+only (the others are built already).
 """
 from __future__ import annotations
 
@@ -93,6 +102,28 @@ def variant(table: dict, where: Sequence[Tuple[str, str]], change: Optional[Tupl
     return out
 
 
+def whole_variant(table: dict, where: Sequence[Tuple[str, str]], change: Tuple[str, str]) -> dict:
+    """Every entry of `table`, the spec of each one matching `where` changed (see the module's `--whole`)."""
+    from l2c.errors import L2ValidationError
+    field, value = change
+    entries, kept, changed = [], [], 0
+    for i, entry in enumerate(table["entries"]):
+        spec = parse_one(entry["spec"], f"entries[{i}]")
+        if _matches(entry, spec, where):
+            twin = spec.replace(**{field: _typed(field, value)})
+            twin = twin.replace(name=config_name(twin))
+            try:
+                validate(twin, entry.get("target", twin.target))
+                entry = dict(entry, spec=twin.to_l2())
+                changed += 1
+            except L2ValidationError as err:
+                kept.append({"entry": i, "rule": err.rule})
+        entries.append(entry)
+    out = {k: v for k, v in table.items() if k != "entries"}
+    out.update(changed=list(change), changed_entries=changed, kept=kept, entries=entries)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("table")
@@ -103,15 +134,27 @@ def main(argv=None) -> int:
     p.add_argument("--per-spec", type=int, help="keep at most this many entries per spec, spread over their sizes")
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--specs-out", help="also write the kept entries' distinct specs as one .l2 file (for l2c build)")
+    p.add_argument("--whole", action="store_true", help="keep every entry, changing the matching ones (needs --set; "
+                                                        "no --max-gflop or --per-spec)")
     args = p.parse_args(argv)
+    if args.whole and (args.set is None or args.max_gflop is not None or args.per_spec is not None):
+        p.error("--whole needs --set and takes no --max-gflop or --per-spec")
     table = json.loads(Path(args.table).read_text())
-    out = variant(table, args.where, args.set, args.max_gflop, args.per_spec)
+    if args.whole:
+        out = whole_variant(table, args.where, args.set)
+        specs = [e["spec"] for e, old in zip(out["entries"], table["entries"]) if e["spec"] != old["spec"]]
+    else:
+        out = variant(table, args.where, args.set, args.max_gflop, args.per_spec)
+        specs = [e["spec"] for e in out["entries"]]
     out["variant_of"] = {"table": args.table, "where": [list(w) for w in args.where], "max_gflop": args.max_gflop,
-                         "per_spec": args.per_spec}
+                         "per_spec": args.per_spec, "whole": args.whole}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     if args.specs_out:
-        Path(args.specs_out).write_text("\n".join(dict.fromkeys(e["spec"] for e in out["entries"])))
-    print(f"{len(out['entries'])} of {len(table['entries'])} entries -> {args.out}")
+        Path(args.specs_out).write_text("\n".join(dict.fromkeys(specs)))
+    if args.whole:
+        print(f"{len(out['entries'])} entries, {out['changed_entries']} changed, {len(out['kept'])} kept -> {args.out}")
+    else:
+        print(f"{len(out['entries'])} of {len(table['entries'])} entries -> {args.out}")
     return 0
 
 

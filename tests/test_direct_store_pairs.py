@@ -122,3 +122,37 @@ def test_the_schedules_come_from_the_a_table_resolved():
     _, a, _ = _sides("sm_90_graphs.json", where, per_spec=1)
     schedules = variant_pairs.schedules(a)
     assert len(schedules) == len(a["entries"]) and set(schedules) <= {"basic", "pingpong", "cooperative"}
+
+
+def test_the_whole_variant_keeps_every_entry_and_serves_the_staged_twins(tmp_path):
+    """`table_variant.py --whole` (gpu.py's staged_tables stage): every entry stays, in order, with its ranges, cells
+    and figures; each CUTLASS GEMM entry with the TMA store gets its staged twin, the rest are untouched; the specs
+    written for building are exactly the changed ones; the dispatcher loads the result and serves the twins."""
+    from l2c.tuned_table import TunedTable
+    stage = gpu.STAGES["staged_tables"].commands(gpu.argparse.Namespace(
+        out=str(tmp_path), eager_table=str(ROOT / "l2c" / "tuned" / "sm_90.json"),
+        graphs_table=str(ROOT / "l2c" / "tuned" / "sm_90_graphs.json")))
+    variants = [command for command in stage if "table_variant.py" in " ".join(command)]
+    assert len(variants) == 2 and any("bench" in c and f"dispatch:{tmp_path}/staged_whole_default.json" in c
+                                      for c in stage)
+    for command in variants:
+        assert table_variant.main(command[2:]) == 0
+        source = json.loads(Path(command[2]).read_text())
+        out = Path(command[command.index("-o") + 1])
+        whole = json.loads(out.read_text())
+        assert len(whole["entries"]) == len(source["entries"]) and whole["kept"] == []
+        changed, exact = [], None
+        for old, new in zip(source["entries"], whole["entries"]):
+            assert {k: v for k, v in old.items() if k != "spec"} == {k: v for k, v in new.items() if k != "spec"}
+            spec = parse_one(old["spec"])
+            if old["target"] == "cutlass" and spec.launch_family == "gemm" and spec.epilogue_store == "tma":
+                twin = parse_one(new["spec"])
+                assert twin.epilogue_store == "staged" and twin.replace(name=spec.name, epilogue_store="tma") == spec
+                changed.append(new["spec"])
+                exact = exact or (new if "m_range" not in new else None)
+            else:
+                assert new["spec"] == old["spec"]
+        assert whole["changed_entries"] > 0 and whole.get("near") == source.get("near")
+        assert Path(command[command.index("--specs-out") + 1]).read_text() == "\n".join(dict.fromkeys(changed))
+        served = TunedTable.load(out).lookup(exact["dtype"], exact["layout"], exact["m"], exact["n"], exact["k"])
+        assert served is not None and parse_one(served.spec_text).epilogue_store == "staged"
