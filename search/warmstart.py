@@ -16,7 +16,7 @@ def prebuilt_points(problem: Problem, policy=None) -> List[Dict[str, object]]:
     """Search-space points of `problem` whose CUTLASS kernel, built as the tuner builds it (shape-generic, no
     epilogue), the prebuilt pack holds byte for byte (`space.prebuilt_index`): each costs a measurement and no nvcc
     run. The policy's most likely first, else in the pack's order."""
-    found = [params for params in prebuilt_index(problem).values() if check_point(params, problem)[0] is not None]
+    found = [dict(params) for params in prebuilt_index(problem).values() if check_point(params, problem)[0] is not None]
     if policy is not None:
         found.sort(key=lambda params: -policy.log_prob(problem, params))
     return found
