@@ -276,9 +276,8 @@ def _direct_store(a):
 def _staged_store(a):
     """l2c's staged epilogue: its GPU check (`cutlass_gpu_check.py --only staged`: thirteen specs over the
     schedules, layouts, C, biases, activations, f32 output, swap=yes, split-K and stream-K, column halves at 96-256
-    wide, verified then timed), its study, and
-    #19's build part on this host with the TMA store and with the staged one (32 pack kernels each; before the study,
-    whose benches are the longest part)."""
+    wide, verified then timed), #19's build part on this host with the TMA store and with the staged one (32 pack
+    kernels each), then the study, whose benches are the longest part."""
     return [script("scripts/cutlass_gpu_check.py", "--only", "staged", "--out", f"{a.out}/staged_gpu_check.json"),
             *(script("scripts/zero_wait.py", "--parts", "build", "--build-store", store, "--out",
                      f"{a.out}/zero_wait_build_{store}.json") for store in ("tma", "staged")),

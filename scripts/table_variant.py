@@ -75,6 +75,15 @@ def _spread(count: int, keep: Optional[int]) -> List[int]:
     return sorted({round(i * (count - 1) / (keep - 1)) for i in range(keep)})
 
 
+def _twin(spec, change: Tuple[str, str], entry: dict):
+    """`spec` with FIELD set to VALUE, named by its configuration and validated for the entry's target."""
+    field, value = change
+    twin = spec.replace(**{field: _typed(field, value)})
+    twin = twin.replace(name=config_name(twin))
+    validate(twin, entry.get("target", twin.target))
+    return twin
+
+
 def variant(table: dict, where: Sequence[Tuple[str, str]], change: Optional[Tuple[str, str]],
             max_gflop: Optional[float] = None, per_spec: Optional[int] = None) -> dict:
     by_spec: Dict[str, List[Tuple[int, int, dict, object]]] = {}   # spec text -> (flops, index, entry, spec)
@@ -90,11 +99,7 @@ def variant(table: dict, where: Sequence[Tuple[str, str]], change: Optional[Tupl
     entries = []
     for _, i, entry, spec in sorted(kept, key=lambda row: row[1]):
         if change is not None:
-            field, value = change
-            spec = spec.replace(**{field: _typed(field, value)})
-            spec = spec.replace(name=config_name(spec))
-            validate(spec, entry.get("target", spec.target))
-            entry = dict(entry, spec=spec.to_l2())
+            entry = dict(entry, spec=_twin(spec, change, entry).to_l2())
         entries.append(entry)
     out = {k: v for k, v in table.items() if k not in ("entries", "near")}
     out["changed"] = list(change) if change else None
@@ -105,16 +110,12 @@ def variant(table: dict, where: Sequence[Tuple[str, str]], change: Optional[Tupl
 def whole_variant(table: dict, where: Sequence[Tuple[str, str]], change: Tuple[str, str]) -> dict:
     """Every entry of `table`, the spec of each one matching `where` changed (see the module's `--whole`)."""
     from l2c.errors import L2ValidationError
-    field, value = change
     entries, kept, changed = [], [], 0
     for i, entry in enumerate(table["entries"]):
         spec = parse_one(entry["spec"], f"entries[{i}]")
         if _matches(entry, spec, where):
-            twin = spec.replace(**{field: _typed(field, value)})
-            twin = twin.replace(name=config_name(twin))
             try:
-                validate(twin, entry.get("target", twin.target))
-                entry = dict(entry, spec=twin.to_l2())
+                entry = dict(entry, spec=_twin(spec, change, entry).to_l2())
                 changed += 1
             except L2ValidationError as err:
                 kept.append({"entry": i, "rule": err.rule})
