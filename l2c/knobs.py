@@ -193,7 +193,8 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("epilogue", "activation", "enum", "none", "Activation applied last.",
          choices=("none", "relu", "gelu", "silu"), searchable=False),
     Knob("epilogue", "gate", "enum", "none",
-         "Gated epilogue of an LLM's MLP (Triton, and the CUTLASS target's CUDA-core gemv with B column-major): B "
+         "Gated epilogue of an LLM's MLP (Triton; the CUTLASS target's CUDA-core gemv, and its GEMMs with "
+         "store=staged, B column-major): B "
          "holds 2N columns, the gate projection's [0, N) then the up "
          "projection's [N, 2N) (gate_proj and up_proj weights concatenated), and D (M x N) = act(alpha * A@B_gate "
          "+ bias_gate) * (alpha * A@B_up + bias_up) in fp32: `silu` (SwiGLU) or `gelu_tanh` (GeGLU, GELU's tanh "

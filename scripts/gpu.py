@@ -347,6 +347,16 @@ def _gated(a):
             for dtype in ("f16", "bf16")]
 
 
+def _gated_cutlass(a):
+    """The CUTLASS target's gated GEMM: its GPU check (`cutlass_gpu_check.py --only gated`: five specs over the
+    schedules, both gates, a bias, bf16 and clusters, at ragged M and K), then its tiles against torch's gated
+    projection (the module's two GEMMs) for the Llama-8B gate_up weight at 64-8192 tokens, f16 and bf16."""
+    tokens = "64,128,192,256,384,512,768,1024,2048,4096,8192"
+    return [script("scripts/cutlass_gpu_check.py", "--only", "gated", "--out", f"{a.out}/gated_gpu_check.json")] + [
+        script("scripts/serve_sweep.py", "--out", a.out, "--dtype", dtype, "--stages", "gated", "--gated-targets",
+               "cutlass", "--gated-tokens", tokens) for dtype in ("f16", "bf16")]
+
+
 def _grid(a):
     return [l2c("bench", "torch", a.eager_table, "--shapes", "grid", "--protocol", "kernel,kernel_apart,call", "-o",
                 f"{a.out}/grid.jsonl", "--resume"),
@@ -429,6 +439,8 @@ STAGES: Dict[str, Stage] = {
     "mlp": Stage("the end-to-end MLP block example, torch against l2c.nn", _mlp),
     "gated": Stage("search fused gated (SwiGLU) kernels for the Llama-8B gate_up weights at 1-8192 tokens, f16 and "
                    "bf16, into JSON lines for `l2c table`", _gated),
+    "gated_cutlass": Stage("the CUTLASS target's gated GEMM verified on the GPU, then its tiles against torch's gated "
+                           "projection at 64-8192 tokens, f16 and bf16 (about 4 minutes)", _gated_cutlass),
     "model": Stage("a Llama-3.1-8B-shaped Hugging Face LlamaForCausalLM: MLP block, prefill and decode, torch eager, "
                    "max-autotune, l2c, l2c under torch.compile (examples/llama_e2e.py)", _model),
     "grid": Stage("the 1,000-shape grid: cuBLAS against itself (the noise floor) and the eager table", _grid),

@@ -70,6 +70,15 @@ def feature_matrix():
             name=f"gatedgemv{i}", target="cutlass", types_a=dtype, types_b=dtype, types_c=dtype, layout_b="col",
             launch_family="gemv", launch_warps=4, launch_evict="first", tile_m=2, tile_n=16, tile_k=256,
             split_k_slices=slices, epilogue_gate=gate, epilogue_bias=bias, epilogue_alpha=0.5 if i % 3 == 0 else 1.0))
+    # l2c's staged epilogue in each schedule, plain and gated (the CUTLASS GEMM's gate: tile n of each half of B)
+    for i, (schedule, tile_m, tile_n, gate, bias) in enumerate(product(
+            ("basic", "pingpong", "cooperative"), (128,), (48, 64, 96, 128), ("none", "silu", "gelu_tanh"),
+            ("none", "col"))):
+        specs.append(KernelSpec(
+            name=f"staged{i}", target="cutlass", types_a="bf16" if i % 2 else "f16", types_b="bf16" if i % 2 else "f16",
+            types_c="bf16" if i % 2 else "f16", layout_b="col", tile_m=tile_m, tile_n=tile_n, tile_k=64,
+            launch_schedule=schedule, cluster_m=2 if i % 3 == 0 else 1, epilogue_gate=gate, epilogue_bias=bias,
+            epilogue_alpha=0.5 if i % 5 == 0 else 1.0, epilogue_store="staged"))
     return specs
 
 

@@ -233,6 +233,12 @@ GATED_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # to 4 tokens (from 4 rows the CUDA-core gemv is instruction-bound, session 20; a gated one reads twice the rows)
 GATED_CUDA_GEMV = ((8, 4, 256), (16, 4, 256), (8, 8, 256), (16, 8, 256), (8, 4, 512))
 GATED_CUDA_GEMV_MAX_M = 4
+# the CUTLASS target's gated GEMM (its tile holds tile n of the gate's columns and the same of the up projection's,
+# paired in the staged epilogue; N a multiple of tile n): tile m, n, k, schedule, cluster m, n; from 64 tokens
+GATED_CUTLASS = ((64, 64, 64, "basic", 1, 1), (64, 128, 64, "pingpong", 1, 1), (128, 64, 64, "pingpong", 1, 1),
+                 (128, 64, 64, "cooperative", 1, 1), (128, 128, 64, "cooperative", 1, 1),
+                 (128, 128, 64, "cooperative", 2, 1), (256, 64, 64, "cooperative", 1, 1))
+GATED_CUTLASS_MIN_M = 64
 
 
 def _gated_spec(body: str, dtype: str, gate: str, group: int) -> str:
@@ -244,9 +250,9 @@ def _gated_spec(body: str, dtype: str, gate: str, group: int) -> str:
     return spec.replace(name=config_name(spec)).to_l2()
 
 
-def gated_pool(m: int, dtype: str, gate: str, cutlass: bool = True):
+def gated_pool(m: int, dtype: str, gate: str, cutlass: bool = True, triton: bool = True):
     """The gated stage's candidates for M tokens (nn.Linear's layout: B the concatenated weight transposed); the
-    CUTLASS target's only with `cutlass` (a GPU to run them)."""
+    CUTLASS target's only with `cutlass` (a GPU to run them), Triton's only with `triton`."""
     rows = 1 << max(0, (m - 1).bit_length())
     texts = []
     if cutlass and m <= GATED_CUDA_GEMV_MAX_M:
@@ -255,6 +261,12 @@ def gated_pool(m: int, dtype: str, gate: str, cutlass: bool = True):
                 texts.append(_spec(f"launch family=gemv cores=cuda warps={warps} evict=first\n  tile m={rows} n={bn} "
                                    f"k={bk}\n  split_k slices={slices}\n  epilogue gate={gate}", dtype, "gemv",
                                    target="cutlass"))
+    if cutlass and m >= GATED_CUTLASS_MIN_M:
+        for bm, bn, bk, schedule, cm, cn in GATED_CUTLASS:
+            texts.append(_spec(f"launch schedule={schedule}\n  tile m={bm} n={bn} k={bk}\n  cluster m={cm} n={cn}\n"
+                               f"  epilogue gate={gate} store=staged", dtype, "gemm", target="cutlass"))
+    if not triton:
+        return _valid(texts)
     if m <= 16:
         for bn, bk, warps in GATED_GEMV:
             for reduce in ("step", "end"):
@@ -480,6 +492,8 @@ def main() -> int:
     ap.add_argument("--gate", default="silu", choices=("silu", "gelu_tanh"), help="the gated stage's epilogue")
     ap.add_argument("--gated-tokens", default=",".join(map(str, GATED_TOKENS)),
                     help="the gated stage's token counts M (comma-separated)")
+    ap.add_argument("--gated-targets", default="triton,cutlass",
+                    help="the gated stage's kernel targets (comma-separated; CUTLASS's only on a GPU)")
     ap.add_argument("--gated-weights", default="14336x4096", metavar="NxK,...",
                     help="the gated stage's problems: N outputs (the intermediate size) x K (the hidden size)")
     ap.add_argument("--warm-table", metavar="TABLE.json",
@@ -533,7 +547,9 @@ def main() -> int:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]
         chosen = [Shape(m, n, k, label="gated") for m in map(int, args.gated_tokens.split(",")) for n, k in weights]
-        pools = {s.key: gated_pool(s.m, args.dtype, args.gate, cutlass=device.kind == "cuda") for s in chosen}
+        targets = args.gated_targets.split(",")
+        pools = {s.key: gated_pool(s.m, args.dtype, args.gate, cutlass=device.kind == "cuda" and "cutlass" in targets,
+                                   triton="triton" in targets) for s in chosen}
         cutlass_texts = sorted({t for texts in pools.values() for t in texts if "target   cutlass" in t})
         if cutlass_texts:
             _build_cutlass(cutlass_texts, args.build_jobs, sys.stderr)

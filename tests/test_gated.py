@@ -75,23 +75,72 @@ def test_gated_rules(knobs, rule):
         validate(gated(**knobs, epilogue_gate="none"), "triton")
 
 
-def test_cutlass_refuses_a_gated_gemm_by_rule_and_lowers_a_gated_cuda_core_gemv():
-    spec = gated(target="any", tile_m=128, tile_n=128, tile_k=64, launch_warps="auto")
-    with pytest.raises(L2ValidationError) as err:
-        validate(spec, "cutlass")
-    assert err.value.rule == "gated-target"
-    with pytest.raises(L2ValidationError) as err:
-        validate(spec.replace(target="cutlass"), "cutlass")
-    assert err.value.rule == "gated-target"
-    validate(spec, "triton")
+def test_cutlass_lowers_a_gated_gemm_and_a_gated_cuda_core_gemv():
+    """The CUTLASS target's gated GEMM reads tile n of the gate's and of the up projection's columns into one tile
+    twice tile n wide (rules.cutlass_gemm_spec), and its shared memory is that GEMM's, whose staged epilogue writes
+    the half-wide product; a gated gemv runs on CUDA cores."""
+    from l2c.lower import render
+    from l2c.rules import mainloop_stage_bytes
+    from l2c.targets.cutlass.rules import cutlass_gemm_spec
+    spec = gated(target="cutlass", tile_m=128, tile_n=128, tile_k=64, launch_warps="auto",
+                 launch_schedule="cooperative", epilogue_store="staged")
+    valid = validate(spec, "cutlass")
+    gemm = cutlass_gemm_spec(spec)
+    assert (gemm.tile_n, gemm.epilogue_gate) == (256, "none")
+    assert mainloop_stage_bytes(gemm) == mainloop_stage_bytes(spec)   # two B tiles of tile n = one of 2 x tile n
+    assert valid.stages == validate(gemm.replace(name="plain"), "cutlass").stages
+    source = render(valid)
+    assert "GatedMainloop<BuiltMainloop, 128>" in source
+    assert "cutlass::epilogue::thread::SiLu<float>>>;   // gate=silu" in source
+    assert "GatedMainloop" not in render(validate(gemm.replace(name="plain"), "cutlass"))
     gemv = gated(target="cutlass", launch_family="gemv", tile_m=1, tile_n=16, tile_k=256, launch_warps=4,
                  split_k_slices=2, epilogue_bias="col")
     assert validate(gemv, "cutlass").schedule == "gemv"
 
 
+@pytest.mark.parametrize("knobs, field", [
+    (dict(epilogue_store="tma"), "epilogue.store"),
+    (dict(tile_n=32), "tile.n"),
+    (dict(tile_n=256), "tile.n"),
+    (dict(launch_swap="yes"), "launch.swap"),
+    (dict(layout_b="row"), "layout.b"),
+    (dict(layout_c="col"), "layout.c"),
+    (dict(split_k_mode="stream_k"), "split_k.mode"),
+    (dict(problem_n=14336 + 64), "problem.n"),
+])
+def test_the_gated_gemm_rule_names_the_knob(knobs, field):
+    spec = gated(target="cutlass", tile_m=128, tile_n=128, tile_k=64, launch_warps="auto", epilogue_store="staged")
+    validate(spec.replace(problem_n=14336), "cutlass")
+    with pytest.raises(L2ValidationError) as err:
+        validate(spec.replace(**knobs), "cutlass")
+    assert err.value.rule == "gated-gemm" and err.value.knob == field
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), gate=st.sampled_from(("silu", "gelu_tanh")), bias=st.sampled_from(("none", "col")),
+       tile_n=st.sampled_from((48, 64, 96, 128)))
+def test_random_gated_gemms_are_their_doubled_gemm_with_the_gated_epilogue(data, gate, bias, tile_n):
+    """A valid gated CUTLASS GEMM keeps the stage count and shared memory of the plain GEMM of twice its tile n (what
+    CUTLASS instantiates); its source pairs the halves in the staged epilogue and reads B through GatedMainloop."""
+    n = data.draw(st.one_of(st.just(ANY), st.integers(1, 64).map(lambda x: x * tile_n)))
+    spec = data.draw(valid_specs("cutlass", epilogue_gate=gate, epilogue_bias=bias, tile_n=tile_n,
+                                 problem_n=n, launch_family="gemm", epilogue_store="staged", layout_b="col",
+                                 layout_c="row", launch_swap="no", split_k_slices=1, split_k_mode="workspace",
+                                 epilogue_beta=0.0, epilogue_activation="none"))
+    from l2c.lower import render
+    from l2c.targets.cutlass.rules import cutlass_gemm_spec
+    valid = validate(spec, "cutlass")
+    plain = validate(cutlass_gemm_spec(spec).replace(name="plain"), "cutlass")
+    assert (valid.stages, valid.smem_bytes, valid.schedule) == (plain.stages, plain.smem_bytes, plain.schedule)
+    source = render(valid)
+    assert f"GatedMainloop<BuiltMainloop, {spec.tile_n}>" in source
+    assert f"if (N % {spec.tile_n} != 0)" in source
+    assert "ElementD(Activation{}(value) * up)" in source
+
+
 def test_rules_are_listed():
     from l2c.validate import RULES
-    assert {"gated-target", "gated-epilogue", "gated-split-k"} <= RULES.keys()
+    assert {"gated-gemm", "gated-epilogue", "gated-split-k"} <= RULES.keys()
 
 
 @settings(max_examples=25, deadline=None)

@@ -3,7 +3,9 @@
 // tile's every element is held exactly once; the values of MMA step `step` along M lie in rows
 // [step * rows, (step + 1) * rows); and where the tile is staged in column halves, the first half of each thread's
 // values lies in the first half of the columns (tiles 96, 128, 192 or 256 wide, which one MMA spans; 112, 144-176 and
-// 208-240 take several MMAs along N). Prints one line per configuration and exits non-zero on a failure.
+// 208-240 take several MMAs along N), and value v + values / 2 lies in value v's row, half a tile further along N
+// (the pair a gated tile's epilogue multiplies: the gate's column and the up projection's). Prints one line per
+// configuration and exits non-zero on a failure.
 #include <cstdio>
 #include <vector>
 
@@ -37,6 +39,10 @@ bool check(char const* name) {
           seen[m * kTileN + n] += 1;
           if (m / kRows != step) ok = false;
           if (kHalves == 2 && n / (kTileN / 2) != v / (values / 2)) ok = false;
+          if (kHalves == 2 && v < values / 2 &&
+              (get<0>(c(v + values / 2, step, q)) != m || get<1>(c(v + values / 2, step, q)) != n + kTileN / 2)) {
+            ok = false;
+          }
         }
       }
     }

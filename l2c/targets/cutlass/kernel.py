@@ -78,7 +78,9 @@ class CutlassKernel(Kernel):
         spec = valid.spec
         self._needs_c = spec.epilogue_beta != 0.0
         self._bias = spec.epilogue_bias
-        self._gated = spec.epilogue_gate != "none"   # the gemv family's gated epilogue: B of K x 2N, D of M x N
+        self._gated = spec.epilogue_gate != "none"   # a gated epilogue: B of K x 2N, D of M x N
+        # the gated GEMM's tiles hold tile n columns of each half of B: N a multiple of it (rule gated-gemm)
+        self._gated_n_step = spec.tile_n if self._gated and spec.launch_family == "gemm" else 1
         self._fixed = (spec.problem_m, spec.problem_n, spec.problem_k, spec.problem_batch)
         # Call plans: the fully checked, shape-derived part of a call, per call signature (see __call__).
         self._plans: Dict[tuple, _CallPlan] = {}
@@ -237,6 +239,9 @@ class CutlassKernel(Kernel):
                 raise SignatureDeclined(f"b is {tuple(b.shape)}: a gated kernel's B holds 2N columns (the gate's, "
                                         "then the up projection's)")
             n //= 2
+            if n % self._gated_n_step:
+                raise SignatureDeclined(f"N={n}: the gated GEMM {self.valid.name} needs N to be a multiple of "
+                                        f"tile n={self._gated_n_step}")
         batch = a.shape[0] if a.dim() == 3 else 1
         if a.dim() == 3 and b.shape[0] != batch:
             raise SignatureDeclined(f"batch of a is {batch} but of b is {b.shape[0]}")

@@ -29,9 +29,10 @@ RULES = declare({
     "cutlass-min-stages": "the CUTLASS TMA pipeline needs at least 2 stages",
     "gemv-knobs": "launch warps, launch evict and launch cores shape a gemv kernel; CUTLASS's GEMMs (family=gemm) "
                   "read none of them",
-    "gated-target": "`epilogue gate` is lowered by the Triton kernels and the CUTLASS target's gemv family: CUTLASS's "
-                    "fused epilogue sees one accumulator tile, in which the gate and up columns of an output column "
-                    "(N columns apart in B) never meet",
+    "gated-gemm": "a gated CUTLASS GEMM (epilogue gate) reads tile n columns of the gate's and the same of the up "
+                  "projection's into one tile of 2 x tile n columns, which one warpgroup MMA spans (tile n 48, 64, 96 "
+                  "or 128), and pairs them in l2c's epilogue (store=staged): B column-major (the weights' rows), D "
+                  "row-major, no launch swap, split-K or stream-K; N must be a multiple of tile n",
     "tma-alignment": "TMA needs every operand's contiguous extent to be a multiple of 16 bytes",
     "narrow-b-stages": "CUTLASS 4.2 cannot stage an 8-wide K-major B tile (B column-major, or A row-major under "
                        "launch swap=yes) 32 or 64 deep along K in an odd number of stages (cute's Shape Divisibility "
@@ -138,6 +139,8 @@ def cutlass_gemm_spec(spec: KernelSpec) -> KernelSpec:
     partial sums (row-major, no epilogue inputs; the reduction kernel applies the spec's epilogue); with
     `launch swap=yes`, that GEMM transposed (`swapped_operands`)."""
     gemm = spec
+    if gated(spec):   # one tile of B holds tile n of the gate's columns and tile n of the up projection's
+        gemm = gemm.replace(tile_n=2 * spec.tile_n, epilogue_gate="none")
     if spec.parallel_split_k:
         gemm = gemm.replace(types_c="f32", layout_c="row", epilogue_alpha=1.0, epilogue_beta=0.0,
                             epilogue_bias="none", epilogue_activation="none")
@@ -163,11 +166,31 @@ def cutlass_kernel_smem(spec: KernelSpec, schedule: str, stages: int) -> int:
     return _round_up(_round_up(barriers, aligned) + together, aligned)
 
 
+GATED_TILE_N = tuple(n // 2 for n in STAGED_HALVES_TILE_N)
+
+
+def _check_gated_gemm(spec: KernelSpec) -> None:
+    """Rule gated-gemm: what the gated CUTLASS GEMM (templates/cutlass/gemm.cu.j2, GatedMainloop) is built for."""
+    def reject(field, detail):
+        return fail(spec, field, "gated-gemm", f"{detail} with gate={spec.epilogue_gate}")
+    if spec.tile_n not in GATED_TILE_N:
+        raise reject("tile_n", f"tile n={spec.tile_n}")
+    for field, wanted in (("epilogue_store", "staged"), ("layout_b", "col"), ("layout_c", "row"),
+                          ("launch_swap", "no")):
+        if getattr(spec, field) != wanted:
+            raise reject(field, f"{knob(field).key}={getattr(spec, field)}")
+    if spec.split_k_slices > 1 or spec.split_k_mode == "stream_k":
+        raise reject("split_k_slices" if spec.split_k_slices > 1 else "split_k_mode",
+                     f"split_k slices={spec.split_k_slices} mode={spec.split_k_mode}")
+    if spec.problem_n != ANY and spec.problem_n % spec.tile_n:
+        raise reject("problem_n", f"N={spec.problem_n} and tile n={spec.tile_n}")
+
+
 def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     """The CUTLASS target's rules for `spec` (common rules already passed); its ValidSpec with the schedule,
     the stage count CUTLASS instantiates and the kernel's shared memory."""
     if gated(spec) and spec.launch_family != "gemv":
-        raise fail(spec, "epilogue_gate", "gated-target", f"gate={spec.epilogue_gate} on a CUTLASS GEMM")
+        _check_gated_gemm(spec)
     if spec.epilogue_store != "tma" and spec.launch_family == "gemv":
         raise fail(spec, "epilogue_store", f"{spec.epilogue_store}-store",
                    f"store={spec.epilogue_store} with family=gemv")
@@ -188,7 +211,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     # The tile rules are CUTLASS's, so they apply to the GEMM it instantiates: under launch swap=yes, the spec's
     # tile N is CUTLASS's tile M. Rejections name the knob as the spec spells it.
     swap = spec.launch_swap == "yes"
-    gemm = swapped_operands(spec) if swap else spec
+    gemm = swapped_operands(spec) if swap else cutlass_gemm_spec(spec) if gated(spec) else spec
     field = (lambda name: SWAPPED_FIELDS[name]) if swap else (lambda name: name)
     note = " (CUTLASS's tile M and N trade places under launch swap=yes)" if swap else ""
     tile_m, tile_n = (field(name).replace("_", " ") for name in ("tile_m", "tile_n"))   # as the spec spells them
@@ -207,7 +230,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if schedule in ("pingpong", "basic") and gemm.tile_m not in (64, 128):
         raise fail(spec, field("tile_m"), f"{schedule}-tile-m", f"{tile_m}={gemm.tile_m} with the {schedule} schedule{note}")
     consumer_threads = 256 if schedule == "cooperative" else 128
-    per_thread = spec.tile_m * spec.tile_n // consumer_threads
+    per_thread = gemm.tile_m * gemm.tile_n // consumer_threads
     if per_thread > 128:
         raise fail(spec, field("tile_n"), "accumulator-registers",
                     f"{spec.tile_m}x{spec.tile_n} over {consumer_threads} {schedule} consumer threads is "
