@@ -116,17 +116,20 @@ def test_the_gated_gemm_rule_names_the_knob(knobs, field):
     assert err.value.rule == "gated-gemm" and err.value.knob == field
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data(), gate=st.sampled_from(("silu", "gelu_tanh")), bias=st.sampled_from(("none", "col")),
-       tile_n=st.sampled_from((48, 64, 96, 128)))
-def test_random_gated_gemms_are_their_doubled_gemm_with_the_gated_epilogue(data, gate, bias, tile_n):
+       tile_n=st.sampled_from((48, 64, 96, 128)),
+       schedule_m=st.sampled_from((("basic", 64), ("basic", 128), ("pingpong", 64), ("pingpong", 128),
+                                   ("cooperative", 128), ("auto", 64), ("auto", 128))))
+def test_random_gated_gemms_are_their_doubled_gemm_with_the_gated_epilogue(data, gate, bias, tile_n, schedule_m):
     """A valid gated CUTLASS GEMM keeps the stage count and shared memory of the plain GEMM of twice its tile n (what
     CUTLASS instantiates); its source pairs the halves in the staged epilogue and reads B through GatedMainloop."""
     n = data.draw(st.one_of(st.just(ANY), st.integers(1, 64).map(lambda x: x * tile_n)))
     spec = data.draw(valid_specs("cutlass", epilogue_gate=gate, epilogue_bias=bias, tile_n=tile_n,
                                  problem_n=n, launch_family="gemm", epilogue_store="staged", layout_b="col",
                                  layout_c="row", launch_swap="no", split_k_slices=1, split_k_mode="workspace",
-                                 epilogue_beta=0.0, epilogue_activation="none"))
+                                 epilogue_beta=0.0, epilogue_activation="none", launch_schedule=schedule_m[0],
+                                 tile_m=schedule_m[1]))
     from l2c.lower import render
     from l2c.targets.cutlass.rules import cutlass_gemm_spec
     valid = validate(spec, "cutlass")
