@@ -229,7 +229,7 @@ def verify(kernel, m: int, n: int, k: int, device: Optional[torch.device] = None
         raise CheckerUnavailable("l2c's checker library is neither in the build cache nor in the pack")
     device = torch.device(device if device is not None else "cuda")
     stream = torch.cuda.current_stream(device).cuda_stream
-    return with_edge_shape(kernel.valid.spec, m, n, k,
+    return with_edge_shape(kernel.valid, m, n, k,
                            lambda m, n, k, allocating: _verify_shape(kernel, m, n, k, device, stream, allocating))
 
 

@@ -56,6 +56,13 @@ def gated(spec: KernelSpec) -> bool:
     return spec.epilogue_gate != "none"
 
 
+def output_n_step(valid: ValidSpec) -> int:
+    """What N (D's columns) must be a multiple of for a kernel built as `valid`: tile n for the CUTLASS target's gated
+    GEMM (rule gated-gemm: each tile holds tile n columns of each half of B), else 1."""
+    spec = valid.spec
+    return spec.tile_n if valid.target == "cutlass" and gated(spec) and spec.launch_family == "gemm" else 1
+
+
 def mainloop_stage_bytes(spec: KernelSpec) -> int:
     ab = DTYPE_BYTES[spec.types_a]
     b_tiles = 2 if gated(spec) else 1   # a gated kernel loads the gate's and the up projection's tile of B

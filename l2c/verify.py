@@ -28,6 +28,7 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 
 from .epilogue import activate, gate_activation, gate_product
+from .rules import output_n_step
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -139,17 +140,20 @@ def _pre_activation(spec, product: torch.Tensor, bias: Optional[torch.Tensor]) -
     return result + bias.to(product.dtype) if bias is not None else result
 
 
-def edge_shape(spec, m: int, n: int, k: int) -> Optional[Tuple[int, int, int]]:
+def edge_shape(spec, m: int, n: int, k: int, n_step: int = 1) -> Optional[Tuple[int, int, int]]:
     """A shape with a partial last tile in every open (`any`) dimension of `spec`, when (m, n, k) has none in any of
     them; else None. Remainders are 8 elements, so every extent stays a multiple of 16 bytes (TMA), and K splits into
-    whole, equal 16-byte slices (split_k mode=parallel)."""
-    open_dims = [(d, t) for d, t, fixed in ((m, spec.tile_m, spec.problem_m), (n, spec.tile_n, spec.problem_n),
-                                            (k, spec.tile_k, spec.problem_k)) if fixed == "any"]
+    whole, equal 16-byte slices (split_k mode=parallel). A kernel whose N must be a multiple of `n_step` > 1
+    (`rules.output_n_step`: its tiles never end part-way along N) keeps N whole: one tile more than its tile n."""
+    partial_n = n_step == 1
+    dims = (("m", m, spec.tile_m, spec.problem_m), ("n", n, spec.tile_n, spec.problem_n),
+            ("k", k, spec.tile_k, spec.problem_k))
+    open_dims = [(d, t) for name, d, t, fixed in dims if fixed == "any" and (name != "n" or partial_n)]
     if not open_dims or any(d % t for d, t in open_dims):
         return None
     slices = spec.split_k_slices if spec.split_k_mode != "stream_k" else 1
     return (m if spec.problem_m != "any" else spec.tile_m + 8,
-            n if spec.problem_n != "any" else spec.tile_n + 8,
+            n if spec.problem_n != "any" else (spec.tile_n + 8 if partial_n else 2 * spec.tile_n),
             k if spec.problem_k != "any" else slices * (spec.tile_k + 8))
 
 
@@ -355,16 +359,17 @@ def verify(kernel, m: int, n: int, k: int, batch: int = 1, device: Union[str, to
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator(device=device)
     gen.manual_seed(seed if seed is not None else secrets.randbits(63))
-    return with_edge_shape(spec, m, n, k, lambda m, n, k, allocating: _verify_shape(kernel, m, n, k, batch, device,
-                                                                                     gen, allocating))
+    return with_edge_shape(kernel.valid, m, n, k,
+                           lambda m, n, k, allocating: _verify_shape(kernel, m, n, k, batch, device, gen, allocating))
 
 
-def with_edge_shape(spec, m: int, n: int, k: int, check_shape: Callable[[int, int, int, bool], VerifyResult]
+def with_edge_shape(valid, m: int, n: int, k: int, check_shape: Callable[[int, int, int, bool], VerifyResult]
                     ) -> VerifyResult:
     """`check_shape(m, n, k, allocating_calls=True)`, then, if it passed, the same at `edge_shape` of the problem
-    (without the allocating calls), whose failure says it is the shape with partial tiles."""
+    (without the allocating calls), whose failure says it is the shape with partial tiles. `valid`: the kernel's
+    ValidSpec."""
     result = check_shape(m, n, k, True)
-    edge = edge_shape(spec, m, n, k)
+    edge = edge_shape(valid.spec, m, n, k, output_n_step(valid))
     if result.ok and edge is not None:
         again = check_shape(*edge, False)
         if not again.ok:

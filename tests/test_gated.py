@@ -18,7 +18,8 @@ from l2c.knobs import ANY
 from l2c.parser import parse_one
 from l2c.tuned_table import TunedEntry, TunedTable, entry_from_row, served_spec
 from l2c.validate import validate
-from l2c.verify import verify
+from l2c.rules import output_n_step
+from l2c.verify import edge_shape, verify
 
 from .strategies import valid_specs
 
@@ -96,6 +97,12 @@ def test_cutlass_lowers_a_gated_gemm_and_a_gated_cuda_core_gemv():
     gemv = gated(target="cutlass", launch_family="gemv", tile_m=1, tile_n=16, tile_k=256, launch_warps=4,
                  split_k_slices=2, epilogue_bias="col")
     assert validate(gemv, "cutlass").schedule == "gemv"
+    # only the gated GEMM needs N in whole tiles: its edge shape keeps N at two tiles
+    triton = gated(tile_m=128, tile_n=128, tile_k=64, launch_warps=8)
+    assert [output_n_step(validate(s, t)) for s, t in ((spec, "cutlass"), (gemv, "cutlass"), (triton, "triton"))] == [
+        128, 1, 1]
+    assert edge_shape(spec, 512, 14336, 4096, output_n_step(valid)) == (136, 256, 72)
+    assert edge_shape(spec, 512, 14336, 4096) == (136, 136, 72)
 
 
 @pytest.mark.parametrize("knobs, field", [
@@ -139,6 +146,14 @@ def test_random_gated_gemms_are_their_doubled_gemm_with_the_gated_epilogue(data,
     assert f"GatedMainloop<BuiltMainloop, {spec.tile_n}>" in source
     assert f"if (N % {spec.tile_n} != 0)" in source
     assert "ElementD(Activation{}(value) * up)" in source
+    # verification's shape with partial tiles keeps N a whole number of tiles (the kernel declines any other N)
+    step = output_n_step(valid)
+    assert step == spec.tile_n
+    m, n, k = data.draw(st.tuples(*(st.integers(1, 8).map(lambda x, t=t: x * t)
+                                    for t in (spec.tile_m, spec.tile_n, spec.tile_k))))
+    edge = edge_shape(spec, m, n if spec.problem_n == ANY else spec.problem_n, k, step)
+    if edge is not None:
+        assert edge[1] % step == 0 and (edge[0], edge[2]) != (m, k)
 
 
 def test_rules_are_listed():

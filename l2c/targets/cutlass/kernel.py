@@ -18,7 +18,7 @@ from ...errors import BuildError, LaunchError, SignatureDeclined
 from ...kernel import Kernel, call_signature, cuda_accessors, output_template
 from ...knobs import ANY
 from ...lower import render
-from ...rules import ValidSpec
+from ...rules import ValidSpec, output_n_step
 from . import shim
 
 # Status codes of the generated entry points (templates/cutlass/gemm.cu.j2).
@@ -79,8 +79,7 @@ class CutlassKernel(Kernel):
         self._needs_c = spec.epilogue_beta != 0.0
         self._bias = spec.epilogue_bias
         self._gated = spec.epilogue_gate != "none"   # a gated epilogue: B of K x 2N, D of M x N
-        # the gated GEMM's tiles hold tile n columns of each half of B: N a multiple of it (rule gated-gemm)
-        self._gated_n_step = spec.tile_n if self._gated and spec.launch_family == "gemm" else 1
+        self._n_step = output_n_step(valid)   # the gated GEMM's N is a multiple of tile n (rule gated-gemm)
         self._fixed = (spec.problem_m, spec.problem_n, spec.problem_k, spec.problem_batch)
         # Call plans: the fully checked, shape-derived part of a call, per call signature (see __call__).
         self._plans: Dict[tuple, _CallPlan] = {}
@@ -239,9 +238,9 @@ class CutlassKernel(Kernel):
                 raise SignatureDeclined(f"b is {tuple(b.shape)}: a gated kernel's B holds 2N columns (the gate's, "
                                         "then the up projection's)")
             n //= 2
-            if n % self._gated_n_step:
+            if n % self._n_step:
                 raise SignatureDeclined(f"N={n}: the gated GEMM {self.valid.name} needs N to be a multiple of "
-                                        f"tile n={self._gated_n_step}")
+                                        f"tile n={self._n_step}")
         batch = a.shape[0] if a.dim() == 3 else 1
         if a.dim() == 3 and b.shape[0] != batch:
             raise SignatureDeclined(f"batch of a is {batch} but of b is {b.shape[0]}")
