@@ -21,16 +21,18 @@ def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, o
         best = store.best(p.key(), gpu, protocol, confirmed_since=confirmed_since)
         if best is None:
             continue
-        lay = "".join(x[0] for x in (p.layout_a, p.layout_b, p.layout_c))
+        lay = "".join(x[0] for x in (p.layout_a, p.layout_b, p.layout_c)) + (f"_{p.gate}" if p.gated else "")
         name = f"gemm_{p.shape}_{p.dtype}_{lay}_{best.target}"
         text = parse_one(best.spec).to_l2()   # keeps its knob-derived name: shapes sharing it share one build
         for stale in (out_dir / "specs").glob(f"gemm_{p.shape}_{p.dtype}_{lay}_*.l2"):
             stale.unlink()   # an earlier export's winner for this shape, possibly of the other target
         (out_dir / "specs" / f"{name}.l2").write_text(text)
-        by_arch.setdefault(p.arch, []).append(
-            {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch, "dtype": p.dtype, "layout": p.layout,
-             "target": best.target, "spec": text, "tflops": best.tflops, "baseline_tflops": best.baseline_tflops,
-             "speedup": best.speedup})
+        entry = {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch, "dtype": p.dtype, "layout": p.layout,
+                 "target": best.target, "spec": text, "tflops": best.tflops, "baseline_tflops": best.baseline_tflops,
+                 "speedup": best.speedup}
+        if p.gated:   # served only to gated calls (l2c.gated_matmul, l2c.nn.GatedMLP)
+            entry["gate"] = p.gate
+        by_arch.setdefault(p.arch, []).append(entry)
     written = {}
     for arch, entries in by_arch.items():
         path = out_dir / f"{arch}.json"
@@ -39,7 +41,8 @@ def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, o
             old = json.loads(path.read_text())
             if old.get("protocol") == protocol and old.get("gpu") == gpu:
                 table["entries"] = old.get("entries", [])
-        key = lambda e: (e["m"], e["n"], e["k"], e.get("batch", 1), e["dtype"], e["layout"])
+        key = lambda e: (e["m"], e["n"], e["k"], e.get("batch", 1), e["dtype"], e["layout"],
+                         e.get("gate", "none"))
         merged = {key(e): e for e in table["entries"]}
         merged.update({key(e): e for e in entries})
         table["entries"] = sorted(merged.values(), key=key)

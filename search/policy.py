@@ -150,10 +150,11 @@ class Policy:
         change shifts a little, while what serves and what is exported reads the current build's figures only."""
         samples = []
         for r in store.results(gpu=gpu, protocol=protocol, stale=True):
-            if not r.params:
+            problem = Problem.from_key(r.problem)
+            if not r.params or problem.gated:   # the features do not tell a gated problem from a plain one
                 continue
             reward = math.log(r.speedup) if r.status == "ok" and r.speedup else FAIL_REWARD
-            samples.append((Problem.from_key(r.problem), r.params, reward))
+            samples.append((problem, r.params, reward))
         self.fit(samples, **kw)
         return len(samples)
 

@@ -28,7 +28,8 @@ LAYOUTS = ("row", "col")
 
 @dataclass(frozen=True)
 class Problem:
-    """One GEMM problem: D[m, n] = A[m, k] @ B[k, n] (batched when batch > 1) in one dtype and layout."""
+    """One GEMM problem: D[m, n] = A[m, k] @ B[k, n] (batched when batch > 1) in one dtype and layout; with a `gate`
+    (`epilogue gate`), the gated projection D[m, n] = act(A @ B[:, :n]) * (A @ B[:, n:]) of a B with 2n columns."""
     m: int
     n: int
     k: int
@@ -38,6 +39,7 @@ class Problem:
     layout_b: str = "row"
     layout_c: str = "row"
     arch: str = "sm_90"
+    gate: str = "none"
 
     @property
     def layout(self) -> str:
@@ -49,19 +51,25 @@ class Problem:
         return f"{self.m}x{self.n}x{self.k}" + (f"x{self.batch}" if self.batch != 1 else "")
 
     def key(self) -> str:
-        """Stable text identity, used as the store's problem column and in study names."""
-        return f"{self.shape}:{self.dtype}:{self.layout}:{self.arch}"
+        """Stable text identity, used as the store's problem column and in study names (`:gate=G` last when gated)."""
+        return f"{self.shape}:{self.dtype}:{self.layout}:{self.arch}" + (f":gate={self.gate}" if self.gated else "")
 
     @classmethod
     def from_key(cls, key: str) -> "Problem":
-        shape, dtype, layout, arch = key.split(":")
+        shape, dtype, layout, arch, *rest = key.split(":")
         dims = [int(x) for x in shape.split("x")]
         la, lb, lc = layout.split(",")
+        gate = rest[0].split("=", 1)[1] if rest else "none"
         return cls(*dims[:3], batch=dims[3] if len(dims) > 3 else 1, dtype=dtype, layout_a=la, layout_b=lb,
-                   layout_c=lc, arch=arch)
+                   layout_c=lc, arch=arch, gate=gate)
+
+    @property
+    def gated(self) -> bool:
+        return self.gate != "none"
 
     def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k * self.batch
+        """Multiply-adds x 2: a gated problem's B has 2n columns."""
+        return 2.0 * self.m * self.n * self.k * self.batch * (2 if self.gated else 1)
 
     def as_dict(self) -> Dict[str, object]:
         return asdict(self)
@@ -151,7 +159,7 @@ def _spec(params: Dict[str, object], problem: Problem, generic: bool, name: Opti
     spec = KernelSpec(name=name or "_", target=target, problem_m=dims[0], problem_n=dims[1], problem_k=dims[2],
                       problem_batch=problem.batch, types_a=problem.dtype, types_b=problem.dtype,
                       types_c=problem.dtype, types_acc=acc, layout_a=problem.layout_a,
-                      layout_b=problem.layout_b, layout_c=problem.layout_c, **values)
+                      layout_b=problem.layout_b, layout_c=problem.layout_c, epilogue_gate=problem.gate, **values)
     return spec
 
 
@@ -169,8 +177,11 @@ def tuner_store(params: Dict[str, object], problem: Problem) -> str:
 def prebuilt_index(problem: Problem) -> Dict[Tuple, Dict[str, object]]:
     """Search points (by `point_key`, in the pack's order) whose CUTLASS kernel, built as the tuner builds it
     (shape-generic, no epilogue, the TMA store), the prebuilt pack of `problem`'s architecture holds byte for byte,
-    for problems of its dtype, layout and batch. Read once per pack file and problem kind."""
+    for problems of its dtype, layout and batch (none for a gated problem: the pack's kernels are plain GEMMs). Read
+    once per pack file and problem kind."""
     from ..targets.cutlass.pack import default_pack_path
+    if problem.gated:
+        return {}
     path = default_pack_path(problem.arch)
     try:
         stat = path.stat()
@@ -258,7 +269,8 @@ def shapes_from_arg(arg: str) -> List[Tuple[int, int, int, int]]:
 
 
 def problems(shapes: Iterable[Sequence[int]], dtype: str = "f16", layout: str = "row,row,row",
-             arch: str = "sm_90") -> List[Problem]:
+             arch: str = "sm_90", gate: str = "none") -> List[Problem]:
+    """The problems of `shapes` (M, N, K[, batch]; N is D's columns, half of B's when gated)."""
     parts = layout.split(",")
     if len(parts) != 3 or any(x not in LAYOUTS for x in parts):
         raise ValueError(f"bad layout {layout!r}; expected three of row/col, e.g. row,col,row")
@@ -267,5 +279,6 @@ def problems(shapes: Iterable[Sequence[int]], dtype: str = "f16", layout: str = 
     for dims in shapes:
         m, n, k = dims[:3]
         batch = dims[3] if len(dims) > 3 else 1
-        out.append(Problem(m, n, k, batch=batch, dtype=dtype, layout_a=la, layout_b=lb, layout_c=lc, arch=arch))
+        out.append(Problem(m, n, k, batch=batch, dtype=dtype, layout_a=la, layout_b=lb, layout_c=lc, arch=arch,
+                           gate=gate))
     return out

@@ -364,6 +364,47 @@ def test_tune_command_confirms_leaders_with_interpreter_kernels_and_exports_them
     assert confirmed[0].spec == parse_one(entry["spec"]).to_l2() and entry["speedup"] == confirmed[0].speedup
 
 
+def test_gated_problems_search_gated_kernels_and_keep_their_own_keys():
+    """A gated problem (`l2c tune --gate`): its key says the gate (plain keys unchanged) and reads back, its FLOPs
+    count B's 2N columns, every point becomes a gated spec, and the pack (plain GEMMs) offers it no prebuilt point."""
+    from l2c.search.space import prebuilt_index, spec_from_params
+    plain = Problem(64, 128, 256, layout_b="col")
+    gated = replace(plain, gate="silu")
+    assert plain.key() == "64x128x256:f16:row,col,row:sm_90" and gated.key() == plain.key() + ":gate=silu"
+    assert Problem.from_key(gated.key()) == gated and Problem.from_key(plain.key()) == plain
+    assert gated.flops() == 2 * plain.flops()
+    params = {"target": "triton", **{p.name: p.choices[0] for p in params_for("triton")}}
+    assert spec_from_params(params, gated).epilogue_gate == "silu"
+    assert spec_from_params(params, plain).epilogue_gate == "none"
+    assert prebuilt_index(gated) == {}
+    assert [p.gate for p in problems([(8, 16, 32)], layout="row,col,row", gate="gelu_tanh")] == ["gelu_tanh"]
+
+
+def test_tune_command_tunes_a_gated_projection_with_interpreter_kernels(tmp_path):
+    """`l2c tune --gate silu`: the search measures gated Triton kernels against torch's gated projection, and the
+    export's entry carries the gate, so only gated calls meet it."""
+    from l2c.tuned_table import TunedTable, entry_from_row
+    out = subprocess.run(
+        [sys.executable, "-m", "l2c", "tune", "--runner", "interpreter", "--shapes", "32x32x32", "--target", "triton",
+         "--layout", "row,col,row", "--gate", "silu", "--trials", "3", "--store", str(tmp_path / "r.sqlite"),
+         "--storage", f"journal:{tmp_path / 'j.log'}", "--policy", "off", "--seed", "0", "--no-llm", "--confirm", "1",
+         "--export", str(tmp_path / "out")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    store = Store(tmp_path / "r.sqlite")
+    results = list(store.results())
+    assert results and {r.problem for r in results} == {"32x32x32:f16:row,col,row:sm_90:gate=silu"}
+    assert all(parse_one(r.spec).epilogue_gate == "silu" for r in results)
+    assert any(r.status == "ok" for r in results)
+    (entry,) = json.loads((tmp_path / "out" / "sm_90.json").read_text())["entries"]
+    assert entry["gate"] == "silu" and parse_one(entry["spec"]).epilogue_gate == "silu"
+    # the dispatch rule serves it to gated calls only (interpreter figures lose to torch: served here as if won)
+    won = [entry_from_row({**entry, "speedup": 2.0})]
+    table = TunedTable(won, arch="sm_90")
+    assert table.lookup("f16", "row,col,row", 32, 32, 32, gate="silu") is won[0]
+    assert table.lookup("f16", "row,col,row", 32, 32, 32) is None
+
+
 # -------------------------------------------------------------------------------------- the policy
 
 def _clip(x: int) -> int:

@@ -18,6 +18,10 @@ def add_parser(sub) -> None:
     p.add_argument("--shapes", required=True, help="grid | llm | square | FILE | MxNxK,MxNxK,...")
     p.add_argument("--dtype", default="f16", choices=["f16", "bf16", "f32"])
     p.add_argument("--layout", default="row,row,row", help="layouts of A,B,C (row|col each)")
+    p.add_argument("--gate", default="none", choices=["none", "silu", "gelu_tanh"],
+                   help="tune the gated MLP projection act(A @ B_gate) * (A @ B_up) (`epilogue gate`): N is its "
+                        "output width, B has 2N columns (the gate's, then the up projection's; nn.Linear's weight "
+                        "is --layout row,col,row); the export's entries serve l2c.gated_matmul and l2c.nn.GatedMLP")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--trials", type=int, default=50, help="evaluated candidates per shape (default 50)")
     p.add_argument("--target", default="triton,cutlass", help="comma-separated targets to search over")
@@ -121,7 +125,8 @@ def run(args) -> int:
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
     try:
         targets = check_targets([t.strip() for t in args.target.split(",") if t.strip()])
-        probs = problems(shapes_from_arg(args.shapes), dtype=args.dtype, layout=args.layout, arch=args.arch)
+        probs = problems(shapes_from_arg(args.shapes), dtype=args.dtype, layout=args.layout, arch=args.arch,
+                         gate=args.gate)
     except ValueError as err:
         raise UsageError(str(err)) from None
     if not probs:
