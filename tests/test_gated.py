@@ -523,6 +523,25 @@ def test_serve_sweep_gated_stage_measures_the_gated_pool(tmp_path):
     assert any("loads=tma" in r["spec"] for r in rows if r["m"] == 40)
 
 
+def test_the_gated_stage_s_cutlass_pool_is_valid_gated_gemms_on_the_llama_weight():
+    """serve_sweep's gated stage on a GPU: from 64 tokens its CUTLASS candidates are valid gated GEMMs (the staged
+    epilogue, B column-major) whose tile n divides Llama-8B's 14336; `triton=False` keeps only them."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import serve_sweep
+    assert not [t for t in serve_sweep.gated_pool(32, "f16", "silu", triton=False)]
+    for m in (64, 512, 8192):
+        texts = serve_sweep.gated_pool(m, "bf16", "silu", triton=False)
+        assert len(texts) == len(serve_sweep.GATED_CUTLASS)
+        for text in texts:
+            spec = parse_one(text)
+            valid = validate(spec, "cutlass")
+            assert (spec.epilogue_gate, spec.epilogue_store, spec.layout_b) == ("silu", "staged", "col")
+            assert 14336 % output_n_step(valid) == 0
+        assert set(texts) <= set(serve_sweep.gated_pool(m, "bf16", "silu"))
+
+
 def test_a_gated_call_of_an_odd_width_is_an_error_not_a_dropped_column():
     """b holds the gate's columns then the up projection's: an odd width is an error (it used to drop the last
     column), in a @ b's layout and in nn.Linear's."""
