@@ -143,7 +143,8 @@ class DispatchKernel:
         else:   # a table made in memory (`serving:`): its name says what it serves
             self.table_path = table_path
         self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background")
-        self.valid = SimpleNamespace(spec=spec, name=f"{via}[{self.table_path}]")
+        # what verification reads of a kernel: its spec, name and target (the dispatcher's: whatever serves the call)
+        self.valid = SimpleNamespace(spec=spec, name=f"{via}[{self.table_path}]", target="dispatch")
         self.via = via
         self.activation = None if spec.epilogue_activation == "none" else spec.epilogue_activation
         self.torch_baseline = via

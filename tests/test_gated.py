@@ -1,6 +1,7 @@
 """Gated epilogues (`epilogue gate`: act(A@B_gate) * (A@B_up) over one B of K x 2N): validation, the Triton kernels of
 both families against l2c.verify's reference on the interpreter, and the residual and gated entry points of the
 dispatcher (`l2c.matmul(residual=)`, `l2c.gated_matmul`)."""
+import dataclasses
 import os
 
 import pytest
@@ -249,7 +250,7 @@ class Wrong:
     """A kernel that computes something else than its spec says, for verify to catch."""
 
     def __init__(self, kernel, spec, run):
-        self.valid = type("V", (), {"spec": spec})()
+        self.valid = dataclasses.replace(kernel.valid, spec=spec)
         self.kernel, self.run = kernel, run
 
     def __call__(self, a, b, c=None, bias=None, out=None):
