@@ -85,6 +85,27 @@ def test_cutlass_pruning_drops_single_knob_rejects():
     assert 48 not in triton["tile_n"] and 192 not in triton["tile_m"]   # rule triton-tile-pow2
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_gated_problem_s_grammar_pins_the_gate_and_prunes_what_it_forbids(target):
+    """`l2c tune --gate`: the proposal grammar of a gated problem pins its gate (and, for CUTLASS, the store its gated
+    GEMM needs), and its legal values keep only what a gated kernel can take (no Triton split-K, CUTLASS tile n
+    48-128); the prompt's examples are sentences of it."""
+    from lark import Lark
+    p = Problem(512, 14336, 4096, layout_b="col", gate="silu")
+    grammar = proposal_grammar(p, target, name="ex")
+    assert 'epilogue_gate: " gate=" ("silu")' in grammar.splitlines()
+    legal = legal_values(p, target)
+    if target == "triton":
+        assert legal["split_k_slices"] == (1,)
+    else:
+        assert set(legal["tile_n"]) <= {48, 64, 96, 128}
+        assert 'epilogue_store: " store=" ("staged")' in grammar.splitlines()
+    pins = dict(_problem_pins(p, target), epilogue_gate="silu")
+    if target == "cutlass":
+        pins.update(epilogue_store="staged", tile_n=64)
+    Lark(grammar, parser="lalr").parse(render_for_prompt(KernelSpec(name="ex", **pins), p, target))
+
+
 def test_history_jsonl_filters_other_problems(tmp_path):
     p = PROBLEMS[0]
     spec = KernelSpec(name="h", **_problem_pins(p, "cutlass"))

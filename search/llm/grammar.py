@@ -13,7 +13,7 @@ from ...grammar import grammar_text
 from ...ir import KernelSpec
 from ...knobs import AUTO, KNOBS_BY_FIELD, TARGETS, Knob
 from ...validate import validate
-from ..space import PARAMS_BY_NAME, Problem
+from ..space import NEW_KERNEL_STORE, PARAMS_BY_NAME, Problem
 
 # Knobs the proposer pins to the problem (the searcher does not choose them).
 PINNED_SECTIONS = ("target", "problem", "types", "layout")
@@ -71,9 +71,16 @@ def file_structure(text: str) -> List[Tuple[str, str, List[_KnobRule]]]:
 
 
 def pinned_values(problem: Problem, target: str) -> Dict[str, object]:
-    return dict(target=target, problem_m=problem.m, problem_n=problem.n, problem_k=problem.k,
+    """The knobs the problem fixes; a gated problem's gate too, and for CUTLASS the store its gated GEMM needs (the
+    tuner's store for new kernels, rule gated-gemm)."""
+    pins = dict(target=target, problem_m=problem.m, problem_n=problem.n, problem_k=problem.k,
                 problem_batch=problem.batch, types_a=problem.dtype, types_b=problem.dtype, types_c=problem.dtype,
                 types_acc="f32", layout_a=problem.layout_a, layout_b=problem.layout_b, layout_c=problem.layout_c)
+    if problem.gated:
+        pins["epilogue_gate"] = problem.gate
+        if target == "cutlass":
+            pins["epilogue_store"] = NEW_KERNEL_STORE
+    return pins
 
 
 def _value_of(knob: Knob, spelled: str) -> object:
