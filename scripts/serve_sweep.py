@@ -24,7 +24,8 @@ unswapped) in `a @ b` with B row-major instead, against torch.matmul (e.g. on `-
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
   `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — the CUTLASS
   target's gated CUDA-core gemv up to 4 tokens, Triton GEMV kernels up to 16 tokens, narrow and wide tensor-core
-  tiles (pointer and TMA loads) above — each timed against torch's gated projection as the MLP modules run it (the
+  tiles (pointer and TMA loads) above, the CUTLASS target's gated GEMM tiles from 64 tokens (`--gated-targets`
+  picks the targets) — each timed against torch's gated projection as the MLP modules run it (the
   gate's and the up projection's cuBLAS GEMMs, then act(g) * u). `l2c table --ranges` makes gated entries of the rows
   (their `gate` field), which only gated calls (`l2c.gated_matmul`, `l2c.nn.GatedMLP`) meet:
 
