@@ -21,10 +21,11 @@ def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, o
         best = store.best(p.key(), gpu, protocol, confirmed_since=confirmed_since)
         if best is None:
             continue
-        lay = "".join(x[0] for x in (p.layout_a, p.layout_b, p.layout_c)) + (f"_{p.gate}" if p.gated else "")
-        name = f"gemm_{p.shape}_{p.dtype}_{lay}_{best.target}"
+        lay = "".join(x[0] for x in (p.layout_a, p.layout_b, p.layout_c))
+        kind = f"gated_{p.gate}" if p.gated else "gemm"   # a plain problem's glob below never meets a gated one's
+        name = f"{kind}_{p.shape}_{p.dtype}_{lay}_{best.target}"
         text = parse_one(best.spec).to_l2()   # keeps its knob-derived name: shapes sharing it share one build
-        for stale in (out_dir / "specs").glob(f"gemm_{p.shape}_{p.dtype}_{lay}_*.l2"):
+        for stale in (out_dir / "specs").glob(f"{kind}_{p.shape}_{p.dtype}_{lay}_*.l2"):
             stale.unlink()   # an earlier export's winner for this shape, possibly of the other target
         (out_dir / "specs" / f"{name}.l2").write_text(text)
         entry = {"m": p.m, "n": p.n, "k": p.k, "batch": p.batch, "dtype": p.dtype, "layout": p.layout,

@@ -51,15 +51,17 @@ class Problem:
         return f"{self.m}x{self.n}x{self.k}" + (f"x{self.batch}" if self.batch != 1 else "")
 
     def key(self) -> str:
-        """Stable text identity, used as the store's problem column and in study names (`:gate=G` last when gated)."""
-        return f"{self.shape}:{self.dtype}:{self.layout}:{self.arch}" + (f":gate={self.gate}" if self.gated else "")
+        """Stable text identity, used as the store's problem column and in study names: a gated problem's has
+        `:gate=G` before the architecture, which stays last (store.arch_of)."""
+        gate = f":gate={self.gate}" if self.gated else ""
+        return f"{self.shape}:{self.dtype}:{self.layout}{gate}:{self.arch}"
 
     @classmethod
     def from_key(cls, key: str) -> "Problem":
-        shape, dtype, layout, arch, *rest = key.split(":")
+        shape, dtype, layout, *gated, arch = key.split(":")
         dims = [int(x) for x in shape.split("x")]
         la, lb, lc = layout.split(",")
-        gate = rest[0].split("=", 1)[1] if rest else "none"
+        gate = gated[0].split("=", 1)[1] if gated else "none"
         return cls(*dims[:3], batch=dims[3] if len(dims) > 3 else 1, dtype=dtype, layout_a=la, layout_b=lb,
                    layout_c=lc, arch=arch, gate=gate)
 

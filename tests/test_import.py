@@ -175,3 +175,23 @@ def test_a_cutlass_row_imports_as_its_point_with_either_epilogue_store(measured)
         (result,) = results
         assert result.params == params and params_from_spec(parse_one(result.spec), "cutlass") == params
         assert parse_one(result.spec).epilogue_store == store
+
+
+def test_a_gated_row_imports_into_its_gated_problem(measured):
+    """A row of a gated kernel (its `gate` field, as the gated sweep writes it) is a point of the gated problem that
+    `l2c tune --gate` searches, never of the plain problem of the same shape."""
+    from l2c.commands.import_results import results_from_rows
+    _, _, out = measured
+    rows = read_rows(out)
+    env = next(r for r in rows if r.get("type") == "env")
+    row = next(r for r in rows if r.get("type") == "result" and r.get("status") == "ok")
+    problem = Problem(int(row["m"]), int(row["n"]), int(row["k"]), layout_b="col", gate="silu")
+    params = {"target": "triton", "tile_m": 16, "tile_n": 16, "tile_k": 16, "swizzle_group": 1}
+    spec = spec_from_params(params, problem, generic=True)
+    gated_row = dict(row, layout="row,col,row", gate="silu", spec=spec.to_l2(), name=spec.name, kernel=spec.name)
+    results, counts = results_from_rows([env, gated_row], "sm_90", {})
+    assert counts["imported"] == 1 and counts["outside_space"] == 0
+    (result,) = results
+    assert result.problem == problem.key() and result.params["tile_n"] == 16
+    assert parse_one(result.spec).epilogue_gate == "silu"
+

@@ -368,16 +368,37 @@ def test_gated_problems_search_gated_kernels_and_keep_their_own_keys():
     """A gated problem (`l2c tune --gate`): its key says the gate (plain keys unchanged) and reads back, its FLOPs
     count B's 2N columns, every point becomes a gated spec, and the pack (plain GEMMs) offers it no prebuilt point."""
     from l2c.search.space import prebuilt_index, spec_from_params
+    from l2c.search.store import arch_of
     plain = Problem(64, 128, 256, layout_b="col")
     gated = replace(plain, gate="silu")
-    assert plain.key() == "64x128x256:f16:row,col,row:sm_90" and gated.key() == plain.key() + ":gate=silu"
+    assert plain.key() == "64x128x256:f16:row,col,row:sm_90"
+    assert gated.key() == "64x128x256:f16:row,col,row:gate=silu:sm_90"
     assert Problem.from_key(gated.key()) == gated and Problem.from_key(plain.key()) == plain
+    assert arch_of(gated.key()) == "sm_90"
     assert gated.flops() == 2 * plain.flops()
     params = {"target": "triton", **{p.name: p.choices[0] for p in params_for("triton")}}
     assert spec_from_params(params, gated).epilogue_gate == "silu"
     assert spec_from_params(params, plain).epilogue_gate == "none"
     assert prebuilt_index(gated) == {}
     assert [p.gate for p in problems([(8, 16, 32)], layout="row,col,row", gate="gelu_tanh")] == ["gelu_tanh"]
+
+
+def test_a_plain_and_a_gated_export_of_one_shape_keep_each_other(tmp_path):
+    """Exporting a shape's plain winner leaves the same shape's gated winner (its spec file and table entry), and the
+    other way round."""
+    from l2c.search.space import spec_from_params
+    store = Store(tmp_path / "r.sqlite")
+    plain = Problem(64, 128, 256, layout_b="col")
+    gated = replace(plain, gate="silu")
+    params = {"target": "triton", **{p.name: p.choices[0] for p in params_for("triton")}, "split_k_slices": 1}
+    for p in (plain, gated):
+        spec = spec_from_params(params, p, generic=True)
+        store.record(Result(problem=p.key(), spec=spec.to_l2(), target="triton", gpu="g", protocol="kernel",
+                            status="ok", tflops=2.0, baseline_tflops=1.0, speedup=2.0))
+    for p in (gated, plain):
+        table = json.loads(export(store, [p], "g", "kernel", tmp_path / "out")["sm_90"].read_text())
+    assert sorted(e.get("gate", "none") for e in table["entries"]) == ["none", "silu"]
+    assert sorted(f.name.split("_")[0] for f in (tmp_path / "out" / "specs").iterdir()) == ["gated", "gemm"]
 
 
 def test_tune_command_tunes_a_gated_projection_with_interpreter_kernels(tmp_path):
@@ -393,7 +414,7 @@ def test_tune_command_tunes_a_gated_projection_with_interpreter_kernels(tmp_path
     assert out.returncode == 0, out.stderr
     store = Store(tmp_path / "r.sqlite")
     results = list(store.results())
-    assert results and {r.problem for r in results} == {"32x32x32:f16:row,col,row:sm_90:gate=silu"}
+    assert results and {r.problem for r in results} == {"32x32x32:f16:row,col,row:gate=silu:sm_90"}
     assert all(parse_one(r.spec).epilogue_gate == "silu" for r in results)
     assert any(r.status == "ok" for r in results)
     (entry,) = json.loads((tmp_path / "out" / "sm_90.json").read_text())["entries"]

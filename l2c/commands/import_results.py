@@ -68,9 +68,10 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
         current = row.get("build_id") is not None and row["build_id"] == build_id_of(text, str(row["target"]), arch)
         la, lb, lc = str(row["layout"]).split(",")
         problem = Problem(int(row["m"]), int(row["n"]), int(row["k"]), batch=int(row.get("batch", 1)),
-                          dtype=str(row["dtype"]), layout_a=la, layout_b=lb, layout_c=lc, arch=arch)
+                          dtype=str(row["dtype"]), layout_a=la, layout_b=lb, layout_c=lc, arch=arch,
+                          gate=str(row.get("gate", "none")))   # a gated row: the gated problem's (l2c tune --gate)
         target = str(row["target"])
-        memo_key = (text, target, problem.dtype, problem.layout, problem.batch)   # the point depends on no more
+        memo_key = (text, target, problem.dtype, problem.layout, problem.batch, problem.gate)   # all the point needs
         if memo_key not in points:
             spec = parse_one(text)
             generic = spec.replace(name="_", problem_m=ANY, problem_n=ANY, problem_k=ANY)
