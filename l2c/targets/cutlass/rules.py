@@ -211,7 +211,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     # The tile rules are CUTLASS's, so they apply to the GEMM it instantiates: under launch swap=yes, the spec's
     # tile N is CUTLASS's tile M. Rejections name the knob as the spec spells it.
     swap = spec.launch_swap == "yes"
-    gemm = swapped_operands(spec) if swap else cutlass_gemm_spec(spec) if gated(spec) else spec
+    gemm = cutlass_gemm_spec(spec)
     field = (lambda name: SWAPPED_FIELDS[name]) if swap else (lambda name: name)
     note = " (CUTLASS's tile M and N trade places under launch swap=yes)" if swap else ""
     tile_m, tile_n = (field(name).replace("_", " ") for name in ("tile_m", "tile_n"))   # as the spec spells them
@@ -258,7 +258,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
             raise fail(spec, knob_field, "tma-alignment",
                         f"{operand}'s contiguous extent {extent} x {nbytes} bytes is not a multiple of 16")
     per_stage = mainloop_stage_bytes(spec) + CUTLASS_STAGE_BARRIER_BYTES
-    carve = cutlass_epilogue_smem(cutlass_gemm_spec(spec), schedule)
+    carve = cutlass_epilogue_smem(gemm, schedule)
     # CUTLASS's B operand (K x N) is K-major when column-major: the spec's B, or under swap=yes its A row-major.
     stage_group = 2 if gemm.layout_b == "col" and gemm.tile_n == 8 and spec.tile_k in (32, 64) else 1
     pinned = False
@@ -278,7 +278,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
         if stages % stage_group:
             raise fail(spec, "pipeline_stages", "narrow-b-stages",
                         f"stages={stages} with tile k={spec.tile_k} and an 8-wide K-major B tile")
-    smem = cutlass_kernel_smem(cutlass_gemm_spec(spec), schedule, stages)
+    smem = cutlass_kernel_smem(gemm, schedule, stages)
     if smem > arch.smem_per_block:
         raise fail(spec, "pipeline_stages", "shared-memory",
                     f"{stages} stages x {per_stage} bytes beside a {carve}-byte epilogue, with barriers and "
