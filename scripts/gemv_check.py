@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """GPU check of the CUTLASS target's gemv family (templates/cutlass/gemv.cu.j2): every spec of a sample covering both
 layouts of B, f16 and bf16, tile m 1-16, CUDA cores and tensor cores, K slices 1-8 (clusters), both eviction hints
-and every epilogue (alpha, beta with a C input, a bias per row or column, each activation, each gate on CUDA cores)
-is built, verified with `l2c.verify` on shapes with partial tiles in every dimension (M above tile m, N not a
+every epilogue (alpha, beta with a C input, a bias per row or column, each activation, each gate on CUDA cores) and
+the row-major CUDA-core ring (pipeline stages 2-5) is built, verified with `l2c.verify` on shapes with partial tiles in every dimension (M above tile m, N not a
 multiple of tile n, K not a multiple of a slice's steps), and called twice on the same inputs, which must agree bit
 for bit (the slices are added in a fixed order). Then each spec runs a chain of calls launched with programmatic
 dependent launch (as L2C_OVERLAP=all), where each call's input is the previous call's output, directly or through a
@@ -10,7 +10,7 @@ torch kernel between them, eagerly and replayed from a CUDA graph: every link mu
 it was given (a call that read its input before the call before it finished would not), and the replay must equal
 the eager chain bit for bit.
 
-    python scripts/gemv_check.py --out gemv_check.json
+    python scripts/gemv_check.py --out gemv_check.json [--only ring]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import time
 # M, N, K: rows beyond one row tile, N ragged against every tile n, K ragged against every step and slice
 SHAPES = ((1, 4104, 4096), (3, 1032, 2056), (7, 776, 14344), (13, 2056, 1096), (8, 8, 8), (2, 24, 4104))
 SAMPLE = (
-    # layout b, dtype, tile m, tile n, tile k, warps, slices, evict, epilogue, cores
+    # layout b, dtype, tile m, tile n, tile k, warps, slices, evict, epilogue, cores[, pipeline stages]
     ("col", "f16", 1, 8, 256, 2, 1, "first", "", "cuda"),
     ("col", "f16", 2, 16, 256, 4, 2, "first", "epilogue bias=col activation=silu", "cuda"),
     ("col", "bf16", 4, 8, 512, 2, 4, "normal", "epilogue alpha=0.5 beta=1.5", "cuda"),
@@ -44,16 +44,21 @@ SAMPLE = (
     ("col", "f16", 1, 16, 256, 4, 2, "first", "epilogue bias=col gate=silu", "cuda"),
     ("col", "bf16", 2, 8, 512, 4, 1, "first", "epilogue gate=gelu_tanh", "cuda"),
     ("col", "f16", 4, 8, 256, 2, 8, "normal", "epilogue alpha=0.5 gate=silu", "cuda"),
+    ("row", "f16", 1, 256, 64, "auto", 8, "first", "", "cuda", 4),
+    ("row", "bf16", 2, 256, 32, "auto", 1, "first", "epilogue bias=col activation=silu", "cuda", 2),
+    ("row", "f16", 4, 128, 64, "auto", 4, "normal", "epilogue alpha=0.5 beta=1.5", "cuda", 3),
+    ("row", "bf16", 8, 64, 128, "auto", 2, "first", "epilogue bias=row activation=gelu", "cuda", 3),
+    ("row", "f16", 2, 256, 64, "auto", 4, "first", "epilogue activation=relu", "cuda", 5),
 )
 
 
-def spec_text(layout_b, dtype, tm, tn, tk, warps, slices, evict, epilogue, cores="cuda"):
+def spec_text(layout_b, dtype, tm, tn, tk, warps, slices, evict, epilogue, cores="cuda", stages="auto"):
     from l2c.ir import config_name
     from l2c.parser import parse_one
     text = (f"kernel k {{\n  target cutlass\n  problem m=any n=any k=any\n  types a={dtype} b={dtype} c={dtype} "
             f"acc=f32\n  layout a=row b={layout_b} c=row\n  launch family=gemv warps={warps} evict={evict} "
             f"cores={cores}\n"
-            f"  tile m={tm} n={tn} k={tk}\n  split_k slices={slices}\n  {epilogue}\n}}\n")
+            f"  tile m={tm} n={tn} k={tk}\n  pipeline stages={stages}\n  split_k slices={slices}\n  {epilogue}\n}}\n")
     spec = parse_one(text)
     return spec.replace(name=config_name(spec)).to_l2()
 
@@ -65,14 +70,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--only", choices=("ring",), help="only the row-major CUDA-core ring's specs")
     args = ap.parse_args()
+    sample = [row for row in SAMPLE if args.only != "ring" or len(row) > 10]
     import torch
     from l2c.errors import BuildError
     from l2c.parser import parse_one
     from l2c.targets.cutlass.build import build_many
     from l2c.validate import validate
     from l2c.verify import check_chain, make_inputs, verify
-    valids = [validate(spec, "cutlass") for spec in (parse_one(spec_text(*row)) for row in SAMPLE)]
+    valids = [validate(spec, "cutlass") for spec in (parse_one(spec_text(*row)) for row in sample)]
     t0 = time.monotonic()
     kernels = build_many(valids, workers=args.workers)
     build_s = time.monotonic() - t0

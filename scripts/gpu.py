@@ -225,10 +225,12 @@ def _gemv(a):
 
 
 def _widegemv(a):
-    """Wide-column gemv kernels (64-256 columns per block, B row-major) against cuBLAS at M <= 8 in `a @ b`, through
-    l2c.matmul: a sample of the `points` shapes, then the best configurations at the other points, f16 and bf16
-    (scripts/widegemv_sweep.py; about 7 minutes)."""
-    return [script("scripts/widegemv_sweep.py", "--out", a.out, "--budget-s", "420")]
+    """Wide-column gemv kernels (64-256 columns per block, B row-major; on CUDA cores through the shared-memory ring)
+    against cuBLAS at M <= 8 in `a @ b`, through l2c.matmul: the ring's GPU check (`gemv_check.py --only ring`), a
+    sample of the `points` shapes, then the best configurations at the other points, f16 and bf16
+    (scripts/widegemv_sweep.py; about 8 minutes)."""
+    return [script("scripts/gemv_check.py", "--only", "ring", "--out", f"{a.out}/gemv_ring_check.json"),
+            script("scripts/widegemv_sweep.py", "--out", a.out, "--budget-s", "420")]
 
 
 # The plain CUTLASS GEMM entries whose twin with `epilogue store=direct` is valid (rule direct-store).
@@ -418,8 +420,9 @@ STAGES: Dict[str, Stage] = {
                   "every epilogue, clusters), then swept on the decoding set (CUDA cores at M <= 8, tensor cores at "
                   "M <= 16; f16, bf16) into JSON lines for `l2c table`",
                   _gemv),
-    "widegemv": Stage("wide-column gemv kernels (B row-major) at the `points` shapes with M <= 8 in `a @ b`: a sample, "
-                      "then the best at the rest; f16 and bf16 (evidence for `l2c table --near`)", _widegemv),
+    "widegemv": Stage("wide-column gemv kernels (B row-major, the CUDA-core ones through the shared-memory ring) at "
+                      "the `points` shapes with M <= 8 in `a @ b`: the ring's GPU check, a sample, then the best at "
+                      "the rest; f16 and bf16 (evidence for `l2c table --near`)", _widegemv),
     "direct_store": Stage("CUTLASS GEMMs with `epilogue store=direct` (no shared memory in the epilogue) against the "
                           "same kernels with the TMA store, paired: the default table's small entries and the graphs "
                           "table's nn.Linear ones", _direct_store),

@@ -12,7 +12,10 @@ l2c.matmul (`l2c bench serving:`), in two phases per dtype (f16's first) within 
    (`l2c table ... --near`) where the points online choice measured found no kernel.
 
 Session 24 swept this family only with 8-16 columns per block (16-32 bytes of each B row per load), which lost
-(0.3-0.6x in `kernel`). Every kernel is built first, in parallel (`l2c build`); a bench cut by the budget keeps the
+(0.3-0.6x in `kernel`); session 35's 64-256 columns with the loads straight into registers lost too (0.17-0.29 on
+CUDA cores: ptxas issues each of a step's loads just before its first use, so a thread waits on several memory
+round trips per step). The CUDA-core configurations here stream a thread's loads through its shared-memory ring
+(`pipeline stages`), the most stages of 4, 3 and 2 that fit. Every kernel is built first, in parallel (`l2c build`); a bench cut by the budget keeps the
 rows it finished (a later run with the same DIR continues them). The generated spec files are written to DIR.
 """
 from __future__ import annotations
@@ -34,25 +37,44 @@ sys.path.insert(0, str(ROOT))
 from l2c.shapes import load_shapes, read_shape_file  # noqa: E402
 
 SAMPLE = ROOT / "benchmarks" / "widegemv_sample.txt"
-CUDA_TILES = ((256, 32), (128, 64), (64, 128))   # (tile n, tile k): 128 threads, 8 columns x 8 K rows each
+CUDA_TILES = ((256, 64), (256, 32), (128, 64))   # (tile n, tile k): 256 or 128 threads, 8 columns x 8 K rows each
+RING_STAGES = (4, 3, 2)                          # the ring's depth: the first that fits the block's shared memory
 TENSOR_TILES = ((128, 32), (256, 32))            # tile m 8 on tensor cores (64-column warp tiles)
 SLICES = (1, 4)
+CUDA_SLICES = (1, 2, 4, 8)
 KEEP = 2   # configurations per tile m class timed at the points
 
 
-def spec_text(dtype: str, m: int, n: int, k: int, slices: int, cores: str) -> str:
-    name = f"widegemv_{cores}_{m}x{n}x{k}_s{slices}"
+def spec_text(dtype: str, m: int, n: int, k: int, slices: int, cores: str, stages: str = "auto") -> str:
+    ring = "" if stages == "auto" else f"_p{stages}"
+    name = f"widegemv_{cores}_{m}x{n}x{k}_s{slices}{ring}"
     return (f"kernel {name} {{\n  target   cutlass\n  problem  m=any n=any k=any batch=1\n"
             f"  types    a={dtype} b={dtype} c={dtype} acc=f32\n  layout   a=row b=row c=row\n"
-            f"  tile     m={m} n={n} k={k}\n  launch   family=gemv evict=first cores={cores}\n"
+            f"  tile     m={m} n={n} k={k}\n  pipeline stages={stages}\n"
+            f"  launch   family=gemv evict=first cores={cores}\n"
             f"  split_k  slices={slices} mode=workspace\n}}\n")
+
+
+def ring_text(dtype: str, m: int, n: int, k: int, slices: int):
+    """The CUDA-core configuration with the deepest ring of RING_STAGES that validates, or None."""
+    from l2c.errors import L2ValidationError
+    from l2c.parser import parse_one
+    from l2c.validate import validate
+    for stages in RING_STAGES:
+        text = spec_text(dtype, m, n, k, slices, "cuda", str(stages))
+        try:
+            validate(parse_one(text), "cutlass")
+            return text
+        except L2ValidationError:
+            continue
+    return None
 
 
 def configurations(dtype: str) -> Dict[int, Dict[str, str]]:
     """tile m -> {kernel name: spec text}."""
     out: Dict[int, Dict[str, str]] = {}
     for m in (1, 2, 4, 8):
-        texts = [spec_text(dtype, m, n, k, s, "cuda") for n, k in CUDA_TILES for s in SLICES]
+        texts = [t for n, k in CUDA_TILES for s in CUDA_SLICES if (t := ring_text(dtype, m, n, k, s))]
         if m == 8:
             texts += [spec_text(dtype, m, n, k, s, "tensor") for n, k in TENSOR_TILES for s in SLICES]
         out[m] = {t.split()[1]: t for t in texts}

@@ -38,6 +38,7 @@ def gemv_knobs(draw):
                 split_k_slices=draw(st.sampled_from((1, 2, 3, 4, 8, 16))),
                 launch_evict=draw(st.sampled_from(("normal", "first"))),
                 launch_cores=draw(st.sampled_from(("cuda", "tensor"))),
+                pipeline_stages=draw(st.sampled_from(("auto", "auto", 2, 3, 4, 8))),
                 epilogue_bias=draw(st.sampled_from(("none", "row", "col"))),
                 epilogue_activation=draw(st.sampled_from(("none", "relu", "gelu", "silu"))),
                 epilogue_gate=draw(st.sampled_from(("none", "none", "silu", "gelu_tanh"))))
@@ -48,8 +49,9 @@ def gemv_knobs(draw):
 def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
     """Every drawn spec either validates, with a block the template can launch (64-1024 threads in whole warps, the
     column-major rows split evenly over the warps, sums and loads within the register plan, partial sums within
-    static shared memory; a gated block reads twice tile n rows of W and stores through the gate), or is refused by
-    a gemv rule (or, gated, the epilogue rule) naming the knob."""
+    static shared memory; a gated block reads twice tile n rows of W and stores through the gate; a ring of
+    pipeline stages only on CUDA cores with B row-major, within the block's shared memory with the sums), or is
+    refused by a gemv rule (or, gated, the epilogue rule) naming the knob."""
     s = spec(**knobs)
     try:
         valid = validate(s, "cutlass")
@@ -63,6 +65,12 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
     assert g.registers <= gemv.register_budget(g.threads) <= gemv.GEMV_REGISTERS and g.smem_bytes <= gemv.STATIC_SMEM
     assert g.registers <= 65536 // g.threads   # what __launch_bounds__ leaves a thread
     assert s.split_k_slices in (1, 2, 4, 8)
+    ring = s.pipeline_stages != "auto"
+    assert g.stages == (int(s.pipeline_stages) if ring else 0) and valid.stages == max(1, g.stages)
+    assert (g.ring_bytes > 0) == ring and valid.smem_bytes == g.smem_bytes + g.ring_bytes <= 227 * 1024
+    if ring:
+        assert s.launch_cores == "cuda" and s.layout_b == "row"
+        assert g.ring_bytes == g.stages * g.threads * (8 + s.tile_m) * 16
     if s.launch_cores == "tensor":
         # whole warp tiles across tile n, the rest of the warps along K, 8 or 16 token rows on the MMA's narrow side
         assert s.tile_m in (8, 16) and g.tensor and g.token_groups * 8 == s.tile_m
@@ -76,6 +84,7 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
         assert s.tile_m in (1, 2, 4, 8)
         assert g.column_threads * 8 == s.tile_n and g.depth_threads * 8 == s.tile_k
     source = render(valid)
+    assert ("cp.async.wait_group" in source) == ring and ("dynamicSmemBytes" in source) == ring
     for entry in ("run", "workspace_size", "last_error", "stages", "shared_memory_bytes", "swizzle"):
         assert f"l2c_g_{entry}(" in source
     assert ("__cluster_dims__(kSlices, 1, 1)" in source) == (s.split_k_slices > 1)
@@ -90,7 +99,13 @@ def test_a_gemv_spec_is_valid_exactly_when_its_block_fits(knobs):
     (dict(problem_batch=2), "gemv-cuda-operands", "problem.batch"),
     (dict(types_a="f32", types_b="f32", types_c="f32"), "gemv-cuda-operands", "types.a"),
     (dict(cluster_n=2), "gemv-cuda-knobs", "cluster.n"),
-    (dict(pipeline_stages=4), "gemv-cuda-knobs", "pipeline.stages"),
+    (dict(pipeline_stages=4), "gemv-cuda-stages", "pipeline.stages"),
+    (dict(layout_b="row", tile_n=64, tile_k=64, launch_warps="auto", pipeline_stages=1), "gemv-cuda-stages",
+     "pipeline.stages"),
+    (dict(launch_cores="tensor", layout_b="row", tile_m=8, tile_n=64, tile_k=32, pipeline_stages=3),
+     "gemv-cuda-stages", "pipeline.stages"),
+    (dict(layout_b="row", tile_m=4, tile_n=256, tile_k=64, launch_warps="auto", pipeline_stages=8),
+     "gemv-cuda-stages", "pipeline.stages"),
     (dict(launch_swap="yes"), "gemv-cuda-knobs", "launch.swap"),
     (dict(tile_m=64), "gemv-cuda-tile-m", "tile.m"),
     (dict(tile_n=48), "gemv-cuda-tile-n", "tile.n"),
@@ -159,7 +174,13 @@ EXTREMES = [spec(name="col_f16_8x8", tile_m=8, tile_n=8, tile_k=256, launch_warp
             # the most registers the budget leaves blocks of 1024 and 512 threads
             spec(name="col_f16_2x32x256_w32", tile_m=2, tile_n=32, tile_k=256, launch_warps=32, split_k_slices=2),
             spec(name="row_bf16_2x256x128", layout_b="row", types_a="bf16", types_b="bf16", types_c="bf16",
-                 tile_m=2, tile_n=256, tile_k=128, launch_warps="auto", epilogue_bias="col")]
+                 tile_m=2, tile_n=256, tile_k=128, launch_warps="auto", epilogue_bias="col"),
+            # the row-major ring: the most registers (tile m 8) and the most shared memory (222 KB), both hints
+            spec(name="ring_f16_8x128x64", layout_b="row", tile_m=8, tile_n=128, tile_k=64, launch_warps="auto",
+                 pipeline_stages=3, split_k_slices=4, epilogue_bias="col", epilogue_activation="silu"),
+            spec(name="ring_bf16_2x256x64", layout_b="row", types_a="bf16", types_b="bf16", types_c="bf16",
+                 tile_m=2, tile_n=256, tile_k=64, launch_warps="auto", pipeline_stages=5, launch_evict="normal",
+                 epilogue_beta=1.0)]
 # (With `launch evict=normal` the row-major kernels keep a 24-byte stack frame that ptxas spills to, whatever their
 # tile: an open finding in benchmarks/NOTES.md; no shipped kernel uses it.)
 
@@ -206,7 +227,9 @@ def test_the_host_entry_points_check_shapes_without_a_gpu(built):
         run.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 4 + [ctypes.c_int64] * 8
                         + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
         assert run(None, None, None, None, None, 3, 4104, 4100, 1, *([0] * 8), None, 0, None) == 1
-        assert getattr(lib, f"l2c_{s.name}_shared_memory_bytes")() == gemv.geometry(s).smem_bytes
+        g = gemv.geometry(s)
+        assert getattr(lib, f"l2c_{s.name}_shared_memory_bytes")() == g.smem_bytes + g.ring_bytes
+        assert getattr(lib, f"l2c_{s.name}_stages")() == max(1, g.stages)
 
 
 @needs_nvcc
@@ -244,9 +267,10 @@ def test_no_operand_is_touched_before_the_wait_for_the_kernel_before(ptx):
         assert body.count("griddepcontrol.wait;") == 1, s.name
         before, after = body.split("griddepcontrol.wait;")
         assert "prefetch.global.L2" in before, s.name
-        assert not re.search(r"\b(ld|st|red|atom)\.global|\bld\.shared::cluster|\bmapa\b", before), s.name
+        assert not re.search(r"\b(ld|st|red|atom)\.global|\bcp\.async\b|\bld\.shared::cluster|\bmapa\b", before), s.name
         assert "griddepcontrol.launch_dependents;" in after and "griddepcontrol" not in before, s.name
-        assert re.search(r"\bld\.global", after) and re.search(r"\bst\.global", after), s.name
+        assert re.search(r"\bld\.global|\bcp\.async\.c[ag]\.shared\.global", after), s.name
+        assert re.search(r"\bst\.global", after), s.name
 
 
 def test_by_default_the_kernels_measured_faster_overlap_their_launches(monkeypatch):

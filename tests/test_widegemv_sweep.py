@@ -20,6 +20,8 @@ def test_every_configuration_is_a_wide_row_major_gemv_of_its_class():
                 assert validate(spec, "cutlass").schedule == "gemv" and spec.name == name
                 assert spec.tile_m == tile_m and spec.tile_n >= 64 and spec.layout_b == "row"
                 assert spec.types_a == dtype
+                # CUDA cores only through the shared-memory ring (loaded straight into registers they lost)
+                assert (spec.pipeline_stages != "auto") == (spec.launch_cores == "cuda")
     assert [sweep.tile_m_class(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
 
 

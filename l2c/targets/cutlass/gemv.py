@@ -15,6 +15,10 @@ Two main loops, by where B is contiguous:
 - B row-major (`a @ b`): each thread owns 8 adjacent output columns and, per step, a chunk of 8 K rows (eight
   16-byte loads of B, one of A per row of A); tile n / 8 threads span the columns and tile k / 8 the K depth of a
   step, so the block has (tile n / 8) x (tile k / 8) threads; the chunks' sums meet in shuffles and shared memory.
+  With `pipeline stages=S` (2-8) a step's loads go through a ring of S steps per thread in shared memory
+  (cp.async) instead of straight into registers, so S - 1 steps are in flight while one is added: loaded into
+  registers, ptxas issues each load just before its first use and a thread waits on several memory round trips
+  per step (the loads of the ring cannot be moved past the wait for them).
 
 With `launch cores=tensor` the products are mma.sync m16n8k16 (fp32 sums) with the weight on the MMA's 16-row side
 and 8 tokens on its narrow side (tile m 8, or 16 as two MMAs per weight fragment). The fragments come straight from
@@ -47,6 +51,7 @@ GEMV_REGISTERS = 160
 MAX_REGISTERS = 255          # per thread on sm_90
 SM_REGISTERS = 64 * 1024     # per SM, what one block's threads share at most
 STATIC_SMEM = 48 * 1024     # static shared memory of one block
+RING_STAGES = range(2, 9)   # pipeline stages of the row-major CUDA-core ring
 MAX_THREADS = 1024
 
 
@@ -57,9 +62,12 @@ def register_budget(threads: int) -> int:
 RULES = declare({
     "gemv-cuda-operands": "a CUTLASS-target gemv kernel reads f16 or bf16 A (row-major) and B into an f32 "
                           "accumulator and writes a row-major D of a plain GEMM (problem batch=1)",
-    "gemv-cuda-knobs": "a CUTLASS-target gemv kernel has no CUTLASS schedule, cluster, swap or pipeline: launch "
-                       "schedule=auto, swap=no, cluster 1x1 and pipeline stages=auto (its K slices form the "
-                       "cluster)",
+    "gemv-cuda-knobs": "a CUTLASS-target gemv kernel has no CUTLASS schedule, cluster or swap: launch "
+                       "schedule=auto, swap=no and cluster 1x1 (its K slices form the cluster)",
+    "gemv-cuda-stages": f"a CUTLASS-target gemv kernel's pipeline stages is auto (the weight loaded straight into "
+                        f"registers) or, on CUDA cores with B row-major, {RING_STAGES[0]}-{RING_STAGES[-1]}: each "
+                        f"thread's loads of B and A stream through a ring of that many steps in shared memory "
+                        f"(cp.async), which with the partial sums must fit the block's shared memory",
     "gemv-cuda-tile-m": "a gemv kernel's tile m is 1, 2, 4, 8 or 16 rows (more rows belong on tensor cores); with "
                         "launch cores=tensor 8 or 16 (the MMA's narrow side, once or twice)",
     "gemv-cuda-tile-n": "a CUTLASS-target gemv kernel's tile n is a power of two from 8 to 256 columns, with "
@@ -107,6 +115,8 @@ class Geometry:
     token_groups: int = 0  # cores=tensor: MMAs per weight fragment (8 tokens each)
     warp_n: int = 0        # cores=tensor: columns of D per warp tile
     gated: bool = False    # epilogue gate (B column-major, CUDA cores): each block reads 2 x tile n rows of W
+    stages: int = 0        # B row-major, CUDA cores: steps in each thread's shared-memory ring (0: no ring)
+    ring_bytes: int = 0    # the ring's dynamic shared memory: stages x threads x (8 rows of B + tile m of A) x 16 B
 
 
 def geometry(spec: KernelSpec) -> Geometry:
@@ -129,8 +139,9 @@ def geometry(spec: KernelSpec) -> Geometry:
     # sums m x 8, eight raw B loads, m raw A loads, one B row as floats
     registers = m * VECTOR + VECTOR * 4 + m * 4 + VECTOR
     warps = max(1, threads // 32)
+    stages = 0 if spec.pipeline_stages == AUTO else int(spec.pipeline_stages)
     return Geometry(False, threads, warps, 0, 0, columns, depth, spec.split_k_slices, registers,
-                    (warps + 1) * m * n * 4)
+                    (warps + 1) * m * n * 4, stages=stages, ring_bytes=stages * threads * (VECTOR + m) * 16)
 
 
 TENSOR_WARP_N = {"col": 16, "row": 64}      # columns of D one warp's MMAs cover
@@ -182,10 +193,14 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     if spec.epilogue_gate != "none" and (spec.launch_cores != "cuda" or spec.layout_b != "col"):
         raise fail(spec, "launch_cores" if spec.launch_cores != "cuda" else "layout_b", "gemv-cuda-gated",
                    f"gate={spec.epilogue_gate} with cores={spec.launch_cores} and B {spec.layout_b}-major")
-    for field, default in (("launch_schedule", AUTO), ("launch_swap", "no"), ("cluster_m", 1), ("cluster_n", 1),
-                           ("pipeline_stages", AUTO)):
+    for field, default in (("launch_schedule", AUTO), ("launch_swap", "no"), ("cluster_m", 1), ("cluster_n", 1)):
         if getattr(spec, field) != default:
             raise fail(spec, field, "gemv-cuda-knobs", f"{knob(field).key}={getattr(spec, field)} with family=gemv")
+    if spec.pipeline_stages != AUTO and (spec.launch_cores != "cuda" or spec.layout_b != "row"
+                                         or int(spec.pipeline_stages) not in RING_STAGES):
+        raise fail(spec, "pipeline_stages", "gemv-cuda-stages", f"pipeline stages={spec.pipeline_stages} with "
+                                                                f"cores={spec.launch_cores} and B "
+                                                                f"{spec.layout_b}-major")
     if spec.tile_m not in (1, 2, 4, 8, 16):
         raise fail(spec, "tile_m", "gemv-cuda-tile-m", f"tile m={spec.tile_m}")
     if spec.tile_n & (spec.tile_n - 1) or not 8 <= spec.tile_n <= 256:
@@ -223,5 +238,9 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
                    f"registers per thread of {shape.threads} (at most {register_budget(shape.threads)})")
     if shape.smem_bytes > STATIC_SMEM:
         raise fail(spec, "tile_n", "gemv-cuda-smem", f"{shape.smem_bytes} bytes of partial sums")
-    return ValidSpec(spec, "cutlass", arch, stages=1, warps=shape.warps, schedule="gemv",
-                     smem_bytes=shape.smem_bytes)
+    if shape.smem_bytes + shape.ring_bytes > arch.smem_per_block:
+        raise fail(spec, "pipeline_stages", "gemv-cuda-stages",
+                   f"a ring of {shape.ring_bytes} bytes and {shape.smem_bytes} of partial sums (at most "
+                   f"{arch.smem_per_block})")
+    return ValidSpec(spec, "cutlass", arch, stages=max(1, shape.stages), warps=shape.warps, schedule="gemv",
+                     smem_bytes=shape.smem_bytes + shape.ring_bytes)
