@@ -175,9 +175,14 @@ EXTREMES = [spec(name="col_f16_8x8", tile_m=8, tile_n=8, tile_k=256, launch_warp
             spec(name="col_f16_2x32x256_w32", tile_m=2, tile_n=32, tile_k=256, launch_warps=32, split_k_slices=2),
             spec(name="row_bf16_2x256x128", layout_b="row", types_a="bf16", types_b="bf16", types_c="bf16",
                  tile_m=2, tile_n=256, tile_k=128, launch_warps="auto", epilogue_bias="col"),
-            # the row-major ring: the most registers (tile m 8) and the most shared memory (222 KB), both hints
+            # the row-major ring: the most registers (tile m 8), the most shared memory (227 KB with the sums), the
+            # deepest ring, both hints
             spec(name="ring_f16_8x128x64", layout_b="row", tile_m=8, tile_n=128, tile_k=64, launch_warps="auto",
                  pipeline_stages=3, split_k_slices=4, epilogue_bias="col", epilogue_activation="silu"),
+            spec(name="ring_bf16_8x16x512", layout_b="row", types_a="bf16", types_b="bf16", types_c="f32",
+                 tile_m=8, tile_n=16, tile_k=512, launch_warps="auto", pipeline_stages=7, split_k_slices=8),
+            spec(name="ring_f16_1x64x64", layout_b="row", tile_m=1, tile_n=64, tile_k=64, launch_warps="auto",
+                 pipeline_stages=8, epilogue_bias="row"),
             spec(name="ring_bf16_2x256x64", layout_b="row", types_a="bf16", types_b="bf16", types_c="bf16",
                  tile_m=2, tile_n=256, tile_k=64, launch_warps="auto", pipeline_stages=5, launch_evict="normal",
                  epilogue_beta=1.0)]
