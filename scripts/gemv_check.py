@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """GPU check of the CUTLASS target's gemv family (templates/cutlass/gemv.cu.j2): every spec of a sample covering both
-layouts of B, f16 and bf16, tile m 1-16, CUDA cores and tensor cores, K slices 1-8 (clusters), both eviction hints
+layouts of B, f16 and bf16, tile m 1-16, CUDA cores and tensor cores, K slices 1-8 (clusters), both eviction hints,
 every epilogue (alpha, beta with a C input, a bias per row or column, each activation, each gate on CUDA cores) and
-the row-major CUDA-core ring (pipeline stages 2-5) is built, verified with `l2c.verify` on shapes with partial tiles in every dimension (M above tile m, N not a
-multiple of tile n, K not a multiple of a slice's steps), and called twice on the same inputs, which must agree bit
-for bit (the slices are added in a fixed order). Then each spec runs a chain of calls launched with programmatic
-dependent launch (as L2C_OVERLAP=all), where each call's input is the previous call's output, directly or through a
-torch kernel between them, eagerly and replayed from a CUDA graph: every link must match the reference on the input
-it was given (a call that read its input before the call before it finished would not), and the replay must equal
-the eager chain bit for bit.
+the row-major CUDA-core ring (pipeline stages 2-5) is built, verified with `l2c.verify` on shapes with partial tiles
+in every dimension (M above tile m, N not a multiple of tile n, K not a multiple of a slice's steps), and called
+twice on the same inputs, which must agree bit for bit (the slices are added in a fixed order). Then each spec runs a
+chain of calls launched with programmatic dependent launch (as L2C_OVERLAP=all), where each call's input is the
+previous call's output, directly or through a torch kernel between them, eagerly and replayed from a CUDA graph:
+every link must match the reference on the input it was given (a call that read its input before the call before it
+finished would not), and the replay must equal the eager chain bit for bit.
 
     python scripts/gemv_check.py --out gemv_check.json [--only ring]
 """

@@ -11,12 +11,12 @@ l2c.matmul (`l2c bench serving:`), in two phases per dtype (f16's first) within 
    shapes of that class (DIR/widegemv_points_DTYPE.jsonl): evidence for neighbourhood cells
    (`l2c table ... --near`) where the points online choice measured found no kernel.
 
-Session 24 swept this family only with 8-16 columns per block (16-32 bytes of each B row per load), which lost
-(0.3-0.6x in `kernel`); session 35's 64-256 columns with the loads straight into registers lost too (0.17-0.29 on
-CUDA cores: ptxas issues each of a step's loads just before its first use, so a thread waits on several memory
-round trips per step). The CUDA-core configurations here stream a thread's loads through its shared-memory ring
-(`pipeline stages`), the most stages of 4, 3 and 2 that fit. Every kernel is built first, in parallel (`l2c build`); a bench cut by the budget keeps the
-rows it finished (a later run with the same DIR continues them). The generated spec files are written to DIR.
+Session 24 swept this family only with 8-16 columns per block (16-32 bytes of each B row per load), which lost (0.3-0.6x
+in `kernel`); session 35's 64-256 columns with the loads straight into registers lost too (0.17-0.29 on CUDA cores:
+ptxas issues each of a step's loads just before its first use, so a thread waits on several memory round trips per
+step). The CUDA-core configurations here stream a thread's loads through its shared-memory ring (`pipeline stages`), the
+most stages of 4, 3 and 2 that fit. Every kernel is built first, in parallel (`l2c build`); a bench cut by the budget
+keeps the rows it finished (a later run with the same DIR continues them). The generated spec files are written to DIR.
 """
 from __future__ import annotations
 
