@@ -3,6 +3,7 @@
 l2c.matmul (`l2c bench serving:`), in two phases per dtype (f16's first) within one time budget:
 
     python scripts/widegemv_sweep.py --out DIR [--dtypes f16,bf16] [--budget-s 420]
+    python scripts/widegemv_sweep.py --out DIR --fit benchmarks/widegemv_fit.txt --dtypes f16   # every ring depth
 
 1. sample: every configuration of its tile m class (tile m = M rounded up to a power of two) at the 64 `points`
    shapes of benchmarks/widegemv_sample.txt, `kernel` and `call` (DIR/widegemv_sample_DTYPE.jsonl);
@@ -10,6 +11,12 @@ l2c.matmul (`l2c bench serving:`), in two phases per dtype (f16's first) within 
    protocol, 1.03x in one: what `l2c table --protocol kernel,call --min-speedup 1.03` admits), at the other `points`
    shapes of that class (DIR/widegemv_points_DTYPE.jsonl): evidence for neighbourhood cells
    (`l2c table ... --near`) where the points online choice measured found no kernel.
+
+With --fit SHAPES the two phases are replaced by one: every CUDA-core configuration at every ring depth that fits
+(not only the deepest), each at the SHAPES whose tile m class is its own, `kernel` protocol
+(DIR/widegemv_fit_DTYPE.jsonl). A deeper ring takes more shared memory, so fewer blocks share an SM and fewer
+clusters of K slices fit on the GPU at once; whether a grid's clusters fit one wave decided the ring's wide-N speed
+on an H100 (benchmarks/NOTES.md, "The gemv families").
 
 Session 24 swept this family only with 8-16 columns per block (16-32 bytes of each B row per load), which lost (0.3-0.6x
 in `kernel`); session 35's 64-256 columns with the loads straight into registers lost too (0.17-0.29 on CUDA cores:
@@ -55,26 +62,29 @@ def spec_text(dtype: str, m: int, n: int, k: int, slices: int, cores: str, stage
             f"  split_k  slices={slices} mode=workspace\n}}\n")
 
 
-def ring_text(dtype: str, m: int, n: int, k: int, slices: int):
-    """The CUDA-core configuration with the deepest ring of RING_STAGES that validates, or None."""
+def ring_texts(dtype: str, m: int, n: int, k: int, slices: int) -> List[str]:
+    """The CUDA-core configuration at each ring depth of RING_STAGES that validates, deepest first."""
     from l2c.errors import L2ValidationError
     from l2c.parser import parse_one
     from l2c.validate import validate
+    out = []
     for stages in RING_STAGES:
         text = spec_text(dtype, m, n, k, slices, "cuda", str(stages))
         try:
             validate(parse_one(text), "cutlass")
-            return text
+            out.append(text)
         except L2ValidationError:
             continue
-    return None
+    return out
 
 
-def configurations(dtype: str) -> Dict[int, Dict[str, str]]:
-    """tile m -> {kernel name: spec text}."""
+def configurations(dtype: str, every_depth: bool = False) -> Dict[int, Dict[str, str]]:
+    """tile m -> {kernel name: spec text}: each CUDA-core tile and slice count with its deepest ring (every depth
+    that fits with `every_depth`), plus the tensor-core tiles at tile m 8."""
     out: Dict[int, Dict[str, str]] = {}
     for m in (1, 2, 4, 8):
-        texts = [t for n, k in CUDA_TILES for s in CUDA_SLICES if (t := ring_text(dtype, m, n, k, s))]
+        texts = [t for n, k in CUDA_TILES for s in CUDA_SLICES
+                 for t in ring_texts(dtype, m, n, k, s)[:None if every_depth else 1]]
         if m == 8:
             texts += [spec_text(dtype, m, n, k, s, "tensor") for n, k in TENSOR_TILES for s in SLICES]
         out[m] = {t.split()[1]: t for t in texts}
@@ -103,7 +113,8 @@ def qualified(path: Path) -> Dict[str, int]:
     return wins
 
 
-def bench(specs: Dict[str, str], shapes, out: Path, work: Path, label: str, deadline: float) -> None:
+def bench(specs: Dict[str, str], shapes, out: Path, work: Path, label: str, deadline: float,
+          protocol: str = "kernel,call") -> None:
     """`l2c bench serving:` of `specs` at `shapes`, appended to `out` (--resume), stopped at the deadline."""
     left = deadline - time.monotonic()
     if not shapes or not specs or left < 10:
@@ -112,7 +123,7 @@ def bench(specs: Dict[str, str], shapes, out: Path, work: Path, label: str, dead
     spec_file.write_text("\n".join(specs.values()))
     shape_file.write_text("".join(f"{s.m} {s.n} {s.k}\n" for s in shapes))
     command = [sys.executable, "-m", "l2c", "bench", f"serving:{spec_file}", "--shapes", str(shape_file),
-               "--dtype", label.split("_")[1], "--protocol", "kernel,call", "--reps", "3", "--iters", "10",
+               "--dtype", label.split("_")[1], "--protocol", protocol, "--reps", "3", "--iters", "10",
                "--warmup-seconds", "1", "-o", str(out), "--resume"]
     print(" ".join(command), flush=True)
     try:
@@ -127,13 +138,19 @@ def main() -> None:
     p.add_argument("--dtypes", default="f16,bf16")
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
+    p.add_argument("--fit", default=None, help="a shape file ('M N K' per line): time every ring depth there instead "
+                                               "of the sample and points phases")
     a = p.parse_args()
     start = time.monotonic()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="widegemv_"))   # per-class spec and shape files
     dtypes = [d for d in a.dtypes.split(",") if d]
-    configs = {dtype: configurations(dtype) for dtype in dtypes}
+    configs = {dtype: configurations(dtype, every_depth=a.fit is not None) for dtype in dtypes}
+    fit_shapes = read_shape_file(a.fit) if a.fit is not None else []
+    if fit_shapes:   # only the tile m classes the shapes need are built
+        classes = {tile_m_class(s.m) for s in fit_shapes}
+        configs = {dtype: {m: c for m, c in by_m.items() if m in classes} for dtype, by_m in configs.items()}
     spec_files = []
     for dtype in dtypes:
         path = out / f"widegemv_specs_{dtype}.l2"
@@ -141,6 +158,13 @@ def main() -> None:
         spec_files.append(str(path))
     subprocess.run([sys.executable, "-m", "l2c", "build", *spec_files, "--target", "cutlass", "-j", str(a.jobs)],
                    check=False)
+    if a.fit is not None:
+        for i, dtype in enumerate(dtypes):
+            deadline = start + a.budget_s * (i + 1) / len(dtypes)
+            for m, specs in configs[dtype].items():
+                bench(specs, [s for s in fit_shapes if tile_m_class(s.m) == m], out / f"widegemv_fit_{dtype}.jsonl",
+                      work, f"fit_{dtype}_m{m}", deadline, protocol="kernel")
+        return
     sample = read_shape_file(SAMPLE)
     sampled = {s.key for s in sample}
     points = [s for s in load_shapes("points") if s.m <= 8 and s.key not in sampled]
