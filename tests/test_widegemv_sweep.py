@@ -1,5 +1,5 @@
 """scripts/widegemv_sweep.py on the CPU: its kernels validate, each shape meets the configurations of its tile m class,
-and the points phase takes the configurations that qualified at most sample shapes by the table's own test."""
+the --fit phase's every ring depth adds only shallower twins of the same tiles, and the points phase takes the configurations that qualified at most sample shapes by the table's own test."""
 import json
 import sys
 from pathlib import Path
@@ -23,6 +23,25 @@ def test_every_configuration_is_a_wide_row_major_gemv_of_its_class():
                 # CUDA cores only through the shared-memory ring (loaded straight into registers they lost)
                 assert (spec.pipeline_stages != "auto") == (spec.launch_cores == "cuda")
     assert [sweep.tile_m_class(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+def test_every_depth_adds_the_shallower_rings_of_the_same_tiles_and_slices():
+    from l2c.shapes import read_shape_file
+    for dtype in ("f16", "bf16"):
+        deepest, every = sweep.configurations(dtype), sweep.configurations(dtype, every_depth=True)
+        for tile_m in deepest:
+            assert set(deepest[tile_m]) <= set(every[tile_m])
+            stages = {}
+            for text in every[tile_m].values():
+                spec = parse_one(text)
+                if spec.launch_cores == "cuda":
+                    key = (spec.tile_n, spec.tile_k, spec.split_k_slices)
+                    stages.setdefault(key, []).append(int(spec.pipeline_stages))
+            for key, depths in stages.items():
+                assert depths == sorted(depths, reverse=True) and set(depths) <= set(sweep.RING_STAGES)
+                assert len(depths) > 1 or depths[0] == min(sweep.RING_STAGES)   # 2 stages fit wherever 3 do
+    fit = read_shape_file(sweep.ROOT / "benchmarks" / "widegemv_fit.txt")
+    assert fit and all(s.m <= 2 and s.n >= 4096 for s in fit)
 
 
 def test_a_kernel_qualifies_where_it_is_slower_in_neither_protocol_and_ahead_by_3_percent_in_one(tmp_path):
