@@ -7,6 +7,9 @@ when that is inside C++ (an extension module's initialisation, torch's or Triton
 aborts the whole process ("FATAL: exception not rethrown", status -6) after the program itself has finished.
 A short command such as `l2c warmup` that fails fast meets this.
 
+Each step of that start-up is marked (`mark`) with the thread that did it and the time it ended, so a measurement of
+a first call can tell which of them were done before it (`timeline`).
+
 So at exit these threads are joined, except while one waits on a compiler (`waiting_on_a_process`): a thread
 blocked in a subprocess holds no C++ frame and is ended safely, so a program that exits during the C++ call table's
 first compile (seconds to a minute, once per machine) does not wait for it; such a thread stops at the end of its
@@ -27,11 +30,22 @@ _lock = threading.Lock()
 _threads: List[threading.Thread] = []
 _waiting: Set[threading.Thread] = set()   # threads inside `waiting_on_a_process`: not waited for at exit
 _exiting = threading.Event()
+_marks: List[tuple] = []   # (step, thread name, time.perf_counter() when it ended)
 
 
 def exiting() -> bool:
     """Whether the interpreter is ending: start no long step now."""
     return _exiting.is_set()
+
+
+def mark(step: str) -> None:
+    """Record that a start-up step ended now, on this thread."""
+    _marks.append((step, threading.current_thread().name, time.perf_counter()))
+
+
+def timeline() -> List[tuple]:
+    """The start-up steps marked so far: (step, thread name, time.perf_counter() when it ended), in order."""
+    return list(_marks)
 
 
 def start(target: Callable[[], None], name: str) -> Optional[threading.Thread]:

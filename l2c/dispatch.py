@@ -875,6 +875,7 @@ def default_dispatcher() -> Dispatcher:
                     log.warning("l2c: %s; online tuning off", err)
                     online = False
                 _default = Dispatcher(table, prepare=mode, online=online)
+                background.mark("default dispatcher")
     return _default
 
 
@@ -922,6 +923,7 @@ def _compile_front_end() -> None:
         except L2Error:   # the warm-up spec not valid for a target: the first call pays that target's imports
             pass
     from . import build, verified  # noqa: F401 - imported here, not on a first call
+    background.mark("front end")
     background.start(_query_toolchains, "l2c-toolchains")
 
 
@@ -941,10 +943,12 @@ def _query_toolchains() -> None:
             importlib.import_module(f"{targets.__name__}.{name}.build")   # the builder a first tuned call loads
         except Exception:  # noqa: BLE001 - the build reports it where it matters
             pass
+        background.mark(f"{name} toolchain and builder")
     if background.exiting():
         return
     from .targets.cutlass import shim
     shim.shim_library()
+    background.mark("call-plan shim")
     if torch.cuda.is_available() and not background.exiting():
         _warm_start()
 
@@ -958,12 +962,15 @@ def _warm_start() -> None:
         dispatcher = default_dispatcher()
         if dispatcher.table is not None:
             dispatcher._verified_kernels()
+        background.mark("verification records")
         if background.exiting():   # the program ends: the checker's compile and the pack's install can wait
             return
         from . import checker
         checker.prepare()
+        background.mark("checker")
         from .targets.cutlass.build import install_pack
         install_pack()
+        background.mark("pack installed")
     except Exception as err:  # noqa: BLE001
         log.debug("l2c's warm start stopped: %s", err)
 

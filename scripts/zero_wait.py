@@ -284,11 +284,14 @@ def serve_part(entry_row: dict, timeout_s: float, after: int, gap_s: float) -> d
 
     job = queued_job(entry, device)
     preparer = dispatcher.preparer
+    from l2c import background
+    first_l2c_call = start + calls[0][1]   # l2c's start-up steps, in ms from the first l2c call's start
+    startup = [(step, thread, round((t - first_l2c_call) * 1e3, 1)) for step, thread, t in background.timeline()]
     result = {"device": device, "torch_device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "import_l2c_ops_ms": round(import_ms, 3), "table": dispatcher.table.source if dispatcher.table else None,
               "job": {"state": preparer.state(job), "reason": preparer.reason(job) or None,
                       "worker_s": round(preparer.seconds[job.key], 2) if job.key in preparer.seconds else None},
-              "stats": dict(dispatcher.stats), "calls": calls}
+              "stats": dict(dispatcher.stats), "calls": calls, "startup_ms_from_first_call": startup}
     if first_served is not None:   # the served kernel's answer, against torch's
         got, ref = matmul(a, b).float(), torch.matmul(a, b).float()
         result["rel_error_vs_torch"] = ((got - ref).norm() / ref.norm()).item()

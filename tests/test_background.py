@@ -3,6 +3,7 @@ program that ends while it runs neither cuts it off nor aborts in it (a daemon t
 the process down with status -6). Real interpreters, real threads."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -109,6 +110,28 @@ def test_importing_l2c_after_torch_loads_what_the_first_access_needs_off_the_cal
     assert on.returncode == 0 and on.stdout.strip() == "True", on.stderr
     off = _run(code, L2C_WARM_START="0")
     assert off.returncode == 0 and off.stdout.strip() == "False", off.stderr
+
+
+def test_the_start_up_steps_are_marked_in_order_with_their_threads():
+    """What a first call's measurement reads to tell which start-up steps were done before it: on the CPU the
+    front end (on the importing thread), then each target's toolchain and builder and the call-plan shim (on the
+    toolchain thread), each marked after the one before."""
+    ran = _run("""
+        import json
+        import torch
+        import l2c.dispatch
+        from l2c import background
+        background.join_all()
+        print(json.dumps(background.timeline()))
+        """)
+    assert ran.returncode == 0, ran.stderr
+    marks = json.loads(ran.stdout.strip().splitlines()[-1])
+    steps = [step for step, _, _ in marks]
+    assert steps[0] == "front end" and steps[-1] == "call-plan shim", steps
+    assert {"triton toolchain and builder", "cutlass toolchain and builder"} <= set(steps)
+    assert marks[0][1] != marks[-1][1] == "l2c-toolchains"
+    times = [t for _, _, t in marks]
+    assert times == sorted(times)
 
 
 def test_a_thread_that_never_finishes_holds_the_exit_for_the_bound_only():
