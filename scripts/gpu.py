@@ -224,6 +224,18 @@ def _gemv(a):
               for dtype in ("f16", "bf16"))]
 
 
+def _widegemv_fit(a):
+    """Whether a ring grid's fit on the GPU decides wide N: every ring depth of every CUDA-core tile and slice count
+    at benchmarks/widegemv_fit.txt (M = 1-2, N 4096-14336), f16, `kernel` (about 3 minutes), then the ring
+    configurations and cuBLAS under Nsight Compute at three of those shapes (scripts/ring_profile.py)."""
+    ncu = ["/usr/local/cuda/bin/ncu", "--profile-from-start", "off", "--nvtx", "--print-nvtx-rename", "kernel",
+           "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
+           "--section", "MemoryWorkloadAnalysis", "--log-file", f"{a.out}/ncu_ring.txt"]
+    return [script("scripts/widegemv_sweep.py", "--out", a.out, "--fit", str(ROOT / "benchmarks" / "widegemv_fit.txt"),
+                   "--dtypes", "f16", "--budget-s", "150"),
+            ncu + script("scripts/ring_profile.py")]
+
+
 def _widegemv(a):
     """Wide-column gemv kernels (64-256 columns per block, B row-major; on CUDA cores through the shared-memory ring)
     against cuBLAS at M <= 8 in `a @ b`, through l2c.matmul: the ring's GPU check (`gemv_check.py --only ring`), a
@@ -423,6 +435,9 @@ STAGES: Dict[str, Stage] = {
     "widegemv": Stage("wide-column gemv kernels (B row-major, the CUDA-core ones through the shared-memory ring) at "
                       "the `points` shapes with M <= 8 in `a @ b`: the ring's GPU check, a sample, then the best at "
                       "the rest; f16 and bf16 (evidence for `l2c table --near`)", _widegemv),
+    "widegemv_fit": Stage("every ring depth of the wide gemv at eight wide-N shapes (M = 1-2), then its grids and "
+                          "cuBLAS's under Nsight Compute: does the clusters' fit on the GPU decide wide N?",
+                          _widegemv_fit),
     "direct_store": Stage("CUTLASS GEMMs with `epilogue store=direct` (no shared memory in the epilogue) against the "
                           "same kernels with the TMA store, paired: the default table's small entries and the graphs "
                           "table's nn.Linear ones", _direct_store),
