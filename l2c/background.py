@@ -7,8 +7,9 @@ when that is inside C++ (an extension module's initialisation, torch's or Triton
 aborts the whole process ("FATAL: exception not rethrown", status -6) after the program itself has finished.
 A short command such as `l2c warmup` that fails fast meets this.
 
-Each step of that start-up is marked (`mark`) with the thread that did it and the time it ended, so a measurement of
-a first call can tell which of them were done before it (`timeline`).
+Each step of that start-up is marked (`mark`) with the thread that did it and the time it ended, and so are a
+kernel's load and check on a caller's thread, so a measurement of a first call can tell which steps were done before
+it and where its own time went (`timeline`).
 
 So at exit these threads are joined, except while one waits on a compiler (`waiting_on_a_process`): a thread
 blocked in a subprocess holds no C++ frame and is ended safely, so a program that exits during the C++ call table's

@@ -465,6 +465,7 @@ class Dispatcher:
         kernel = self._kernel(job)
         if kernel is None:
             return None, True
+        background.mark(f"{valid.name} loaded")   # a first call's steps, beside the start-up's
         try:
             result = checker.verify(kernel, job.m, job.n, job.k)
         except (checker.CheckerUnavailable, RuntimeError) as err:   # torch reports a failed allocation so
@@ -475,6 +476,7 @@ class Dispatcher:
                         valid.name, job.m, job.n, job.k, result.reason)
             return None, True
         self._verified_kernels().record(job)
+        background.mark(f"{valid.name} checked")
         return kernel, True
 
     def _resolve_online(self, sig: Tuple) -> Tuple[Optional[Callable], bool]:
