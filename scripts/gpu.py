@@ -230,7 +230,8 @@ def _widegemv_fit(a):
     configurations and cuBLAS under Nsight Compute at three of those shapes (scripts/ring_profile.py)."""
     ncu = ["/usr/local/cuda/bin/ncu", "--profile-from-start", "off", "--nvtx", "--print-nvtx-rename", "kernel",
            "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
-           "--section", "MemoryWorkloadAnalysis", "--log-file", f"{a.out}/ncu_ring.txt"]
+           "--section", "MemoryWorkloadAnalysis", "--section", "WarpStateStats", "--section", "SchedulerStats",
+           "--log-file", f"{a.out}/ncu_ring.txt"]
     return [script("scripts/widegemv_sweep.py", "--out", a.out, "--fit", str(ROOT / "benchmarks" / "widegemv_fit.txt"),
                    "--dtypes", "f16", "--budget-s", "150"),
             ncu + script("scripts/ring_profile.py")]

@@ -1,14 +1,12 @@
 #!/usr/bin/env python
 """One call each of a few row-major gemv ring configurations and of torch.matmul at wide-N `a @ b` shapes, between
 cudaProfilerStart and cudaProfilerStop, named by NVTX ranges: what Nsight Compute profiles to see how a ring grid
-sits on the GPU (clusters that fit at once, waves, SM busy time, DRAM rate) beside cuBLAS's kernel (GPU).
-
-    /usr/local/cuda/bin/ncu --profile-from-start off --nvtx --print-nvtx-rename kernel --section SpeedOfLight \\
-        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats \\
-        --section SchedulerStats python scripts/ring_profile.py > ncu_ring.txt
+sits on the GPU (clusters that fit at once, waves, SM busy time, DRAM rate) beside cuBLAS's kernel (GPU). Run under
+Nsight Compute by `python scripts/gpu.py widegemv_fit` (its second command holds the ncu flags).
 
 Nsight Compute flushes the caches before each profiled kernel (cold weights) and locks the clocks, so its durations
-are not the bench's; compare kernels within one profile. benchmarks/results/s42/ncu_ring_h100.txt.xz is this run.
+are not the bench's; compare kernels within one profile. benchmarks/results/s42/ncu_ring_h100.txt.xz is its profile
+on an H100.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """scripts/widegemv_sweep.py on the CPU: its kernels validate, each shape meets the configurations of its tile m class,
-the --fit phase's every ring depth adds only shallower twins of the same tiles, and the points phase takes the configurations that qualified at most sample shapes by the table's own test."""
+the --fit phase's every ring depth adds only shallower twins of the same tiles, and the points phase takes the
+configurations that qualified at most sample shapes by the table's own test."""
 import json
 import sys
 from pathlib import Path
