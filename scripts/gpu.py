@@ -237,6 +237,14 @@ def _widegemv_fit(a):
             ncu + script("scripts/ring_profile.py")]
 
 
+def _widegemv_points(a):
+    """The ring configurations that the fit found best per tile m class (benchmarks/results/s43's H100 fit: a ring
+    shallow enough that its clusters fit one wave) at every `points` shape of M = 1-2, kernel and call, f16 then
+    bf16 (about 8 minutes): evidence for `l2c table --near`."""
+    fit = ROOT / "benchmarks" / "results" / "s43" / "widegemv_fit_f16_h100.jsonl.xz"
+    return [script("scripts/widegemv_sweep.py", "--out", a.out, "--from-fit", str(fit), "--budget-s", "480")]
+
+
 def _widegemv(a):
     """Wide-column gemv kernels (64-256 columns per block, B row-major; on CUDA cores through the shared-memory ring)
     against cuBLAS at M <= 8 in `a @ b`, through l2c.matmul: the ring's GPU check (`gemv_check.py --only ring`), a
@@ -439,6 +447,9 @@ STAGES: Dict[str, Stage] = {
     "widegemv_fit": Stage("every ring depth of the wide gemv at eight wide-N shapes (M = 1-2), then its grids and "
                           "cuBLAS's under Nsight Compute: does the clusters' fit on the GPU decide wide N?",
                           _widegemv_fit),
+    "widegemv_points": Stage("the wide gemv configurations the fit ranked best (any ring depth) at the `points` "
+                             "shapes of M = 1-2 in `a @ b`, kernel and call, f16 and bf16 (evidence for `l2c table "
+                             "--near`)", _widegemv_points),
     "direct_store": Stage("CUTLASS GEMMs with `epilogue store=direct` (no shared memory in the epilogue) against the "
                           "same kernels with the TMA store, paired: the default table's small entries and the graphs "
                           "table's nn.Linear ones", _direct_store),

@@ -4,6 +4,7 @@ l2c.matmul (`l2c bench serving:`), in two phases per dtype (f16's first) within 
 
     python scripts/widegemv_sweep.py --out DIR [--dtypes f16,bf16] [--budget-s 420]
     python scripts/widegemv_sweep.py --out DIR --fit benchmarks/widegemv_fit.txt --dtypes f16   # every ring depth
+    python scripts/widegemv_sweep.py --out DIR --from-fit FIT.jsonl --dtypes f16   # the fit's best at the points
 
 1. sample: every configuration of its tile m class (tile m = M rounded up to a power of two) at the 64 `points`
    shapes of benchmarks/widegemv_sample.txt, `kernel` and `call` (DIR/widegemv_sample_DTYPE.jsonl);
@@ -17,6 +18,10 @@ With --fit SHAPES the two phases are replaced by one: every CUDA-core configurat
 (DIR/widegemv_fit_DTYPE.jsonl). A deeper ring takes more shared memory, so fewer blocks share an SM and fewer
 clusters of K slices fit on the GPU at once; whether a grid's clusters fit one wave decided the ring's wide-N speed
 on an H100 (benchmarks/NOTES.md, "The gemv families").
+
+With --from-fit FIT (a --fit results file) the sample is skipped: per tile m class the KEEP configurations (any ring
+depth) with the highest geomean `kernel` speedup over FIT's shapes go to the points phase, which covers only the
+classes FIT measured.
 
 Session 24 swept this family only with 8-16 columns per block (16-32 bytes of each B row per load), which lost (0.3-0.6x
 in `kernel`); session 35's 64-256 columns with the loads straight into registers lost too (0.17-0.29 on CUDA cores:
@@ -113,6 +118,28 @@ def qualified(path: Path) -> Dict[str, int]:
     return wins
 
 
+def ranked_by_fit(path: Path, keep: int = KEEP) -> Dict[int, List[str]]:
+    """tile m class -> the `keep` kernel names with the highest geomean `kernel` speedup over the shapes of a --fit
+    results file (.jsonl or .jsonl.xz) where they ran (a configuration missing at some shape of its class is left
+    out)."""
+    logs: Dict[str, List[float]] = {}
+    shapes: Dict[int, set] = {}
+    classes: Dict[str, int] = {}
+    from l2c.results_file import read_rows
+    for r in read_rows(path):
+        if r.get("type") != "result" or r.get("status") != "ok" or r.get("speedup") is None:
+            continue
+        name, m = r["served_by"], tile_m_class(r["m"])
+        logs.setdefault(name, []).append(math.log(r["speedup"]))
+        shapes.setdefault(m, set()).add((r["m"], r["n"], r["k"]))
+        classes[name] = m
+    out: Dict[int, List[str]] = {}
+    for m in sorted(shapes):
+        full = [n for n, c in classes.items() if c == m and len(logs[n]) == len(shapes[m])]
+        out[m] = sorted(full, key=lambda n: -sum(logs[n]) / len(logs[n]))[:keep]
+    return out
+
+
 def bench(specs: Dict[str, str], shapes, out: Path, work: Path, label: str, deadline: float,
           protocol: str = "kernel,call") -> None:
     """`l2c bench serving:` of `specs` at `shapes`, appended to `out` (--resume), stopped at the deadline."""
@@ -140,13 +167,20 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 8)
     p.add_argument("--fit", default=None, help="a shape file ('M N K' per line): time every ring depth there instead "
                                                "of the sample and points phases")
+    p.add_argument("--from-fit", default=None, help="a --fit results file: its best configurations per tile m "
+                                                    "class (any ring depth) go straight to the points phase")
     a = p.parse_args()
     start = time.monotonic()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="widegemv_"))   # per-class spec and shape files
     dtypes = [d for d in a.dtypes.split(",") if d]
-    configs = {dtype: configurations(dtype, every_depth=a.fit is not None) for dtype in dtypes}
+    from_fit = ranked_by_fit(Path(a.from_fit)) if a.from_fit else None
+    configs = {dtype: configurations(dtype, every_depth=a.fit is not None or from_fit is not None)
+               for dtype in dtypes}
+    if from_fit is not None:   # the fit's names are f16's; the same configuration in another dtype keeps its name
+        configs = {dtype: {m: {n: t for n, t in by_m.items() if n in from_fit.get(m, [])} for m, by_m in
+                           configs[dtype].items() if from_fit.get(m)} for dtype in dtypes}
     fit_shapes = read_shape_file(a.fit) if a.fit is not None else []
     if fit_shapes:   # only the tile m classes the shapes need are built
         classes = {tile_m_class(s.m) for s in fit_shapes}
@@ -164,6 +198,14 @@ def main() -> None:
             for m, specs in configs[dtype].items():
                 bench(specs, [s for s in fit_shapes if tile_m_class(s.m) == m], out / f"widegemv_fit_{dtype}.jsonl",
                       work, f"fit_{dtype}_m{m}", deadline, protocol="kernel")
+        return
+    if from_fit is not None:
+        points = [s for s in load_shapes("points") if tile_m_class(s.m) in from_fit]
+        for i, dtype in enumerate(dtypes):
+            deadline = start + a.budget_s * (i + 1) / len(dtypes)
+            for m, specs in configs[dtype].items():
+                bench(specs, [s for s in points if tile_m_class(s.m) == m], out / f"widegemv_points_{dtype}.jsonl",
+                      work, f"points_{dtype}_m{m}", deadline)
         return
     sample = read_shape_file(SAMPLE)
     sampled = {s.key for s in sample}

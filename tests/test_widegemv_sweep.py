@@ -59,3 +59,17 @@ def test_a_kernel_qualifies_where_it_is_slower_in_neither_protocol_and_ahead_by_
     path.write_text("\n".join(json.dumps(r) for r in [{"type": "env"}, *rows]) + "\n")
     assert sweep.qualified(path) == {"a": 1, "b": 0, "torch": 0}
     assert sweep.qualified(tmp_path / "missing.jsonl") == {}
+
+
+def test_the_fit_ranks_configurations_per_class_by_geomean_over_every_shape_of_the_class(tmp_path):
+    def row(name, m, n, speedup):
+        return {"type": "result", "served_by": name, "m": m, "n": n, "k": 4096, "protocol": "kernel",
+                "status": "ok", "speedup": speedup}
+    rows = [row("a", 1, 4096, 1.2), row("a", 1, 8192, 0.9),      # geomean 1.039
+            row("b", 1, 4096, 1.05), row("b", 1, 8192, 1.05),    # 1.05: first
+            row("c", 1, 4096, 1.5),                              # missing one shape of its class: left out
+            row("d", 2, 4096, 0.8), row("e", 2, 4096, 0.9)]
+    path = tmp_path / "fit.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [{"type": "env"}, *rows]) + "\n")
+    assert sweep.ranked_by_fit(path, keep=2) == {1: ["b", "a"], 2: ["e", "d"]}
+    assert sweep.ranked_by_fit(path, keep=1) == {1: ["b"], 2: ["e"]}
