@@ -124,8 +124,52 @@ def _rate(value, what: str) -> float:
     return float(value)
 
 
+_LAYOUTS = frozenset(f"{a},{b},{c}" for a in LAYOUT_WORDS for b in LAYOUT_WORDS for c in LAYOUT_WORDS)
+_BIG = 2**31
+
+
+def _span_ok(rng, value: int) -> bool:
+    return (type(rng) is list and len(rng) == 2 and type(rng[0]) is int and type(rng[1]) is int
+            and 0 < rng[0] <= value <= rng[1] < _BIG)
+
+
+def _plain_row(row: dict) -> Optional[TunedEntry]:
+    """A well-formed row built with one quick test per field, or None for a row with anything unusual, which
+    `entry_from_row`'s full checks then take (and name what is wrong with). A 3,000-row table is read on a process's
+    first tuned call, or beside it: the full checks cost twice as long."""
+    m, n, k, batch = row.get("m"), row.get("n"), row.get("k"), row.get("batch", 1)
+    dtype, layout, target, spec = row.get("dtype"), row.get("layout"), row.get("target"), row.get("spec")
+    tflops, base, speedup = row.get("tflops"), row.get("baseline_tflops"), row.get("speedup")
+    gate, near, worst = row.get("gate", "none"), row.get("near", False), row.get("range_min_speedup")
+    m_range, n_range, k_range = row.get("m_range"), row.get("n_range"), row.get("k_range")
+    if not (type(m) is int and type(n) is int and type(k) is int and type(batch) is int
+            and 0 < m < _BIG and 0 < n < _BIG and 0 < k < _BIG and 0 < batch < _BIG
+            and type(dtype) is str and dtype in DTYPES and type(layout) is str and layout in _LAYOUTS
+            and type(target) is str and target in TARGETS and type(spec) is str and spec.strip()
+            and type(tflops) is float and type(base) is float and 0.0 <= tflops < math.inf and 0.0 <= base < math.inf
+            and (speedup is None or (type(speedup) is float and 0.0 <= speedup < math.inf))
+            and type(gate) is str and gate in GATES and near in (True, False)
+            and (m_range is None or _span_ok(m_range, m))
+            and ((n_range is None and k_range is None and not near)
+                 or (m_range is not None and _span_ok(n_range, n) and _span_ok(k_range, k)))
+            and (worst is None or m_range is None or (type(worst) is float and 1.0 < worst < math.inf))):
+        return None
+    ranged = m_range is not None
+    cell = ranged and n_range is not None
+    return TunedEntry(m=m, n=n, k=k, batch=batch, dtype=dtype, layout=layout, target=target, spec_text=spec,
+                      tflops=tflops, baseline_tflops=base, m_lo=m_range[0] if ranged else None,
+                      m_hi=m_range[1] if ranged else None, range_min_speedup=worst if ranged else None, gate=gate,
+                      n_lo=n_range[0] if cell else None, n_hi=n_range[1] if cell else None,
+                      k_lo=k_range[0] if cell else None, k_hi=k_range[1] if cell else None, near=near,
+                      recorded_speedup=speedup)
+
+
 def entry_from_row(row) -> TunedEntry:
     """One table row as a TunedEntry; ValueError saying which field is wrong."""
+    if type(row) is dict:
+        plain = _plain_row(row)
+        if plain is not None:
+            return plain
     if not isinstance(row, dict):
         raise ValueError(f"an entry must be an object, got {type(row).__name__}")
     missing = [f for f in ("m", "n", "k", "dtype", "layout", "target", "spec", "tflops", "baseline_tflops")

@@ -935,3 +935,64 @@ def test_withdrawn_shapes_are_served_by_no_entry_and_every_other_entry_stays(spa
     assert not any(_serves_at(e, shape) for e in kept for shape in withdrawn.values())
     assert [e for e in entries if e not in kept] == [e for e in entries
                                                      if any(_serves_at(e, s) for s in withdrawn.values())]
+
+
+_ODD_VALUES = [None, 0, -1, 1, 7, 2**31, True, 1.5, float("nan"), float("inf"), "x", "", [1, 2], [4, 6], [0, 9],
+               [9, 4], [5, 9], [1, 3], [200, 300], "row,col,row", "f16", "cutlass", "silu", 1.1, 1.0, 0.9, -0.5]
+_ROW_FIELDS = ("m", "n", "k", "batch", "dtype", "layout", "target", "spec", "tflops", "baseline_tflops", "speedup",
+               "gate", "near", "m_range", "n_range", "k_range", "range_min_speedup")
+
+
+def _table_row(kind: str) -> dict:
+    """A well-formed table row of each kind: an exact entry, a token-count range, a corner cell, a near cell."""
+    row = {"m": 4, "n": 128, "k": 128, "batch": 1, "dtype": "bf16", "layout": "row,col,row", "target": "cutlass",
+           "spec": KernelSpec(name="g", tile_m=16, tile_n=16).to_l2(), "tflops": 1.2, "baseline_tflops": 1.0,
+           "speedup": 1.2, "speedups": {"kernel": 1.2}}
+    if kind != "exact":
+        row.update(m_range=[2, 6], range_min_speedup=1.1)
+    if kind in ("cell", "near"):
+        row.update(n_range=[128, 184], k_range=[96, 184], near=kind == "near")
+    return row
+
+
+def _read_both_ways(row):
+    """entry_from_row's result (or error) with the quick path and with the full checks alone."""
+    from l2c import tuned_table as T
+
+    def read(quick: bool):
+        saved = T._plain_row
+        if not quick:
+            T._plain_row = lambda r: None
+        try:
+            return T.entry_from_row(row)
+        except (ValueError, TypeError) as err:
+            return type(err), str(err)
+        finally:
+            T._plain_row = saved
+    return read(True), read(False)
+
+
+def test_the_quick_row_reader_agrees_with_the_full_checks_on_every_one_field_change():
+    """A table row read by the quick path (one test per field, for the well-formed rows that make a table) gives the
+    entry the full checks give, and a row it does not take falls to those checks: the same entry or the same error
+    for every row of each kind with one field changed to an odd value or left out."""
+    from l2c import tuned_table as T
+    for kind in ("exact", "range", "cell", "near"):
+        assert T._plain_row(_table_row(kind)) is not None   # a well-formed row of each kind takes the quick path
+        for field in _ROW_FIELDS:
+            for value in _ODD_VALUES + ["drop"]:
+                row = _table_row(kind)
+                row.pop(field) if value == "drop" and field in row else row.update({field: value})
+                quick, full = _read_both_ways(row)
+                assert quick == full, (kind, field, value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["exact", "range", "cell", "near"]),
+       st.dictionaries(st.sampled_from(_ROW_FIELDS), st.sampled_from(_ODD_VALUES), min_size=2, max_size=4))
+def test_the_quick_row_reader_agrees_with_the_full_checks_on_several_changes(kind, changed):
+    """The same with several fields changed at once."""
+    row = _table_row(kind)
+    row.update(changed)
+    quick, full = _read_both_ways(row)
+    assert quick == full
