@@ -926,16 +926,48 @@ def _compile_front_end() -> None:
             pass
     from . import build, verified  # noqa: F401 - imported here, not on a first call
     background.mark("front end")
-    background.start(_query_toolchains, "l2c-toolchains")
+    background.start(_start_up, "l2c-start-up")
+
+
+def _start_up() -> None:
+    """The start-up off the importing thread, in the order a first call of a prebuilt CUTLASS kernel (nearly every
+    kernel of the shipped tables) needs it: `_prepare_first_call`, then each target's toolchain and builder
+    (`_query_toolchains`: Triton's import takes 0.4-0.9 s on the H100's host), then, on a GPU, the pack's install.
+    Run beside the imports (session 43, H100), the first call's steps ended up to 60 ms after a first call that came
+    half a second after the import, and that call's own steps took twice as long; behind them (until then), 150-220
+    ms after it."""
+    _prepare_first_call()
+    _query_toolchains()
+    if torch.cuda.is_available() and not background.exiting():
+        try:
+            from .targets.cutlass.build import install_pack
+            install_pack()
+            background.mark("pack installed")
+        except Exception as err:  # noqa: BLE001 - a first call loads its own library from the pack
+            log.debug("l2c's pack install stopped: %s", err)
+
+
+def _prepare_first_call() -> None:
+    """What a first call of a prebuilt CUTLASS kernel waits for: CUTLASS's toolchain id (the kernel's build key),
+    its call-plan shim (a C compile of about 0.2 s, once per machine) and, on a GPU, `_warm_start`."""
+    from .targets.cutlass import shim
+    try:
+        targets.get("cutlass").toolchain_id()
+    except Exception:  # noqa: BLE001 - the build reports it where it matters
+        pass
+    if background.exiting():
+        return
+    shim.shim_library()
+    background.mark("call-plan shim")
+    if torch.cuda.is_available() and not background.exiting():
+        _warm_start()
 
 
 def _query_toolchains() -> None:
     """Each target's toolchain id (nvcc's version: a subprocess of some 20-50 ms), asked once off the calling
-    thread so that the first tuned call finds it cached, each target's builder imported, CUTLASS's call-plan shim
-    (a C compile of about 0.1 s, once per machine) built and, on a GPU, `_warm_start`. The imports come first: they
-    hold the interpreter for long stretches, and done later they land on a first call (380 ms against 40-50 on the
-    H200 when they followed the warm start). A toolchain that is missing or broken is the build's concern. Each step
-    is skipped once the program is ending (l2c.background)."""
+    thread so that the first tuned call finds it cached, and each target's builder imported: done later they land
+    on a first call (380 ms against 40-50 on the H200 when they followed the warm start). A toolchain that is
+    missing or broken is the build's concern. Each step is skipped once the program is ending (l2c.background)."""
     import importlib
     for name in targets.TARGETS:
         if background.exiting():
@@ -946,33 +978,23 @@ def _query_toolchains() -> None:
         except Exception:  # noqa: BLE001 - the build reports it where it matters
             pass
         background.mark(f"{name} toolchain and builder")
-    if background.exiting():
-        return
-    from .targets.cutlass import shim
-    shim.shim_library()
-    background.mark("call-plan shim")
-    if torch.cuda.is_available() and not background.exiting():
-        _warm_start()
 
 
 def _warm_start() -> None:
     """On a GPU, what a first tuned call would otherwise do on the caller's thread: the default dispatcher made (its
-    table read: 30-50 ms on the H200's host), the GPU's identity read for its verification records, l2c's checker
-    loaded (`l2c.checker`: from the pack, else compiled once per machine) and the pack's libraries installed into
-    the build cache (once per machine). Failures are the first call's concern, reported there."""
+    table read: 30-70 ms on the H100's host), the GPU's identity read for its verification records and l2c's checker
+    loaded (`l2c.checker`: from the pack, else compiled once per machine). Failures are the first call's concern,
+    reported there."""
     try:
         dispatcher = default_dispatcher()
         if dispatcher.table is not None:
             dispatcher._verified_kernels()
         background.mark("verification records")
-        if background.exiting():   # the program ends: the checker's compile and the pack's install can wait
+        if background.exiting():   # the program ends: the checker's compile can wait
             return
         from . import checker
         checker.prepare()
         background.mark("checker")
-        from .targets.cutlass.build import install_pack
-        install_pack()
-        background.mark("pack installed")
     except Exception as err:  # noqa: BLE001
         log.debug("l2c's warm start stopped: %s", err)
 

@@ -246,7 +246,7 @@ def check_sqlite_file(path: Union[str, Path]) -> None:
         return
     except OSError as err:
         raise DataFileError(f"results store {path}: cannot be read: {err.strerror or err}") from None
-    if size == 0:
+    if size == 0 or not head:   # empty when read: a new store (another process may be creating it meanwhile)
         return
     if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
         raise DataFileError(f"results store {path}: not an SQLite database ({size} bytes starting {head[:16]!r}); "

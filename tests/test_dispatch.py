@@ -753,14 +753,14 @@ def test_online_tuning_never_compiles_a_cutlass_candidate(tmp_path, monkeypatch)
 
 
 def test_importing_the_dispatcher_asks_for_the_toolchains_off_the_calling_thread():
-    """At import, l2c.dispatch builds the parser and templates and starts a thread that asks each target for its
-    toolchain id (nvcc's version) and builds CUTLASS's call-plan shim, so the first tuned call finds them cached; a
+    """At import, l2c.dispatch builds the parser and templates and starts a thread that builds CUTLASS's call-plan
+    shim and asks each target for its toolchain id (nvcc's version), so the first tuned call finds them cached; a
     fresh process shows the thread ran to the end (the CUTLASS version, part of that id, and the shim are cached)
     and printed nothing."""
     import subprocess
     import sys
     code = ("import threading, l2c.dispatch\n"
-            "[t.join(60) for t in threading.enumerate() if t.name == 'l2c-toolchains']\n"
+            "[t.join(60) for t in threading.enumerate() if t.name == 'l2c-start-up']\n"
             "from l2c.grammar import lark_parser\n"
             "from l2c.targets.cutlass.toolchain import cutlass_version\n"
             "from l2c.targets.cutlass.shim import shim_library\n"
