@@ -31,7 +31,26 @@ _lock = threading.Lock()
 _threads: List[threading.Thread] = []
 _waiting: Set[threading.Thread] = set()   # threads inside `waiting_on_a_process`: not waited for at exit
 _exiting = threading.Event()
+_first_call = threading.Event()   # set once a tuned call has been resolved (`first_call_resolved`)
 _marks: List[tuple] = []   # (step, thread name, time.perf_counter() when it ended)
+
+
+def first_call_resolved() -> None:
+    """The process's first tuned call has found what serves it (a kernel or torch): start-up work that would compete
+    with that call for the interpreter may begin (`after_first_call`)."""
+    _first_call.set()
+
+
+def after_first_call(limit_s: float) -> bool:
+    """Wait until the first tuned call was resolved, `limit_s` seconds at most; False when the exit began meanwhile
+    (start nothing long then)."""
+    deadline = time.monotonic() + limit_s
+    while not _first_call.is_set() and not _exiting.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        _first_call.wait(min(0.05, left))
+    return not _exiting.is_set()
 
 
 def exiting() -> bool:

@@ -577,6 +577,7 @@ class Dispatcher:
                                 sig[:5], type(err).__name__, err)
                     self._failed_signatures.add(sig)
                     kernel, final = None, True
+            background.first_call_resolved()
         if final and call_key is not None:
             self._by_call[call_key] = kernel
         return kernel
@@ -929,14 +930,20 @@ def _compile_front_end() -> None:
     background.start(_start_up, "l2c-start-up")
 
 
+BUILDERS_AFTER_S = 2.0   # the builders' imports wait this long at most for the first tuned call
+
+
 def _start_up() -> None:
     """The start-up off the importing thread, in the order a first call of a prebuilt CUTLASS kernel (nearly every
-    kernel of the shipped tables) needs it: `_prepare_first_call`, then each target's toolchain and builder
-    (`_query_toolchains`: Triton's import takes 0.4-0.9 s on the H100's host), then, on a GPU, the pack's install.
-    Run beside the imports (session 43, H100), the first call's steps ended up to 60 ms after a first call that came
-    half a second after the import, and that call's own steps took twice as long; behind them (until then), 150-220
-    ms after it."""
+    kernel of the shipped tables) needs it: `_prepare_first_call`; then, once the first tuned call has been resolved
+    or BUILDERS_AFTER_S have passed, each target's toolchain and builder (`_query_toolchains`: Triton's import takes
+    0.4-0.9 s on the H100's host; a first call served by a Triton kernel before then imports it itself); then, on a
+    GPU, the pack's install. Measured on H100 machines (session 43): behind the imports, the first call waited
+    150-220 ms for its steps; beside them, up to 60 ms; with the imports running during the first call, that call's
+    load took 40-55 ms instead of 31-38."""
     _prepare_first_call()
+    if not background.after_first_call(BUILDERS_AFTER_S):
+        return
     _query_toolchains()
     if torch.cuda.is_available() and not background.exiting():
         try:

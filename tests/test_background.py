@@ -148,3 +148,47 @@ def test_a_thread_that_never_finishes_holds_the_exit_for_the_bound_only():
     assert ran.returncode == 0, ran.stderr
     gave_up, seconds = ran.stdout.split()
     assert gave_up == "False" and 0.2 <= float(seconds) < 1.0
+
+
+def test_work_after_the_first_call_waits_for_it_or_the_limit_and_never_past_the_exit(tmp_path):
+    """`after_first_call`: returns as soon as a tuned call was resolved, else at its limit; False once the exit has
+    begun, at once, so a program that ends meanwhile does not wait out the limit."""
+    ran = _run("""
+        import json, threading, time
+        from l2c import background
+        t = time.monotonic(); limit = background.after_first_call(0.3); waited = time.monotonic() - t
+        t = time.monotonic(); threading.Timer(0.2, background.first_call_resolved).start()
+        called = background.after_first_call(30); at_call = time.monotonic() - t
+        t = time.monotonic(); again = background.after_first_call(30); after = time.monotonic() - t
+        print(json.dumps([limit, waited, called, at_call, again, after]))
+        """)
+    assert ran.returncode == 0, ran.stderr
+    limit, waited, called, at_call, again, after = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert limit and waited >= 0.3 and called and 0.2 <= at_call < 20 and again and after < 1
+    never = tmp_path / "never"
+    ending = _run(f"""
+        from l2c import background
+        def late():
+            if background.after_first_call(30):
+                open({str(never)!r}, "w")
+        background.start(late, "late")
+        """)
+    assert ending.returncode == 0 and ending.seconds < 20 and not never.exists(), ending.stderr
+
+
+def test_the_builders_wait_for_the_first_tuned_call():
+    """The start-up imports the targets' builders (Triton's import: most of a second) only after the first tuned
+    call was resolved or BUILDERS_AFTER_S have passed, so that it does not compete with that call for the
+    interpreter: with no call, their marks come that long after the call-plan shim's at least."""
+    ran = _run("""
+        import json
+        import torch
+        import l2c.dispatch
+        from l2c import background
+        background.join_all()
+        print(json.dumps([l2c.dispatch.BUILDERS_AFTER_S, background.timeline()]))
+        """)
+    assert ran.returncode == 0, ran.stderr
+    limit, marks = json.loads(ran.stdout.strip().splitlines()[-1])
+    at = {step: t for step, _, t in marks}
+    assert at["triton toolchain and builder"] - at["call-plan shim"] >= limit > 0
