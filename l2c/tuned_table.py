@@ -133,7 +133,7 @@ def _span_ok(rng, value: int) -> bool:
             and 0 < rng[0] <= value <= rng[1] < _BIG)
 
 
-def _plain_row(row: dict) -> Optional[TunedEntry]:
+def _quick_entry(row: dict) -> Optional[TunedEntry]:
     """A well-formed row built with one quick test per field, or None for a row with anything unusual, which
     `entry_from_row`'s full checks then take (and name what is wrong with). A 3,000-row table is read on a process's
     first tuned call, or beside it: the full checks cost twice as long."""
@@ -167,7 +167,7 @@ def _plain_row(row: dict) -> Optional[TunedEntry]:
 def entry_from_row(row) -> TunedEntry:
     """One table row as a TunedEntry; ValueError saying which field is wrong."""
     if type(row) is dict:
-        plain = _plain_row(row)
+        plain = _quick_entry(row)
         if plain is not None:
             return plain
     if not isinstance(row, dict):

@@ -960,15 +960,15 @@ def _read_both_ways(row):
     from l2c import tuned_table as T
 
     def read(quick: bool):
-        saved = T._plain_row
+        saved = T._quick_entry
         if not quick:
-            T._plain_row = lambda r: None
+            T._quick_entry = lambda r: None
         try:
             return T.entry_from_row(row)
         except (ValueError, TypeError) as err:
             return type(err), str(err)
         finally:
-            T._plain_row = saved
+            T._quick_entry = saved
     return read(True), read(False)
 
 
@@ -978,7 +978,7 @@ def test_the_quick_row_reader_agrees_with_the_full_checks_on_every_one_field_cha
     for every row of each kind with one field changed to an odd value or left out."""
     from l2c import tuned_table as T
     for kind in ("exact", "range", "cell", "near"):
-        assert T._plain_row(_table_row(kind)) is not None   # a well-formed row of each kind takes the quick path
+        assert T._quick_entry(_table_row(kind)) is not None   # a well-formed row of each kind takes the quick path
         for field in _ROW_FIELDS:
             for value in _ODD_VALUES + ["drop"]:
                 row = _table_row(kind)
