@@ -938,9 +938,9 @@ def _start_up() -> None:
     kernel of the shipped tables) needs it: `_prepare_first_call`; then, once the first tuned call has been resolved
     or BUILDERS_AFTER_S have passed, each target's toolchain and builder (`_query_toolchains`: Triton's import takes
     0.4-0.9 s on the H100's host; a first call served by a Triton kernel before then imports it itself); then, on a
-    GPU, the pack's install. Measured on H100 machines (session 43): behind the imports, the first call waited
-    150-220 ms for its steps; beside them, up to 60 ms; with the imports running during the first call, that call's
-    load took 40-55 ms instead of 31-38."""
+    GPU, the pack's install. Measured on H100 machines (benchmarks/NOTES.md, "#19"): behind the imports, the first
+    call waited 150-220 ms for its steps; beside them, up to 60 ms; with the imports running during the first call,
+    that call's load took 40-55 ms instead of 31-38."""
     _prepare_first_call()
     if not background.after_first_call(BUILDERS_AFTER_S):
         return
