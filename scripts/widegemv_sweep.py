@@ -199,15 +199,7 @@ def main() -> None:
                 bench(specs, [s for s in fit_shapes if tile_m_class(s.m) == m], out / f"widegemv_fit_{dtype}.jsonl",
                       work, f"fit_{dtype}_m{m}", deadline, protocol="kernel")
         return
-    if from_fit is not None:
-        points = [s for s in load_shapes("points") if tile_m_class(s.m) in from_fit]
-        for i, dtype in enumerate(dtypes):
-            deadline = start + a.budget_s * (i + 1) / len(dtypes)
-            for m, specs in configs[dtype].items():
-                bench(specs, [s for s in points if tile_m_class(s.m) == m], out / f"widegemv_points_{dtype}.jsonl",
-                      work, f"points_{dtype}_m{m}", deadline)
-        return
-    sample = read_shape_file(SAMPLE)
+    sample = [] if from_fit is not None else read_shape_file(SAMPLE)   # the fit has ranked the configurations
     sampled = {s.key for s in sample}
     points = [s for s in load_shapes("points") if s.m <= 8 and s.key not in sampled]
     for i, dtype in enumerate(dtypes):   # each dtype its share of the budget, the sample then the points
@@ -217,8 +209,12 @@ def main() -> None:
                   f"sample_{dtype}_m{m}", deadline)
         wins = qualified(out / f"widegemv_sample_{dtype}.jsonl")
         for m, specs in configs[dtype].items():
-            ranked = sorted((n for n in specs if wins.get(n, 0) > 0), key=lambda n: -wins[n])[:KEEP]
-            print(f"widegemv_sweep: {dtype} tile m {m}: {[(n, wins[n]) for n in ranked]} to the points", flush=True)
+            if from_fit is not None:
+                ranked = list(specs)   # configs holds only the fit's choice for this class
+            else:
+                ranked = sorted((n for n in specs if wins.get(n, 0) > 0), key=lambda n: -wins[n])[:KEEP]
+            print(f"widegemv_sweep: {dtype} tile m {m}: {[(n, wins.get(n, 0)) for n in ranked]} to the points",
+                  flush=True)
             bench({n: specs[n] for n in ranked}, [s for s in points if tile_m_class(s.m) == m],
                   out / f"widegemv_points_{dtype}.jsonl", work, f"points_{dtype}_m{m}", deadline)
 
