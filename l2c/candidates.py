@@ -127,10 +127,11 @@ class DispatchKernel:
     def __init__(self, spec, table_path: Optional[str], via: str, arch: str, table=None):
         from types import SimpleNamespace
         from . import settings
-        from .dispatch import Dispatcher, default_table_path
+        from .dispatch import Dispatcher, default_table_path, serves_gpu, tune_mode
         from .tuned_table import TableError, load_table
         try:
             settings.overlap()   # a measurement under a malformed L2C_OVERLAP would measure the default
+            online = tune_mode() == "online"
         except ValueError as err:
             raise BenchError(str(err)) from None
         if table is None:
@@ -142,7 +143,11 @@ class DispatchKernel:
             self.table_path = str(path) if path is not None else None
         else:   # a table made in memory (`serving:`): its name says what it serves
             self.table_path = table_path
-        self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background")
+        candidates = table
+        if table is not None and table_path is None and not serves_gpu(table, _gpu_name()):
+            table = None   # the default table as l2c.matmul uses it on this GPU: online choice's candidates
+        self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background", online=online,
+                                     candidates=candidates)
         # what verification reads of a kernel: its spec, name and target (the dispatcher's: whatever serves the call)
         self.valid = SimpleNamespace(spec=spec, name=f"{via}[{self.table_path}]", target="dispatch")
         self.via = via
@@ -197,6 +202,11 @@ class DispatchKernel:
             fields.update(served_spec=kernel.valid.spec.to_l2(), served_target=kernel.valid.target,
                           served_via="online")
         return fields
+
+
+def _gpu_name() -> Optional[str]:
+    import torch
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 def _user_spec(dtype: str, layout: str):

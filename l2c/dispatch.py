@@ -32,7 +32,7 @@ import logging
 import threading
 from importlib import resources
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -240,9 +240,12 @@ class Dispatcher:
     """Resolves calls to tuned kernels; one per process (see `default_dispatcher`)."""
 
     def __init__(self, table: Optional[TunedTable], allow_cpu: bool = False, prepare: Optional[str] = None,
-                 online: Optional[bool] = None):
+                 online: Optional[bool] = None, candidates: Optional[TunedTable] = None):
         # allow_cpu: serve CPU tensors too (Triton interpreter, TRITON_INTERPRET=1) — for tests only.
+        # candidates: the table whose kernels online choice times (default `table`): a table measured on another GPU
+        # serves nothing here, but its kernels are worth timing on this one (`table_for_arch`)
         self.table = table
+        self.candidates = table if candidates is None else candidates
         self.online = tune_mode() == "online" if online is None else online
         self.decisions = None
         # what this process's online tuning timed per decided signature (spec text -> speedup): `l2c bench` records
@@ -254,10 +257,12 @@ class Dispatcher:
             from .online import Decisions, decision_settings, tuned_targets
             self.tune_targets = tuned_targets()   # a malformed L2C_TUNE_TARGETS is the caller's to hear of
             try:
-                self.decisions = Decisions(*gpu_identity(), **decision_settings(table))
+                self.decisions = Decisions(*gpu_identity(), **decision_settings(self.candidates))
             except OSError as err:   # a cache folder that cannot be made: never the caller's call's failure
                 log.warning("l2c: online choice off: its decisions cannot be kept (%s: %s)", type(err).__name__, err)
                 self.online = False
+        # no table for this GPU and no online choice: every call is torch's, which the entry points call at once
+        self.serves_nothing = table is None and not self.online
         # per torch dtype, the Ms the entries serve at each (N, K) (`d[nk]` is never missing: an empty set where
         # nothing serves): served_nk keyed by a weight's shape, nn.Linear's layouts (`linear`, l2c.nn.Linear);
         # served_kn a pair keyed by b's (K, N) for `a @ b` (l2c.ops.matmul), (b row-major, b column-major). A plain
@@ -504,7 +509,7 @@ class Dispatcher:
             return None, False      # never tuned inside a capture; a later eager call may tune
         job = self._jobs.get(("online",) + sig)
         if job is None:   # the candidates are asked for once (the policy ranks them), not on every call meanwhile
-            candidates = candidate_specs(dtype, layout, m, n, k, self.table, self.tune_targets)
+            candidates = candidate_specs(dtype, layout, m, n, k, self.candidates, self.tune_targets)
             if not candidates:   # no kernel of the timed targets to try: torch's in this process, from the first test
                 self._decided_torch(dtype, layout, m, n, k, has_bias, activation)
                 return None, True
@@ -757,6 +762,8 @@ class Dispatcher:
         Where no tuned kernel serves the call, this is exactly what `torch.nn.Linear` runs (`F.linear`,
         one cuBLAS call with the bias fused) plus the activation; with a residual, torch.addmm adds it in the GEMM.
         """
+        if self.serves_nothing and residual is None:
+            return self._torch_linear(x, weight, bias, activation)
         native = self.native
         if native is not None and residual is None:   # the C++ call table: torch's fallback or a served plan
             code = 0 if activation is None else native_call.activation_code(activation)
@@ -826,28 +833,47 @@ _default: Optional[Dispatcher] = None
 _default_lock = threading.Lock()
 
 
-def table_for_arch(arch: str, gpu: Optional[str] = None) -> Optional[TunedTable]:
-    """The table for `arch` (see default_table_path), or None with one warning when it cannot be used: l2c then
-    runs torch rather than fail the caller. A shipped table measured on another GPU than `gpu` (an H100 or H20 is
-    sm_90 as the H200 is, with other SM counts, bandwidth and cuBLAS kernels) is not used: its wins are that GPU's
-    measurements. A table named by L2C_TUNED_TABLE is used as it is."""
+def serves_gpu(table: TunedTable, gpu: Optional[str]) -> bool:
+    """Whether `table` may serve calls on `gpu` (None: unknown, then yes): it was measured on that GPU, names none,
+    or the user named it (L2C_TUNED_TABLE)."""
+    return gpu is None or table.gpu in (None, gpu) or bool(settings.value("L2C_TUNED_TABLE"))
+
+
+class ArchTables(NamedTuple):
+    """What the table for an arch gives this GPU: `serving` answers calls (None where the table cannot be read or
+    was measured on another GPU); `candidates` is the table whose kernels online choice times (the table itself
+    wherever it could be read: its kernels are built for the arch, and online choice measures them on this GPU)."""
+    serving: Optional[TunedTable]
+    candidates: Optional[TunedTable]
+
+
+def table_for_arch(arch: str, gpu: Optional[str] = None, online: bool = False) -> ArchTables:
+    """The table for `arch` (see default_table_path), with one warning when it cannot serve: l2c then runs torch
+    rather than fail the caller. A shipped table measured on another GPU than `gpu` (an H100 or H20 is sm_90 as
+    the H200 is, with other SM counts, bandwidth and cuBLAS kernels) serves no call, since its wins are that GPU's
+    measurements; with `online` choice its kernels are still the candidates timed here. A table named by
+    L2C_TUNED_TABLE is used as it is."""
     path = default_table_path(arch)
     if path is None:
-        return None
+        return ArchTables(None, None)
     try:
         table = load_table(path)
     except TableError as err:
         log.warning("l2c: %s; l2c.matmul runs torch", err)
-        return None
-    if gpu is not None and table.gpu not in (None, gpu) and not settings.value("L2C_TUNED_TABLE"):
-        log.warning("l2c: the tuned table shipped for %s was measured on %s, not this %s: l2c.matmul runs torch "
-                    "(L2C_TUNED_TABLE=%s uses it anyway; `l2c tune` or `l2c bench` + `l2c table` make one for this "
-                    "GPU)", arch, table.gpu, gpu, path)
-        return None
+        return ArchTables(None, None)
     if table.skipped:
         log.warning("l2c: %s: %d malformed entr%s skipped (first: %s)", path, table.skipped,
                     "y" if table.skipped == 1 else "ies", table.first_skipped)
-    return table
+    if not serves_gpu(table, gpu):
+        if online:
+            log.warning("l2c: the tuned table shipped for %s was measured on %s, not this %s: it serves no call; "
+                        "online choice times its kernels on this GPU", arch, table.gpu, gpu)
+        else:
+            log.warning("l2c: the tuned table shipped for %s was measured on %s, not this %s: l2c.matmul runs "
+                        "torch (L2C_TUNE=online times its kernels on this GPU; L2C_TUNED_TABLE=%s uses it as it is; "
+                        "`l2c tune` or `l2c bench` + `l2c table` make one for this GPU)", arch, table.gpu, gpu, path)
+        return ArchTables(None, table)
+    return ArchTables(table, table)
 
 
 def default_dispatcher() -> Dispatcher:
@@ -861,10 +887,6 @@ def default_dispatcher() -> Dispatcher:
                 except ValueError as err:
                     log.warning("l2c: %s; using background", err)
                     mode = "background"
-                table = None
-                if torch.cuda.is_available():
-                    major, minor = torch.cuda.get_device_capability()
-                    table = table_for_arch(f"sm_{major}{minor}", torch.cuda.get_device_name())
                 try:
                     settings.overlap()
                 except ValueError as err:   # reported once here; every kernel then launches as by default
@@ -877,17 +899,23 @@ def default_dispatcher() -> Dispatcher:
                 except ValueError as err:
                     log.warning("l2c: %s; online tuning off", err)
                     online = False
-                _default = Dispatcher(table, prepare=mode, online=online)
+                tables = ArchTables(None, None)
+                if torch.cuda.is_available():
+                    major, minor = torch.cuda.get_device_capability()
+                    tables = table_for_arch(f"sm_{major}{minor}", torch.cuda.get_device_name(), online)
+                _default = Dispatcher(tables.serving, prepare=mode, online=online,
+                                      candidates=tables.candidates)
                 background.mark("default dispatcher")
     return _default
 
 
 def set_tuned_table(table: Optional[TunedTable], allow_cpu: bool = False, prepare: Optional[str] = None,
-                    online: Optional[bool] = None) -> Dispatcher:
-    """Use `table` (or none: always torch, unless online tuning) from now on in this process."""
+                    online: Optional[bool] = None, candidates: Optional[TunedTable] = None) -> Dispatcher:
+    """Use `table` (or none: always torch, unless online tuning) from now on in this process; `candidates`: the
+    table whose kernels online choice times, where not `table` (see Dispatcher)."""
     global _default
     settings.overlap()   # a malformed L2C_OVERLAP is refused when asked for explicitly (the default warns)
-    dispatcher = Dispatcher(table, allow_cpu=allow_cpu, prepare=prepare, online=online)
+    dispatcher = Dispatcher(table, allow_cpu=allow_cpu, prepare=prepare, online=online, candidates=candidates)
     with _default_lock:   # after a default being made by the warm start, never before it
         _default = dispatcher
     return dispatcher

@@ -48,6 +48,8 @@ class Linear(torch.nn.Linear):
         dispatcher = dispatch._default or default_dispatcher()
         if not _is_compiling():   # eager: the dispatcher's path, its C++ call table first
             return dispatcher.linear(x, self.weight, self.bias, self.activation, residual=residual)
+        if dispatcher.serves_nothing:   # no table for this GPU, no online choice: torch's ops in the traced graph
+            return self._scripted(x, residual)
         served = dispatcher.served_nk.get(self.weight.dtype, NO_SHAPES)
         if self.activation is None and residual is None and not served[self.out_features, self.in_features]:
             return F.linear(x, self.weight, self.bias)   # no entry for this (N, K): F.linear in the traced graph

@@ -94,6 +94,10 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
                 activation: Optional[str] = None, out: Optional[torch.Tensor] = None,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`matmul` through `dispatcher` (what `l2c bench dispatch:TABLE` times: a user's call with another table)."""
+    if dispatcher.serves_nothing and bias is None and activation is None and residual is None:
+        if not _is_compiling():   # (a count in a traced graph would make it guard on the count's value)
+            dispatcher.counts["fallback"] += 1
+        return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
     # the C++ call table: the first test, then torch or a served plan, in one call (tested for tracing first, so that
     # a compiled graph does not guard on whether the table is attached yet)
     if not _is_compiling() and out is None and residual is None and dispatcher.native is not None:

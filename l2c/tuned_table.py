@@ -299,7 +299,15 @@ class ServedShapes(dict):
         return ms
 
 
-NO_SHAPES = ServedShapes({}, {}, [])   # where nothing serves: every (N, K) holds no M
+class _NoShapes(ServedShapes):
+    """Where nothing serves: every (N, K) holds no M, and none is remembered (one object shared by every
+    dispatcher; under torch.compile a key added to it would change a guarded length and recompile)."""
+
+    def __missing__(self, key):
+        return _NO_M
+
+
+NO_SHAPES = _NoShapes({}, {}, [])
 NO_LAYOUTS = (NO_SHAPES, NO_SHAPES)   # the same for `a @ b` of either layout of b
 
 

@@ -98,6 +98,19 @@ def _online(a):
         [script("scripts/online_first_call.py", "--count", "40", "--out", f"{a.out}/online_first_call_f16.json")]
 
 
+def _as_shipped(a):
+    """`offgrid` through l2c.matmul and l2c.nn.Linear as a user on this GPU gets them: no table named, so the shipped
+    table serves only on the GPU it was measured on (elsewhere every call is torch's), then with online choice on
+    (there, the shipped table's kernels timed on this GPU); f16, kernel and call."""
+    runs = []
+    for mode in ("off", "online"):
+        for via, layout in (("dispatch", "row,row,row"), ("linear", "row,col,row")):
+            runs.append(["env", f"L2C_TUNE={mode}"] + l2c(
+                "bench", via, "--shapes", "offgrid", "--layout", layout, "--protocol", "kernel,call", "--reps", "5",
+                "--iters", "10", "-o", f"{a.out}/as_shipped_{via}_offgrid_{mode}_f16.jsonl"))
+    return runs
+
+
 def _points_through(a, via: str, name: str, shapes: str = "points"):
     """The `shapes` set (`points` by default) through `via` (`dispatch`: l2c.matmul, `linear`: l2c.nn.Linear) with
     online choice on, so each point is the table's own entry, the best of the table's nearest prebuilt kernels that
@@ -415,6 +428,9 @@ STAGES: Dict[str, Stage] = {
     "online": Stage("l2c.matmul and l2c.nn.Linear on `offgrid` with online choice (L2C_TUNE=online: the table's "
                     "nearest prebuilt CUTLASS kernels timed per new shape), kernel and call, f16 and "
                     "bf16, and the first calls while tuning", _online),
+    "as_shipped": Stage("l2c.matmul and l2c.nn.Linear on `offgrid` with no table named, as a user of this GPU gets "
+                        "them (on a GPU the shipped table was not measured on, every call is torch's), then with "
+                        "online choice (the shipped table's kernels timed here), f16, kernel and call", _as_shipped),
     "points": Stage("the measured points of neighbourhood cells: the `points` shapes through l2c.matmul with online "
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
     "points2": Stage("a second, denser draw of points under 1 GFLOP (`points2`) through l2c.matmul with online "

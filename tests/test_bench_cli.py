@@ -245,6 +245,22 @@ def test_bench_measures_what_users_call_through_the_dispatcher(tmp_path):
     assert served[("dispatch", 31)] == served[("linear", 31)] == "torch"
 
 
+def test_bench_dispatch_without_a_table_measures_what_users_get_on_this_gpu(monkeypatch):
+    """`dispatch` with no table named is l2c.matmul as users get it: the default table serves only on the GPU it
+    was measured on; elsewhere it serves nothing and its kernels are online choice's candidates. A table named
+    by path is used as it is. (The GPU's name is given: this machine has none.)"""
+    from l2c import candidates
+    from l2c.dispatch import default_table_path
+    monkeypatch.delenv("L2C_TUNED_TABLE", raising=False)
+    for gpu, serves in (("NVIDIA H200", True), ("NVIDIA H100 80GB HBM3", False)):
+        monkeypatch.setattr(candidates, "_gpu_name", lambda: gpu)
+        for name in ("dispatch", f"dispatch:{default_table_path('sm_90')}"):
+            [cand] = candidates.load_candidates([name])
+            dispatcher = cand._kernel.dispatcher
+            assert (dispatcher.table is not None) == (serves or ":" in name)
+            assert dispatcher.candidates is not None and len(dispatcher.candidates) > 0
+
+
 def test_served_shapes_are_what_the_dispatch_table_serves_and_become_its_evidence(tmp_path):
     """`--shapes served`: each entry's M and a token range's ends and middle, in the asked dtype and layout only;
     the rows, through the dispatcher in two protocols, are what `l2c table --protocol kernel,call` reads."""

@@ -116,6 +116,50 @@ def test_calls_no_entry_may_serve_are_torch_and_counted():
     set_tuned_table(None)
 
 
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 40), bias=st.booleans(),
+       activation=st.sampled_from([None, "relu", "gelu", "silu"]), use_out=st.booleans(), lead=st.integers(0, 2))
+def test_a_dispatcher_that_serves_nothing_is_torch_at_every_entry_point(m, n, k, bias, activation, use_out, lead):
+    """No table for this GPU and no online choice (an H100 with the H200's table): l2c.matmul and l2c.nn.Linear
+    skip the first test and return bit for bit what the full path's fallback returns (a table serving none of these
+    shapes), counted as fallbacks; with online choice or a table a dispatcher takes the full path."""
+    from l2c.ops import matmul_with
+    dispatcher = set_tuned_table(None, allow_cpu=True, online=False)
+    assert dispatcher.serves_nothing and not Dispatcher(None, allow_cpu=True, online=True).serves_nothing
+    full = Dispatcher(TunedTable([entry(1000, 48, 40, dtype="f32")]), allow_cpu=True)
+    assert not full.serves_nothing
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    c = torch.randn(n) if bias else None
+    out, full_out = (torch.empty(m, n), torch.empty(m, n)) if use_out else (None, None)
+    got = l2c.matmul(a, b, bias=c, activation=activation, out=out)
+    want = matmul_with(full, a, b, c, activation, full_out)
+    assert torch.equal(got, want) and (out is None or got is out)
+    layer = l2c.nn.Linear(k, n, bias=bias, activation=activation)
+    x = torch.randn(*([2] * lead), m, k)
+    with torch.no_grad():
+        assert torch.equal(layer(x), full.linear(x, layer.weight, layer.bias, activation))
+    assert dispatcher.stats == {"tuned": 0, "fallback": 2} and full.stats == {"tuned": 0, "fallback": 2}
+    set_tuned_table(None)
+
+
+def test_a_dispatcher_that_serves_nothing_traces_to_torchs_ops_once():
+    """Under torch.compile (fullgraph) the no-table path traces to torch's ops, counts nothing in the graph and
+    compiles once for repeated calls."""
+    import torch._dynamo
+    dispatcher = set_tuned_table(None, online=False)
+    torch._dynamo.reset()
+    layer = l2c.nn.Linear(40, 48)
+    compiled = torch.compile(lambda a, b: (l2c.matmul(a, b), layer(a)), fullgraph=True, backend="eager")
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            a, b = torch.randn(6, 40), torch.randn(40, 48)
+            y, z = compiled(a, b)
+            assert torch.equal(y, a @ b) and torch.equal(z, F.linear(a, layer.weight, layer.bias))
+    assert dispatcher.stats == {"tuned": 0, "fallback": 0}
+    torch._dynamo.reset()
+    set_tuned_table(None)
+
+
 def test_entries_slower_than_cublas_are_never_chosen():
     table = TunedTable([entry(128, 64, 32, tflops=0.9, baseline=1.0)])
     assert table.lookup("f16", "row,col,row", 128, 64, 32) is None and len(table) == 0
@@ -468,7 +512,7 @@ def test_a_table_that_cannot_be_read_warns_once_and_l2c_runs_torch(tmp_path, mon
         path.mkdir()
     monkeypatch.setenv("L2C_TUNED_TABLE", str(path))
     with caplog.at_level("WARNING", logger="l2c.dispatch"):
-        assert table_for_arch("sm_90") is None
+        assert table_for_arch("sm_90") == (None, None)
     assert len(caplog.records) == 1 and str(path) in caplog.text and "runs torch" in caplog.text
     dispatcher = Dispatcher(None)
     a, b = torch.randn(4, 3), torch.randn(3, 2)
@@ -484,7 +528,7 @@ def test_malformed_entries_are_skipped_and_the_rest_served(tmp_path, monkeypatch
     path.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": rows}))
     monkeypatch.setenv("L2C_TUNED_TABLE", str(path))
     with caplog.at_level("WARNING", logger="l2c.dispatch"):
-        table = table_for_arch("sm_90")
+        table = table_for_arch("sm_90").serving
     assert table is not None and table.skipped == len(rows) - 1 and len(table) == 1
     assert "8 malformed entries skipped" in caplog.text and "entries[1]" in caplog.text
     assert table.lookup("f16", "row,col,row", 64, 64, 64) is not None
@@ -1013,17 +1057,47 @@ def test_a_cutlass_kernel_declines_sizes_its_c_entry_points_cannot_hold():
 
 def test_the_shipped_table_serves_only_the_gpu_it_was_measured_on(monkeypatch, caplog):
     """The shipped sm_90 table's wins are H200 measurements: on another sm_90 GPU (H100, H20) l2c runs torch, with
-    one warning naming both; L2C_TUNED_TABLE uses a table as it is."""
+    one warning naming both and how to time its kernels there (online choice, which then has them as its
+    candidates); L2C_TUNED_TABLE uses a table as it is."""
     import logging
     from l2c.dispatch import default_table_path, table_for_arch
     monkeypatch.delenv("L2C_TUNED_TABLE", raising=False)
-    shipped = table_for_arch("sm_90", "NVIDIA H200")
-    assert shipped is not None and shipped.gpu == "NVIDIA H200" and len(shipped) > 0
-    with caplog.at_level(logging.WARNING, logger="l2c.dispatch"):
-        assert table_for_arch("sm_90", "NVIDIA H100 80GB HBM3") is None
-    assert "measured on NVIDIA H200, not this NVIDIA H100 80GB HBM3" in caplog.text
+    shipped, kernels = table_for_arch("sm_90", "NVIDIA H200")
+    assert shipped is not None and shipped is kernels and shipped.gpu == "NVIDIA H200" and len(shipped) > 0
+    for online in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="l2c.dispatch"):
+            serving, kernels = table_for_arch("sm_90", "NVIDIA H100 80GB HBM3", online)
+        assert serving is None and kernels is not None and len(kernels) == len(shipped)
+        assert len(caplog.records) == 1 and "measured on NVIDIA H200, not this NVIDIA H100 80GB HBM3" in caplog.text
+        assert ("online choice times its kernels on this GPU" if online else "L2C_TUNE=online") in caplog.text
     monkeypatch.setenv("L2C_TUNED_TABLE", str(default_table_path("sm_90")))
-    assert table_for_arch("sm_90", "NVIDIA H100 80GB HBM3") is not None
+    assert table_for_arch("sm_90", "NVIDIA H100 80GB HBM3").serving is not None
+
+
+def test_a_table_measured_on_another_gpu_serves_nothing_but_its_kernels_are_online_candidates(tmp_path,
+                                                                                               monkeypatch):
+    """With the table only as online choice's candidates, its exact entry does not serve its shape (the first call
+    is torch's and a tuning job goes to the worker, whose candidates are the table's kernel), and the decision's
+    settings name that table; the same table serving, its entry serves the call."""
+    from l2c.online import decision_settings
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("L2C_TUNE_TARGETS", "triton")
+    only = entry(64, 48, 64)
+    table = TunedTable([only])
+    a, w = torch.randn(64, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
+    dispatcher = set_tuned_table(None, allow_cpu=True, online=True, candidates=table)
+    torch.testing.assert_close(l2c.matmul(a, w.t()), a @ w.t())
+    jobs = [job for key, job in dispatcher._jobs.items() if key[0] == "online"]
+    assert dispatcher.stats == {"tuned": 0, "fallback": 1} and len(jobs) == 1
+    assert [text.split()[1] for text in jobs[0].candidates] == [only.spec_text.split()[1]]
+    assert dispatcher.decisions.records.key["table"] == decision_settings(table)["table"]
+    assert dispatcher.wait(timeout=600)
+    serving = set_tuned_table(table, allow_cpu=True, online=True, prepare="inline")
+    out = l2c.matmul(a, w.t())
+    torch.testing.assert_close(out.float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    assert serving.stats == {"tuned": 1, "fallback": 0} and not any(key[0] == "online" for key in serving._jobs)
+    set_tuned_table(None)
 
 
 def test_an_entry_is_served_by_the_figure_its_table_admitted_it_by():
