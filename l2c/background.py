@@ -53,6 +53,25 @@ def after_first_call(limit_s: float) -> bool:
     return not _exiting.is_set()
 
 
+READ_CHUNK = 16 << 20
+
+
+def read_ahead(paths) -> None:
+    """Read each file once, into the OS page cache, stopping when the exit begins; unreadable ones are skipped.
+    For a large shared library loaded next on this thread: its dlopen holds the dynamic loader's lock, which torch
+    calls on other threads wait for, and reading the file from disk under that lock stalled them (Triton's 500 MB
+    library: 105-154 ms with a cold page cache, 20-29 ms read ahead first; benchmarks/NOTES.md, "#19"). The reads
+    themselves release the interpreter and take no lock others wait on."""
+    buffer = bytearray(READ_CHUNK)
+    for path in paths:
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while not _exiting.is_set() and f.readinto(buffer):
+                    pass
+        except OSError:
+            continue
+
+
 def exiting() -> bool:
     """Whether the interpreter is ending: start no long step now."""
     return _exiting.is_set()

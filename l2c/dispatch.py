@@ -1000,15 +1000,18 @@ def _prepare_first_call() -> None:
 
 def _query_toolchains() -> None:
     """Each target's toolchain id (nvcc's version: a subprocess of some 20-50 ms), asked once off the calling
-    thread so that the first tuned call finds it cached, and each target's builder imported: done later they land
-    on a first call (380 ms against 40-50 on the H200 when they followed the warm start). A toolchain that is
+    thread so that the first tuned call finds it cached, and each target's builder imported, its large shared
+    libraries read ahead first (`background.read_ahead`): done later they land on a first call (380 ms against 40-50
+    on the H200 when they followed the warm start). A toolchain that is
     missing or broken is the build's concern. Each step is skipped once the program is ending (l2c.background)."""
     import importlib
     for name in targets.TARGETS:
         if background.exiting():
             return
         try:
-            targets.get(name).toolchain_id()
+            target = targets.get(name)
+            background.read_ahead(target.native_libraries())   # so the import's dlopen does not read from disk
+            target.toolchain_id()
             importlib.import_module(f"{targets.__name__}.{name}.build")   # the builder a first tuned call loads
         except Exception:  # noqa: BLE001 - the build reports it where it matters
             pass

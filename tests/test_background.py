@@ -192,3 +192,38 @@ def test_the_builders_wait_for_the_first_tuned_call():
     limit, marks = json.loads(ran.stdout.strip().splitlines()[-1])
     at = {step: t for step, _, t in marks}
     assert at["triton toolchain and builder"] - at["call-plan shim"] >= limit > 0
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read(2) and the like (Linux `/proc/self/io`, `rchar`)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def test_read_ahead_reads_each_file_whole_and_skips_what_it_cannot_read(tmp_path):
+    """`read_ahead` puts files in the page cache by reading them (a dlopen after it then reads nothing from disk
+    under the loader's lock): every byte of each readable file is read, in chunks of READ_CHUNK; a missing file or a
+    folder is skipped, never raised."""
+    from l2c import background
+    sizes = (0, 1, background.READ_CHUNK - 1, background.READ_CHUNK + 12345)
+    files = []
+    for i, size in enumerate(sizes):
+        files.append(tmp_path / f"lib{i}.so")
+        files[-1].write_bytes(os.urandom(size))
+    before = _bytes_read()
+    background.read_ahead([tmp_path / "missing.so", tmp_path, *files])
+    assert sum(sizes) <= _bytes_read() - before < sum(sizes) + 64 * 1024
+
+
+def test_the_triton_target_names_its_compiler_library_without_importing_triton():
+    """What the start-up reads ahead of Triton's import: the installed package's `_C/libtriton*.so`, found without
+    importing triton (that import is the load the read-ahead is for)."""
+    ran = _run("""
+        import sys
+        from l2c import targets
+        libraries = targets.get("triton").native_libraries()
+        print(libraries, "triton" in sys.modules, targets.get("cutlass").native_libraries())
+        """, L2C_WARM_START="0")
+    assert ran.returncode == 0, ran.stderr
+    line = ran.stdout.strip().splitlines()[-1]
+    assert line.endswith(" False []") and "/triton/_C/libtriton" in line and ".so'" in line

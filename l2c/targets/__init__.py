@@ -47,6 +47,11 @@ class Target(ABC):
     def prebuild(self, valid) -> str:
         """Fill the build cache with no GPU; the cached file."""
 
+    def native_libraries(self) -> List[str]:
+        """The large shared libraries its builder's import loads (found without importing anything), which the
+        start-up reads ahead of that import (`background.read_ahead`); none by default."""
+        return []
+
     def built(self, valid) -> bool:
         """Whether `build(valid)` here runs no compiler, now or at its first launch (a load of milliseconds, which
         the dispatcher may do on a caller's thread). False where the target cannot tell."""

@@ -2,6 +2,8 @@
 CPU interpreter under TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
+from typing import List
+
 from .. import Target
 from . import rules as target_rules
 
@@ -15,6 +17,16 @@ class TritonTarget(Target):
     def toolchain_id(self) -> str:
         from importlib import metadata
         return f"triton {metadata.version('triton')}"
+
+    def native_libraries(self) -> List[str]:
+        """Triton's compiler library (`triton/_C/libtriton*.so`, about 500 MB), which `import triton` loads."""
+        import importlib.util
+        from pathlib import Path
+        spec = importlib.util.find_spec("triton")
+        if spec is None or not spec.submodule_search_locations:
+            return []
+        return sorted(str(p) for folder in spec.submodule_search_locations
+                      for p in Path(folder, "_C").glob("libtriton*.so"))
 
     def build(self, valid):
         from .build import build_triton
