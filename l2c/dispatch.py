@@ -1010,7 +1010,10 @@ def _query_toolchains() -> None:
             return
         try:
             target = targets.get(name)
-            background.read_ahead(target.native_libraries())   # so the import's dlopen does not read from disk
+            libraries = target.native_libraries()
+            if libraries:   # read first, so that the import's dlopen does not read them from disk
+                background.read_ahead(libraries)
+                background.mark(f"{name} libraries read")
             target.toolchain_id()
             importlib.import_module(f"{targets.__name__}.{name}.build")   # the builder a first tuned call loads
         except Exception:  # noqa: BLE001 - the build reports it where it matters
