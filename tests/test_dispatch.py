@@ -160,6 +160,35 @@ def test_a_dispatcher_that_serves_nothing_traces_to_torchs_ops_once():
     set_tuned_table(None)
 
 
+@pytest.mark.parametrize("call", ["bias_activation", "residual", "gated", "gated_mlp"])
+def test_a_dispatcher_that_serves_nothing_traces_every_epilogue_as_torchs_ops(call):
+    """Under torch.compile a dispatcher that can serve nothing leaves no l2c op in the graph (the compiler sees
+    torch's ops and may fuse the epilogue), and the compiled results equal eager l2c's."""
+    import torch._dynamo
+    set_tuned_table(None, online=False)
+    torch._dynamo.reset()
+    graphs = []
+
+    def capture(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    a, b, bias, residual = torch.randn(6, 40), torch.randn(40, 48), torch.randn(48), torch.randn(6, 48)
+    mlp = l2c.nn.GatedMLP(40, 24, gate="silu")
+    fn = {"bias_activation": lambda: l2c.matmul(a, b, bias=bias, activation="gelu"),
+          "residual": lambda: l2c.matmul(a, b, bias=bias, residual=residual),
+          "gated": lambda: l2c.gated_matmul(a, b, "gelu_tanh", bias),
+          "gated_mlp": lambda: mlp(a)}[call]
+    with torch.no_grad():
+        eager = fn()
+        compiled = torch.compile(fn, fullgraph=True, backend=capture)()
+    torch.testing.assert_close(compiled, eager)
+    targets = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"]
+    assert targets and not any("l2c" in t for t in targets), targets
+    torch._dynamo.reset()
+    set_tuned_table(None)
+
+
 def test_entries_slower_than_cublas_are_never_chosen():
     table = TunedTable([entry(128, 64, 32, tflops=0.9, baseline=1.0)])
     assert table.lookup("f16", "row,col,row", 128, 64, 32) is None and len(table) == 0
