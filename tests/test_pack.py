@@ -111,6 +111,27 @@ def test_the_shipped_pack_holds_every_kernel_the_shipped_tables_name(capsys):
     assert main(["pack", "verify"]) == 0, capsys.readouterr().out
 
 
+def test_the_wheel_built_from_the_repository_carries_the_pack_and_the_tables(tmp_path):
+    """`pip wheel .` of the repository's tracked files holds the shipped pack and tables byte for byte, so an
+    installed l2c serves prebuilt kernels with no nvcc."""
+    import shutil
+    import sys
+    repo = Path(__file__).resolve().parent.parent
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, check=True).stdout
+    source = tmp_path / "source"
+    for name in filter(None, listed.decode().split("\0")):
+        if (repo / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
+                            "-q", "-w", str(tmp_path / "wheel")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    [wheel] = (tmp_path / "wheel").glob("l2c-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        for shipped in ["l2c/packs/sm_90.zip", *(f"l2c/tuned/{p.name}" for p in (repo / "l2c/tuned").glob("*.json"))]:
+            assert archive.read(shipped) == (repo / shipped).read_bytes(), shipped
+
+
 def test_verify_fails_without_a_pack(tmp_path, capsys):
     table = _write_table(tmp_path / "t.json", [_row(_example("small_basic_64x16"), 64)])
     assert main(["pack", "verify", "--table", str(table), "--pack", str(tmp_path / "absent.zip")]) == 1
