@@ -1002,8 +1002,8 @@ def _query_toolchains() -> None:
     """Each target's toolchain id (nvcc's version: a subprocess of some 20-50 ms), asked once off the calling
     thread so that the first tuned call finds it cached, and each target's builder imported, its large shared
     libraries read ahead first (`background.read_ahead`): done later they land on a first call (380 ms against 40-50
-    on the H200 when they followed the warm start). A toolchain that is
-    missing or broken is the build's concern. Each step is skipped once the program is ending (l2c.background)."""
+    on the H200 when they followed the warm start). A toolchain that is missing or broken is the build's concern.
+    Each step is skipped once the program is ending (l2c.background)."""
     import importlib
     for name in targets.TARGETS:
         if background.exiting():
