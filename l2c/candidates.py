@@ -127,25 +127,36 @@ class DispatchKernel:
     def __init__(self, spec, table_path: Optional[str], via: str, arch: str, table=None):
         from types import SimpleNamespace
         from . import settings
-        from .dispatch import Dispatcher, default_table_path, serves_gpu, tune_mode
+        from .dispatch import Dispatcher, default_table_path, table_for_arch, tune_mode
         from .tuned_table import TableError, load_table
         try:
             settings.overlap()   # a measurement under a malformed L2C_OVERLAP would measure the default
             online = tune_mode() == "online"
         except ValueError as err:
             raise BenchError(str(err)) from None
-        if table is None:
-            path = table_path or default_table_path(arch)
+        if table_path == NO_TABLE:   # nothing serves; online choice times the arch's table's kernels
+            from .dispatch import shipped_table_path
+            general = shipped_table_path(arch)
             try:
-                table = load_table(path) if path is not None else None
+                candidates = load_table(general) if general is not None else None
+            except TableError as err:
+                raise BenchError(str(err)) from None
+            self.table_path = NO_TABLE
+        elif table is None and table_path is None:   # the tables l2c.matmul uses on this GPU (table_for_arch)
+            path = default_table_path(arch, _gpu_name())
+            try:
+                table, candidates = table_for_arch(arch, _gpu_name(), online, strict=True)
             except TableError as err:
                 raise BenchError(str(err)) from None
             self.table_path = str(path) if path is not None else None
-        else:   # a table made in memory (`serving:`): its name says what it serves
-            self.table_path = table_path
-        candidates = table
-        if table is not None and table_path is None and not serves_gpu(table, _gpu_name()):
-            table = None   # the default table as l2c.matmul uses it on this GPU: online choice's candidates
+        else:
+            if table is None:
+                try:
+                    table = load_table(table_path)
+                except TableError as err:
+                    raise BenchError(str(err)) from None
+            # else a table made in memory (`serving:`): its name says what it serves
+            self.table_path, candidates = table_path, table
         self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background", online=online,
                                      candidates=candidates)
         # what verification reads of a kernel: its spec, name and target (the dispatcher's: whatever serves the call)
@@ -217,10 +228,16 @@ def _user_spec(dtype: str, layout: str):
                       layout_c=lc)
 
 
+# `dispatch:none`: l2c.matmul with no table serving, online choice's candidates the arch's shipped table: how a
+# GPU's own table's points are measured (`L2C_TUNE=online`: each point the best of those kernels timed there, or
+# torch), whatever table ships for that GPU already.
+NO_TABLE = "none"
+
+
 def load_candidates(paths: Iterable[str], target: str = "all", arch: str = "sm_90", dtype: str = "f16",
                     layout: str = "row,row,row") -> List[Candidate]:
     """Candidates from `.l2` files, tuned-table `.json` files, `torch`, `dispatch[:TABLE]` and `linear[:TABLE]`
-    (those three measured in `dtype` and `layout`)."""
+    (those three measured in `dtype` and `layout`; TABLE `none`: no table serves, NO_TABLE)."""
     out: List[Candidate] = []
     for p in paths:
         via = p.split(":", 1)[0]

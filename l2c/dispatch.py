@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 from importlib import resources
 from pathlib import Path
@@ -56,13 +57,29 @@ PREPARE_MODES = ("background", "inline")
 __all__ = ["Dispatcher", "TunedEntry", "TunedTable", "default_dispatcher", "set_tuned_table", "precompile"]
 
 
-def default_table_path(arch: str) -> Optional[Path]:
-    """`L2C_TUNED_TABLE` if set, else the table shipped for `arch` (l2c/tuned/<arch>.json), if any."""
+def gpu_slug(gpu: str) -> str:
+    """The file-name form of a GPU's name (`torch.cuda.get_device_name`): "NVIDIA H100 80GB HBM3" ->
+    "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+
+
+def shipped_table_path(arch: str, gpu: Optional[str] = None) -> Optional[Path]:
+    """The table shipped for `arch` measured on `gpu` (l2c/tuned/<arch>.<gpu slug>.json), else the arch's own
+    (l2c/tuned/<arch>.json, measured on the GPU its `gpu` field names), if any: each GPU gets the table of its own
+    measurements where one ships, since sm_90 GPUs differ in SM count, bandwidth and cuBLAS's kernels."""
+    tuned = Path(str(resources.files("l2c") / "tuned"))
+    for name in ([f"{arch}.{gpu_slug(gpu)}.json"] if gpu else []) + [f"{arch}.json"]:
+        if (tuned / name).exists():
+            return tuned / name
+    return None
+
+
+def default_table_path(arch: str, gpu: Optional[str] = None) -> Optional[Path]:
+    """`L2C_TUNED_TABLE` if set, else the table shipped for `arch` and `gpu` (shipped_table_path)."""
     env = settings.value("L2C_TUNED_TABLE")
     if env:
         return Path(env)
-    shipped = Path(str(resources.files("l2c") / "tuned" / f"{arch}.json"))
-    return shipped if shipped.exists() else None
+    return shipped_table_path(arch, gpu)
 
 
 def tune_mode() -> str:
@@ -847,18 +864,22 @@ class ArchTables(NamedTuple):
     candidates: Optional[TunedTable]
 
 
-def table_for_arch(arch: str, gpu: Optional[str] = None, online: bool = False) -> ArchTables:
+def table_for_arch(arch: str, gpu: Optional[str] = None, online: bool = False, strict: bool = False) -> ArchTables:
     """The table for `arch` (see default_table_path), with one warning when it cannot serve: l2c then runs torch
     rather than fail the caller. A shipped table measured on another GPU than `gpu` (an H100 or H20 is sm_90 as
     the H200 is, with other SM counts, bandwidth and cuBLAS kernels) serves no call, since its wins are that GPU's
-    measurements; with `online` choice its kernels are still the candidates timed here. A table named by
-    L2C_TUNED_TABLE is used as it is."""
-    path = default_table_path(arch)
+    measurements; with `online` choice its kernels are still the candidates timed here. A table shipped for this
+    GPU serves it, and online choice times the arch's table's kernels (all the shipped table's kernels: the GPU's
+    table holds only those that won its measurements). A table named by L2C_TUNED_TABLE is used as it is.
+    `strict`: a table that cannot be read raises TableError (a measurement's error) instead of the warning."""
+    path = default_table_path(arch, gpu)
     if path is None:
         return ArchTables(None, None)
     try:
         table = load_table(path)
     except TableError as err:
+        if strict:
+            raise
         log.warning("l2c: %s; l2c.matmul runs torch", err)
         return ArchTables(None, None)
     if table.skipped:
@@ -873,6 +894,14 @@ def table_for_arch(arch: str, gpu: Optional[str] = None, online: bool = False) -
                         "torch (L2C_TUNE=online times its kernels on this GPU; L2C_TUNED_TABLE=%s uses it as it is; "
                         "`l2c tune` or `l2c bench` + `l2c table` make one for this GPU)", arch, table.gpu, gpu, path)
         return ArchTables(None, table)
+    general = shipped_table_path(arch)
+    if online and path != general and general is not None and not settings.value("L2C_TUNED_TABLE"):
+        try:
+            return ArchTables(table, load_table(general))
+        except TableError as err:
+            if strict:
+                raise
+            log.warning("l2c: %s; online choice times the kernels of %s", err, path)
     return ArchTables(table, table)
 
 

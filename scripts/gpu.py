@@ -111,12 +111,12 @@ def _as_shipped(a):
     return runs
 
 
-def _points_through(a, via: str, name: str, shapes: str = "points"):
+def _points_through(a, via: str, name: str, shapes: str = "points", table: str = ""):
     """The `shapes` set (`points` by default) through `via` (`dispatch`: l2c.matmul, `linear`: l2c.nn.Linear) with
-    online choice on, so each point is the table's own entry, the best of the table's nearest prebuilt kernels that
-    beat torch, or torch; f16 then bf16. A file already under --out is continued (`--resume`): its shapes are not
-    measured again."""
-    return [["env", "L2C_TUNE=online"] + l2c("bench", f"{via}:{a.eager_table}", "--shapes", shapes, "--dtype",
+    online choice on, so each point is the table's own entry (the eager table, or `table`), the best of the table's
+    nearest prebuilt kernels that beat torch, or torch; f16 then bf16. A file already under --out is continued
+    (`--resume`): its shapes are not measured again."""
+    return [["env", "L2C_TUNE=online"] + l2c("bench", f"{via}:{table or a.eager_table}", "--shapes", shapes, "--dtype",
                                              dtype, "--protocol", "kernel,call", "--reps", "5", "--iters", "10", "-o",
                                              f"{a.out}/{name}_{dtype}.jsonl", "--resume")
             for dtype in ("f16", "bf16")]
@@ -126,6 +126,14 @@ def _points(a):
     """The measured points of neighbourhood cells (`l2c table --near`) in `a @ b`: the `points` set (shapes of
     `offgrid`'s distribution under 2 GFLOP, another seed) through l2c.matmul."""
     return _points_through(a, "dispatch", "points")
+
+
+def _gpu_points(a):
+    """The points of this GPU's own table (`l2c/tuned/<arch>.<gpu>.json`): `points` through l2c.matmul with no table
+    serving (`dispatch:none`) and online choice timing the arch table's kernels, so each point is the best of them
+    on this GPU or torch (about 11 minutes per dtype on an H100). The table is then `l2c table ENV.jsonl --near
+    gpu_points_f16.jsonl gpu_points_bf16.jsonl --protocol kernel,call --min-speedup 1.03` (README)."""
+    return _points_through(a, "dispatch", "gpu_points", table="none")
 
 
 def _points2(a):
@@ -433,6 +441,8 @@ STAGES: Dict[str, Stage] = {
                         "online choice (the shipped table's kernels timed here), f16, kernel and call", _as_shipped),
     "points": Stage("the measured points of neighbourhood cells: the `points` shapes through l2c.matmul with online "
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
+    "gpu_points": Stage("the points of this GPU's own table: `points` through l2c.matmul with no table serving "
+                        "and online choice timing the arch table's kernels, f16 and bf16", _gpu_points),
     "points2": Stage("a second, denser draw of points under 1 GFLOP (`points2`) through l2c.matmul with online "
                      "choice, f16 and bf16", _points2),
     "points_linear": Stage("the same points through l2c.nn.Linear (nn.Linear's layout), kernel and call, f16 and bf16",

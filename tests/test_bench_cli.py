@@ -246,19 +246,40 @@ def test_bench_measures_what_users_call_through_the_dispatcher(tmp_path):
 
 
 def test_bench_dispatch_without_a_table_measures_what_users_get_on_this_gpu(monkeypatch):
-    """`dispatch` with no table named is l2c.matmul as users get it: the default table serves only on the GPU it
-    was measured on; elsewhere it serves nothing and its kernels are online choice's candidates. A table named
-    by path is used as it is. (The GPU's name is given: this machine has none.)"""
+    """`dispatch` with no table named is l2c.matmul as users get it: the table shipped for this GPU (the H100's),
+    else the arch's default table, which serves only on the GPU it was measured on (the H200); elsewhere it serves
+    nothing and its kernels are online choice's candidates. A table named by path is used as it is. (The GPU's
+    name is given: this machine has none.)"""
     from l2c import candidates
     from l2c.dispatch import default_table_path
     monkeypatch.delenv("L2C_TUNED_TABLE", raising=False)
-    for gpu, serves in (("NVIDIA H200", True), ("NVIDIA H100 80GB HBM3", False)):
+    for gpu, serves in (("NVIDIA H200", "NVIDIA H200"), ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"),
+                        ("NVIDIA H20", None)):
         monkeypatch.setattr(candidates, "_gpu_name", lambda: gpu)
         for name in ("dispatch", f"dispatch:{default_table_path('sm_90')}"):
             [cand] = candidates.load_candidates([name])
             dispatcher = cand._kernel.dispatcher
-            assert (dispatcher.table is not None) == (serves or ":" in name)
-            assert dispatcher.candidates is not None and len(dispatcher.candidates) > 0
+            served_by = dispatcher.table.gpu if dispatcher.table is not None else None
+            assert served_by == ("NVIDIA H200" if ":" in name else serves)
+            if served_by:   # online choice off: the serving table is the candidates too
+                assert dispatcher.candidates is dispatcher.table
+            assert dispatcher.candidates is not None and dispatcher.candidates.gpu == (served_by or "NVIDIA H200")
+
+
+def test_bench_dispatch_none_serves_no_table_and_times_the_arch_tables_kernels(monkeypatch):
+    """`dispatch:none` measures online choice alone, whatever table ships for this GPU: no table serves, and the
+    candidates are the arch's table (how a GPU's own table's points are measured)."""
+    from l2c import candidates
+    from l2c.dispatch import shipped_table_path
+    from l2c.tuned_table import load_table
+    monkeypatch.delenv("L2C_TUNED_TABLE", raising=False)
+    general = load_table(shipped_table_path("sm_90"))
+    for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        monkeypatch.setattr(candidates, "_gpu_name", lambda: gpu)
+        [cand] = candidates.load_candidates(["dispatch:none"])
+        dispatcher = cand._kernel.dispatcher
+        assert cand.id == "dispatch:none" and dispatcher.table is None
+        assert dispatcher.candidates.gpu == general.gpu and len(dispatcher.candidates) == len(general) > 0
 
 
 def test_served_shapes_are_what_the_dispatch_table_serves_and_become_its_evidence(tmp_path):

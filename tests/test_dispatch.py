@@ -1085,9 +1085,9 @@ def test_a_cutlass_kernel_declines_sizes_its_c_entry_points_cannot_hold():
 
 
 def test_the_shipped_table_serves_only_the_gpu_it_was_measured_on(monkeypatch, caplog):
-    """The shipped sm_90 table's wins are H200 measurements: on another sm_90 GPU (H100, H20) l2c runs torch, with
-    one warning naming both and how to time its kernels there (online choice, which then has them as its
-    candidates); L2C_TUNED_TABLE uses a table as it is."""
+    """The shipped sm_90 table's wins are H200 measurements: on an sm_90 GPU no table ships for (an H20) l2c runs
+    torch, with one warning naming both and how to time its kernels there (online choice, which then has them as
+    its candidates); L2C_TUNED_TABLE uses a table as it is."""
     import logging
     from l2c.dispatch import default_table_path, table_for_arch
     monkeypatch.delenv("L2C_TUNED_TABLE", raising=False)
@@ -1096,12 +1096,53 @@ def test_the_shipped_table_serves_only_the_gpu_it_was_measured_on(monkeypatch, c
     for online in (False, True):
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="l2c.dispatch"):
-            serving, kernels = table_for_arch("sm_90", "NVIDIA H100 80GB HBM3", online)
+            serving, kernels = table_for_arch("sm_90", "NVIDIA H20", online)
         assert serving is None and kernels is not None and len(kernels) == len(shipped)
-        assert len(caplog.records) == 1 and "measured on NVIDIA H200, not this NVIDIA H100 80GB HBM3" in caplog.text
+        assert len(caplog.records) == 1 and "measured on NVIDIA H200, not this NVIDIA H20" in caplog.text
         assert ("online choice times its kernels on this GPU" if online else "L2C_TUNE=online") in caplog.text
     monkeypatch.setenv("L2C_TUNED_TABLE", str(default_table_path("sm_90")))
-    assert table_for_arch("sm_90", "NVIDIA H100 80GB HBM3").serving is not None
+    assert table_for_arch("sm_90", "NVIDIA H20").serving is not None
+
+
+def test_a_gpu_gets_the_table_shipped_for_it_and_online_choice_times_the_arch_tables_kernels(monkeypatch, caplog):
+    """Where a table ships for this GPU's name (l2c/tuned/<arch>.<gpu slug>.json) it serves, with no warning; with
+    online choice the candidates are the arch's table (every kernel it ships, not only those that won on this
+    GPU); L2C_TUNED_TABLE still wins over both."""
+    import logging
+    from l2c.dispatch import default_table_path, gpu_slug, shipped_table_path, table_for_arch
+    monkeypatch.delenv("L2C_TUNED_TABLE", raising=False)
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert gpu_slug(h100) == "nvidia-h100-80gb-hbm3"
+    assert shipped_table_path("sm_90", h100).name == "sm_90.nvidia-h100-80gb-hbm3.json"
+    assert shipped_table_path("sm_90", "NVIDIA H200").name == shipped_table_path("sm_90").name == "sm_90.json"
+    assert shipped_table_path("sm_100", h100) is None
+    with caplog.at_level(logging.WARNING, logger="l2c.dispatch"):
+        serving, kernels = table_for_arch("sm_90", h100)
+        assert serving is not None and kernels is serving and serving.gpu == h100
+        served = json.loads(shipped_table_path("sm_90", h100).read_text())["entries"][0]
+        assert serving.lookup(served["dtype"], served["layout"], served["m"], served["n"], served["k"]) is not None
+        serving, kernels = table_for_arch("sm_90", h100, online=True)
+    assert not caplog.records
+    general = table_for_arch("sm_90", "NVIDIA H200").serving
+    assert serving.gpu == h100 and kernels.gpu == "NVIDIA H200" and len(kernels) == len(general)
+    monkeypatch.setenv("L2C_TUNED_TABLE", str(default_table_path("sm_90")))
+    assert default_table_path("sm_90", h100) == shipped_table_path("sm_90")
+    serving, kernels = table_for_arch("sm_90", h100, online=True)
+    assert serving.gpu == "NVIDIA H200" and kernels is serving
+
+
+def test_every_gpu_table_shipped_names_the_gpu_of_its_file_name():
+    """A table shipped as <arch>.<gpu slug>.json is what that GPU reads, so its recorded arch and GPU must be the
+    file name's: a table filed under another GPU's name would be found there and then serve no call."""
+    from l2c.dispatch import gpu_slug
+    from l2c.pack import shipped_tables
+    from l2c.tuned_table import load_table
+    named = [p for p in shipped_tables() if p.name.count(".") == 2]
+    assert named, "no GPU's own table ships"
+    for path in named:
+        arch, slug, _ = path.name.split(".")
+        table = load_table(path)
+        assert table.arch == arch and table.gpu is not None and gpu_slug(table.gpu) == slug, path.name
 
 
 def test_a_table_measured_on_another_gpu_serves_nothing_but_its_kernels_are_online_candidates(tmp_path,

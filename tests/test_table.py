@@ -468,14 +468,15 @@ def test_cells_refuse_results_of_different_sm_counts(tmp_path):
     assert done.returncode == 2 and "different SM counts" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_the_default_table_is_what_l2c_table_makes_of_its_recorded_sources(tmp_path):
-    """The shipped default table is reproducible: `l2c table` over the committed results it names in `sources`, with
-    its protocol and margin, token-count ranges, cells and the neighbourhood cells of its `near` points, writes the
-    same entries. A results file added to (or
-    left out of) the README's command, or a change to the rules of `l2c table`, shows here first."""
+@pytest.mark.parametrize("name", ["sm_90.json", "sm_90.nvidia-h100-80gb-hbm3.json"])
+def test_the_default_tables_are_what_l2c_table_makes_of_their_recorded_sources(tmp_path, name):
+    """Each GPU's shipped default table is reproducible: `l2c table` over the committed results it names in
+    `sources`, with its protocol and margin, token-count ranges, cells and the neighbourhood cells of its `near`
+    points, writes the same entries. A results file added to (or left out of) the README's command, or a change to
+    the rules of `l2c table`, shows here first."""
     from pathlib import Path
     repo = Path(__file__).resolve().parent.parent
-    shipped = json.loads((repo / "l2c" / "tuned" / "sm_90.json").read_text())
+    shipped = json.loads((repo / "l2c" / "tuned" / name).read_text())
     assert shipped["sources"] and not shipped["confirmed_by"]
     out = tmp_path / "remade.json"
     near = ["--near", *shipped["near"]] if shipped.get("near") else []

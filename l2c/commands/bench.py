@@ -15,8 +15,9 @@ def add_parser(sub) -> None:
                     "the protocol's noise floor) against torch.matmul. One JSON row per shape x kernel x "
                     "protocol, flushed as it completes; --resume continues an interrupted run.")
     p.add_argument("kernels", nargs="*", help=".l2 spec files, tuned-table .json files, `torch`, "
-                                              "`dispatch[:TABLE]` (l2c.matmul with that table; the shipped one "
-                                              "by default) or `linear[:TABLE]` (l2c.nn.Linear's path)")
+                                              "`dispatch[:TABLE]` (l2c.matmul with that table; the one shipped for "
+                                              "this GPU by default; `none`: no table serves, online choice times the "
+                                              "arch's table's kernels) or `linear[:TABLE]` (l2c.nn.Linear's path)")
     p.add_argument("--shapes", help="grid | llm | square | offgrid | between | heldout | points | points2 | serve | "
                                     "served (the shapes the dispatch:/linear: table serves in --dtype and --layout: "
                                     "each entry's M, each token range's ends and middle) | FILE (one 'M N K' "

@@ -20,7 +20,8 @@ import time
 def add_parser(sub) -> None:
     p = sub.add_parser("warmup", help="build (and on a GPU verify) every kernel a tuned table serves, ahead of use")
     p.add_argument("tables", nargs="*", help="tuned tables (default: the one l2c.matmul reads for --arch: "
-                                             "$L2C_TUNED_TABLE, else the shipped l2c/tuned/<arch>.json)")
+                                             "$L2C_TUNED_TABLE, else the one shipped for --arch "
+                                             "and this GPU: l2c/tuned/<arch>.<gpu>.json or <arch>.json)")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="where kernels are verified: cuda (the default when a GPU is visible) or cpu (build only)")
@@ -36,12 +37,14 @@ def run(args) -> int:
     from ..tuned_table import TableError, load_table, served_kernels
     from ..validate import validate
 
-    paths = args.tables or ([default_table_path(args.arch)] if default_table_path(args.arch) else [])
+    import torch
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    shipped = default_table_path(args.arch, gpu)
+    paths = args.tables or ([shipped] if shipped else [])
     if not paths:
         raise UsageError(f"no tuned table for {args.arch}: give one")
     device = args.device
     if device == "auto":
-        import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
     jobs, invalid, unbuilt, unverified = [], 0, 0, 0
     for path in paths:
