@@ -10,8 +10,8 @@ from typing import Optional
 
 SETTINGS = {
     "L2C_CACHE_DIR": "where built kernels are cached (default: the user cache directory for l2c)",
-    "L2C_TUNED_TABLE": "the tuned table l2c.matmul reads (default: the one shipped for the GPU's architecture, "
-                       "on the GPU it was measured on)",
+    "L2C_TUNED_TABLE": "the tuned table l2c.matmul reads (default: the one shipped for this GPU, "
+                       "l2c/tuned/<arch>.<gpu>.json, else the architecture's, on the GPU it was measured on)",
     "L2C_TUNE": "`off` (default: serve only what the table measured) or `online` (time candidates for shapes no "
                 "table covers, once per GPU, driver and l2c code)",
     "L2C_TUNE_MARGIN": "how much faster than torch an online choice must be to serve (default 1.05)",
