@@ -143,9 +143,10 @@ class DispatchKernel:
                 raise BenchError(str(err)) from None
             self.table_path = NO_TABLE
         elif table is None and table_path is None:   # the tables l2c.matmul uses on this GPU (table_for_arch)
-            path = default_table_path(arch, _gpu_name())
+            gpu = _gpu_name()
+            path = default_table_path(arch, gpu)
             try:
-                table, candidates = table_for_arch(arch, _gpu_name(), online, strict=True)
+                table, candidates = table_for_arch(arch, gpu, online, strict=True)
             except TableError as err:
                 raise BenchError(str(err)) from None
             self.table_path = str(path) if path is not None else None

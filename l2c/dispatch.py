@@ -894,8 +894,8 @@ def table_for_arch(arch: str, gpu: Optional[str] = None, online: bool = False, s
                         "torch (L2C_TUNE=online times its kernels on this GPU; L2C_TUNED_TABLE=%s uses it as it is; "
                         "`l2c tune` or `l2c bench` + `l2c table` make one for this GPU)", arch, table.gpu, gpu, path)
         return ArchTables(None, table)
-    general = shipped_table_path(arch)
-    if online and path != general and general is not None and not settings.value("L2C_TUNED_TABLE"):
+    general = shipped_table_path(arch) if online and not settings.value("L2C_TUNED_TABLE") else None
+    if general is not None and general != path:
         try:
             return ArchTables(table, load_table(general))
         except TableError as err:
