@@ -129,11 +129,13 @@ def _points(a):
 
 
 def _gpu_points(a):
-    """The points of this GPU's own table (`l2c/tuned/<arch>.<gpu>.json`): `points` through l2c.matmul with no table
-    serving (`dispatch:none`) and online choice timing the arch table's kernels, so each point is the best of them
-    on this GPU or torch (about 11 minutes per dtype on an H100). The table is then `l2c table ENV.jsonl --near
-    gpu_points_f16.jsonl gpu_points_bf16.jsonl --protocol kernel,call --min-speedup 1.03` (README)."""
-    return _points_through(a, "dispatch", "gpu_points", table="none")
+    """The points of this GPU's own table (`l2c/tuned/<arch>.<gpu>.json`): `points` through l2c.matmul (`a @ b`) and
+    through l2c.nn.Linear (nn.Linear's layout) with no table serving (`dispatch:none`, `linear:none`) and online
+    choice timing the arch table's kernels, so each point is the best of them on this GPU or torch (about 11 minutes
+    per dtype and layout on an H100). The table is then `l2c table ENV.jsonl --near gpu_points_*.jsonl
+    gpu_linear_points_*.jsonl --protocol kernel,call --min-speedup 1.03` (README)."""
+    return (_points_through(a, "dispatch", "gpu_points", table="none")
+            + _points_through(a, "linear", "gpu_linear_points", table="none"))
 
 
 def _points2(a):
@@ -441,8 +443,8 @@ STAGES: Dict[str, Stage] = {
                         "online choice (the shipped table's kernels timed here), f16, kernel and call", _as_shipped),
     "points": Stage("the measured points of neighbourhood cells: the `points` shapes through l2c.matmul with online "
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
-    "gpu_points": Stage("the points of this GPU's own table: `points` through l2c.matmul with no table serving "
-                        "and online choice timing the arch table's kernels, f16 and bf16", _gpu_points),
+    "gpu_points": Stage("the points of this GPU's own table: `points` through l2c.matmul and l2c.nn.Linear with no "
+                        "table serving and online choice timing the arch table's kernels, f16 and bf16", _gpu_points),
     "points2": Stage("a second, denser draw of points under 1 GFLOP (`points2`) through l2c.matmul with online "
                      "choice, f16 and bf16", _points2),
     "points_linear": Stage("the same points through l2c.nn.Linear (nn.Linear's layout), kernel and call, f16 and bf16",
