@@ -127,37 +127,28 @@ class DispatchKernel:
     def __init__(self, spec, table_path: Optional[str], via: str, arch: str, table=None):
         from types import SimpleNamespace
         from . import settings
-        from .dispatch import Dispatcher, default_table_path, table_for_arch, tune_mode
+        from .dispatch import Dispatcher, default_table_path, shipped_table_path, table_for_arch, tune_mode
         from .tuned_table import TableError, load_table
         try:
             settings.overlap()   # a measurement under a malformed L2C_OVERLAP would measure the default
             online = tune_mode() == "online"
         except ValueError as err:
             raise BenchError(str(err)) from None
-        if table_path == NO_TABLE:   # nothing serves; online choice times the arch's table's kernels
-            from .dispatch import shipped_table_path
-            general = shipped_table_path(arch)
-            try:
+        try:
+            if table_path == NO_TABLE:   # nothing serves; online choice times the arch's table's kernels
+                general = shipped_table_path(arch)
                 candidates = load_table(general) if general is not None else None
-            except TableError as err:
-                raise BenchError(str(err)) from None
-            self.table_path = NO_TABLE
-        elif table is None and table_path is None:   # the tables l2c.matmul uses on this GPU (table_for_arch)
-            gpu = _gpu_name()
-            path = default_table_path(arch, gpu)
-            try:
+                self.table_path = NO_TABLE
+            elif table is None and table_path is None:   # the tables l2c.matmul uses on this GPU (table_for_arch)
+                gpu = _gpu_name()
+                path = default_table_path(arch, gpu)
                 table, candidates = table_for_arch(arch, gpu, online, strict=True)
-            except TableError as err:
-                raise BenchError(str(err)) from None
-            self.table_path = str(path) if path is not None else None
-        else:
-            if table is None:
-                try:
-                    table = load_table(table_path)
-                except TableError as err:
-                    raise BenchError(str(err)) from None
-            # else a table made in memory (`serving:`): its name says what it serves
-            self.table_path, candidates = table_path, table
+                self.table_path = str(path) if path is not None else None
+            else:   # a named table, or one made in memory (`serving:`): its name says what it serves
+                table = load_table(table_path) if table is None else table
+                self.table_path, candidates = table_path, table
+        except TableError as err:
+            raise BenchError(str(err)) from None
         self.dispatcher = Dispatcher(table, allow_cpu=True, prepare="background", online=online,
                                      candidates=candidates)
         # what verification reads of a kernel: its spec, name and target (the dispatcher's: whatever serves the call)
