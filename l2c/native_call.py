@@ -247,21 +247,6 @@ class CallTable {
                           out_template.size(1), out_template.scalar_type(), transposed, device};
   }
 
-  // l2c.matmul(a, b, bias, activation) with no out= and no residual. As torch's own bindings do, torch's warnings
-  // reach Python's `warnings` and its errors become the Python exceptions torch.matmul raises.
-  py::object call(py::handle ha, py::handle hb, py::handle hbias, int64_t activation) {
-    HANDLE_TH_ERRORS
-    return call_checked(ha, hb, hbias, activation);
-    END_HANDLE_TH_ERRORS_PYBIND
-  }
-
-  // l2c.nn.Linear's forward: activation(x @ weight^T + bias), any leading dimensions of x, no residual.
-  py::object call_linear(py::handle hx, py::handle hweight, py::handle hbias, int64_t activation) {
-    HANDLE_TH_ERRORS
-    return call_linear_checked(hx, hweight, hbias, activation);
-    END_HANDLE_TH_ERRORS_PYBIND
-  }
-
   // Ask the resolvers again at each key's next call: what they answer has changed (an online decision).
   void forget_first_tests() {
     first_.clear();
@@ -272,8 +257,8 @@ class CallTable {
   size_t shapes() const { return first_.size(); }
   std::pair<int64_t, int64_t> counts() const { return {served_, fallbacks_}; }
 
- private:
-  py::object call_checked(py::handle ha, py::handle hb, py::handle hbias, int64_t activation) {
+  // l2c.matmul(a, b, bias, activation) with no out= and no residual.
+  py::object call(py::handle ha, py::handle hb, py::handle hbias, int64_t activation) {
     if (!plain_operands(ha, hb, hbias)) {
       return py::none();
     }
@@ -304,7 +289,8 @@ class CallTable {
     return out.has_value() ? wrap(std::move(*out)) : py::none();
   }
 
-  py::object call_linear_checked(py::handle hx, py::handle hweight, py::handle hbias, int64_t activation) {
+  // l2c.nn.Linear's forward: activation(x @ weight^T + bias), any leading dimensions of x, no residual.
+  py::object call_linear(py::handle hx, py::handle hweight, py::handle hbias, int64_t activation) {
     if (!plain_operands(hx, hweight, hbias)) {
       return py::none();
     }
@@ -345,6 +331,7 @@ class CallTable {
     return wrap(out->view(shape));
   }
 
+ private:
   // The spans of M served at `shape`, asked of `resolve` the first time; nullptr where it gave none.
   Spans const* first_test(ShapeKey const& shape, py::object const& resolve, py::handle x, py::handle y) {
     auto found = first_.find(shape);
@@ -411,14 +398,47 @@ class CallTable {
   int64_t served_ = 0, fallbacks_ = 0;
 };
 
+// `table.call(a, b, bias, activation)` and `table.call_linear(x, weight, bias, activation)` as CPython's own
+// fast-call methods: pybind11's argument dispatch costs about 0.1 us more a call, and every call takes this way.
+// As torch's bindings do, torch's warnings reach Python's `warnings` and its errors become the Python exceptions
+// torch.matmul and F.linear raise.
+template <py::object (CallTable::*Call)(py::handle, py::handle, py::handle, int64_t)>
+PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "takes 4 positional arguments: (a, b, bias, activation)");
+    return nullptr;
+  }
+  int64_t const activation = PyLong_AsLongLong(args[3]);
+  if (activation == -1 && PyErr_Occurred()) {
+    return nullptr;
+  }
+  CallTable& table = py::cast<CallTable&>(py::handle(self));
+  return (table.*Call)(args[0], args[1], args[2], activation).release().ptr();
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef fast_calls[] = {
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&fast_call<&CallTable::call>)),
+     METH_FASTCALL, nullptr},
+    {"call_linear",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&fast_call<&CallTable::call_linear>)),
+     METH_FASTCALL, nullptr},
+};
+
 }  // namespace
 
 PYBIND11_MODULE(L2C_MODULE_NAME, m) {
-  py::class_<CallTable>(m, "CallTable")
-      .def(py::init<py::object, py::object>())
+  py::class_<CallTable> table(m, "CallTable");
+  for (PyMethodDef& method : fast_calls) {
+    PyObject* descriptor = PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(table.ptr()), &method);
+    if (descriptor == nullptr) {
+      throw py::error_already_set();
+    }
+    table.attr(method.ml_name) = py::reinterpret_steal<py::object>(descriptor);
+  }
+  table.def(py::init<py::object, py::object>())
       .def("add", &CallTable::add)
-      .def("call", &CallTable::call)
-      .def("call_linear", &CallTable::call_linear)
       .def("forget_first_tests", &CallTable::forget_first_tests)
       .def("size", &CallTable::size)
       .def("shapes", &CallTable::shapes)

@@ -349,6 +349,23 @@ print(sorted({w.category.__name__ for w in seen}), any("ComplexHalf" in str(w.me
                 F.linear(a, w)
 
 
+def test_the_table_refuses_other_arguments_with_a_type_error(new_table):
+    """The two calls are CPython fast calls (not pybind11's argument dispatch): four positional arguments, an
+    integer activation code, and a CallTable as `self`; anything else raises, never crashes."""
+    table = new_table()
+    a, b = operands()[:2]
+    for call in (table.call, table.call_linear):
+        with pytest.raises(TypeError):
+            call(a, b, None)
+        with pytest.raises(TypeError):
+            call(a, b, None, "relu")
+    with pytest.raises(TypeError):
+        type(table).call(object(), a, b, None, 0)
+    with pytest.raises(OverflowError):
+        table.call(a, b, None, 10 ** 30)
+    assert table.call(a, b, None, -1) is None and table.counts() == (0, 0)   # a code no plan has: declined
+
+
 def test_a_compiled_graph_guards_neither_on_the_table_nor_on_the_counts(new_table, monkeypatch):
     """A function compiled while the table was not attached, and calling torch for shapes no entry serves, is not
     compiled again when the table attaches or as the fallback count grows."""
