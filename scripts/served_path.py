@@ -69,18 +69,22 @@ out["served_stats"] = d.stats
 from l2c.candidates import load_candidates
 from l2c.measure import Problem, TorchLinear, TorchMatmul
 default = ROOT / "l2c" / "tuned" / "sm_90.json"
-d = dispatch.set_tuned_table(load_table(default))
+table = load_table(default)
+# the unserved shape: the first of these that no entry serves in either layout (the table grows cells over time)
+m, n, k = next((m, n, k) for m, n, k in ((4, 264, 88), (3, 200, 72), (5, 136, 56), (2, 120, 40), (7, 72, 24))
+               if not any(table.may_serve(m, n, k, dtype="f16", layout=lay) for lay in ("row,row,row", "row,col,row")))
+d = dispatch.set_tuned_table(table)
 native_call.build_now()
-u = torch.randn(4, 88, device="cuda", dtype=torch.float16)
-v = torch.randn(88, 264, device="cuda", dtype=torch.float16)
-w = torch.randn(264, 88, device="cuda", dtype=torch.float16)
-ours, theirs = l2c.nn.Linear(88, 264, device="cuda", dtype=torch.float16), torch.nn.Linear(88, 264, device="cuda",
-                                                                                         dtype=torch.float16)
+u = torch.randn(m, k, device="cuda", dtype=torch.float16)
+v = torch.randn(k, n, device="cuda", dtype=torch.float16)
+w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+ours, theirs = l2c.nn.Linear(k, n, device="cuda", dtype=torch.float16), torch.nn.Linear(k, n, device="cuda",
+                                                                                       dtype=torch.float16)
 cand, lin_cand = (load_candidates([f"{via}:{default}"])[0]._kernel for via in ("dispatch", "linear"))
 native_call.build_now()
-base, lin_base = TorchMatmul(Problem(4, 264, 88)), TorchLinear(Problem(4, 264, 88, layout_b="col"))
+base, lin_base = TorchMatmul(Problem(m, n, k)), TorchLinear(Problem(m, n, k, layout_b="col"))
 with torch.no_grad():
-    out["unserved_shape"] = [4, 264, 88]
+    out["unserved_shape"] = [m, n, k]
     out["unserved"] = per_call({
         "torch.matmul": lambda: torch.matmul(u, v), "l2c.matmul": lambda: l2c.matmul(u, v),
         "l2c.matmul, Python path": detached(d, lambda: l2c.matmul(u, v)),
