@@ -547,6 +547,28 @@ def test_where_one_kernel_won_every_point_each_box_between_its_wins_is_served(po
             assert sides in boxes
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([1, 2, 4, 8, 16]),
+       st.lists(st.tuples(st.integers(1, 24), st.integers(8, 20), st.integers(8, 20)), min_size=3, max_size=40,
+                unique=True))
+def test_a_gemv_kernels_box_never_spans_a_second_pass_over_the_weight(tile_m, points):
+    """--near with a gemv-family kernel (each block owns tile m rows of A and streams its whole slab of B): however
+    many points it won, no box of it holds two Ms that take a different number of row tiles, since the second
+    reads the weight again where cuBLAS reads it once (a one-row gemv's box over M = 1-2 held 2 x 832 x 3872 at
+    0.80 on the H100's points); between such steps its boxes are served as any kernel's."""
+    from l2c.commands import table as T
+    spec = KernelSpec(name="v", target="cutlass", tile_m=tile_m, tile_n=8, tile_k=256, launch_family="gemv",
+                      layout_b="col").to_l2()
+    shapes = [(m, 8 * n8, 8 * k8) for m, n8, k8 in points]
+    gemv = {tuple(sides) for _, *sides in T.near_boxes([_at("v", *at, 1.2, spec) for at in shapes], ["kernel"], 1.05)}
+    assert all(-(-ms[0] // tile_m) == -(-ms[1] // tile_m) for ms, _, _ in gemv)
+    # the same points won by a kernel with no such step (a tensor-core tile as wide as the whole M range) give the
+    # same boxes where the gemv takes one number of row tiles
+    wide = KernelSpec(name="g", tile_m=256, tile_n=16).to_l2()
+    others = {tuple(sides) for _, *sides in T.near_boxes([_at("g", *at, 1.2, wide) for at in shapes], ["kernel"], 1.05)}
+    assert gemv == {sides for sides in others if -(-sides[0][0] // tile_m) == -(-sides[0][1] // tile_m)}
+
+
 _BOXES = st.lists(st.tuples(st.sampled_from("gh"), st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
                   max_size=30, unique=True)
 

@@ -27,7 +27,8 @@ prebuilt kernels that beat torch, or torch): boxes half an octave wide along M, 
 (`NEAR_M_EDGES`, `NEAR_NK_EDGES`) and on the same shifted a quarter octave (`NEAR_LATTICES`); a box is served by one
 shape-generic kernel where the NEAR_COUNT measured shapes nearest its centre (within NEAR_RADIUS octaves, at least
 NEAR_SUPPORT of them) were all won by some kernel, two in three of them by that one, at shapes on both sides of the
-box along each axis, in one number of launch waves across the box; a shape where a kernel failed, or where torch
+box along each axis, in one number of launch waves across the box (a gemv kernel: in one number of row tiles, each
+of which streams the whole weight); a shape where a kernel failed, or where torch
 served without online tuning's timings, counts as lost; a candidate online tuning timed at a shape (the row's
 `online_timings`) won it from NEAR_TIMED_MARGIN on, and lost it below that or where online choice then left the
 shape to torch (a kernel it did not time there may have won it in another row). Those rows make no other entry
@@ -486,6 +487,14 @@ def launch_waves(spec_text: str, m: int, n: int, sm_count: Optional[int] = None,
     return ceil_div(clusters, capacity)
 
 
+def weight_passes(spec_text: str, m: int) -> int:
+    """How many times a gemv-family kernel streams the weight at M: once per tile of M rows (each block owns tile m
+    rows of A and reads its whole slab of B), so M = 2 on a one-row tile reads twice the bytes of M = 1 where cuBLAS
+    reads them once; 0 for the other families (their waves are `launch_waves`)."""
+    spec = _spec(spec_text)
+    return -(-m // int(spec.tile_m)) if spec.launch_family == "gemv" else 0
+
+
 def _half_octaves(lo: int, hi: int, step: int, offset: float = 0.0) -> list:
     """Edges of a neighbourhood lattice along one axis: `lo` times the powers of sqrt(2) from sqrt(2)^offset, up to
     `hi`, rounded to `step` (so, along M, 1 to 2 is one box: no whole number lies between)."""
@@ -604,6 +613,9 @@ def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEA
                         launch_waves(text, sides[0][1], sides[1][1], sm_count, arch):
                     continue   # a step in waves inside the box: twice the time for a few more tiles, which the
                     # points around it need not show (64x16 tiles in clusters of 4: 30 clusters in one wave)
+                if weight_passes(text, sides[0][0]) != weight_passes(text, sides[0][1]):
+                    continue   # a second pass over the weight inside the box (cross-validated on the H100's
+                    # nn.Linear points: a one-row gemv's box over M = 1-2 held 2 x 832 x 3872 at 0.80)
                 worst = min(won, key=lambda r: r["speedup"])
                 if best is None or (len(won), worst["speedup"]) > best[0]:
                     best = ((len(won), worst["speedup"]), worst)
