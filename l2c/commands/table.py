@@ -581,7 +581,8 @@ def near_boxes(rows, protocols, min_speedup: float, cache=None, count: int = NEA
     measured shapes within `radius` octaves of its centre are at least `support`, were all won by some
     shape-generic kernel, and one kernel won at least `share` and `support` of them and at shapes on both sides of
     the box along each axis (so the box lies between its wins, never past them), launching its blocks in one
-    number of waves over the whole box (`launch_waves`: tiles grow with M and N, so the two far corners decide);
+    number of waves over the whole box (`launch_waves`: tiles grow with M and N, so the two far corners decide), a
+    gemv kernel streaming the weight as many times at both ends of the box's M (`weight_passes`);
     per box the kernel that won most of them, then the best worst point."""
     import itertools
     import math
