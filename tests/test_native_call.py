@@ -349,7 +349,7 @@ print(sorted({w.category.__name__ for w in seen}), any("ComplexHalf" in str(w.me
                 F.linear(a, w)
 
 
-def test_the_table_refuses_other_arguments_with_a_type_error(new_table):
+def test_the_table_refuses_other_arguments_with_an_error_never_a_crash(new_table):
     """The two calls are CPython fast calls (not pybind11's argument dispatch): four positional arguments, an
     integer activation code, and a CallTable as `self`; anything else raises, never crashes."""
     table = new_table()
