@@ -101,7 +101,7 @@ def main() -> int:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": args.dtype,
                        "weights_bytes": weight_bytes, "ceilings": ceilings.as_row(),
-                       "table": str(l2c.dispatch.default_table_path("sm_90")),
+                       "table": str(l2c.dispatch.default_table_path("sm_90", torch.cuda.get_device_name())),
                        "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
     return 0
 
