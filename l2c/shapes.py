@@ -40,6 +40,10 @@ Sets (see ../shared/BENCHMARKING.md):
 - ``serve``: LLM decoding and batched decoding, memory-bound for small M: the weights of Llama-3.1-8B,
   Llama-3.1-70B, Qwen2.5-7B, Qwen2.5-32B and Mistral-7B (q, kv, o, fused qkv, gate/up, fused gate_up,
   down, lm_head) at ``SERVE_TOKENS`` tokens.
+- ``decode``: the ``serve`` weights at the ``SERVE_TOKENS`` up to 64 (1-64 tokens, where the weight's read is the
+  cost): what a GPU's own table measures for decoding (``scripts/gpu.py gpu_serve``).
+- ``decode_between``: the same weights at ``DECODE_BETWEEN_TOKENS`` (3-56 tokens, none a ``SERVE_TOKENS`` count): the
+  held-out check of the entries made from ``decode``, served only by their token ranges.
 - a file: one ``M N K`` (optionally ``M N K BATCH``) per line, separated by spaces or commas; ``#``
   starts a comment. A bad line is reported as ``file:line: ...``.
 """
@@ -72,6 +76,8 @@ SERVE_MODELS: Dict[str, Tuple[int, int, int, int, int, int]] = {
     "Mistral-7B": (4096, 14336, 32, 8, 128, 32768),
 }
 SERVE_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+DECODE_MAX_TOKENS = 64
+DECODE_BETWEEN_TOKENS = (3, 6, 12, 20, 28, 40, 56)
 OFFGRID_SEED = 20261201
 BETWEEN_SEED = 20261202
 HELDOUT_SEED = 20261203
@@ -171,6 +177,16 @@ def serve_layers() -> List[Tuple[str, int, int]]:
 def serve_shapes() -> List[Shape]:
     """Every (tokens, weight) of the decoding set."""
     return _at_token_counts(SERVE_TOKENS, serve_layers())
+
+
+def decode_shapes() -> List[Shape]:
+    """The decoding weights at the SERVE_TOKENS up to DECODE_MAX_TOKENS."""
+    return _at_token_counts(tuple(m for m in SERVE_TOKENS if m <= DECODE_MAX_TOKENS), serve_layers())
+
+
+def decode_between_shapes() -> List[Shape]:
+    """The decoding weights at DECODE_BETWEEN_TOKENS: token counts between those `decode` measures."""
+    return _at_token_counts(DECODE_BETWEEN_TOKENS, serve_layers())
 
 
 def _offgrid_draws(seed: int, count: int, label: str, max_flops: float = float("inf")) -> List[Shape]:
@@ -278,13 +294,13 @@ def read_shape_file(path: str | Path) -> List[Shape]:
 
 
 SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes, "offgrid": offgrid_shapes,
-        "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes,
-        "points": points_shapes, "points2": points2_shapes}
+        "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes, "decode": decode_shapes,
+        "decode_between": decode_between_shapes, "points": points_shapes, "points2": points2_shapes}
 
 
 def load_shapes(name: str) -> List[Shape]:
-    """A named set (grid, llm, square, offgrid, between, heldout, serve, points, points2) or, for anything else, a
-    file of shapes. Duplicates are dropped."""
+    """A named set (SETS: grid, llm, square, offgrid, between, heldout, serve, decode, decode_between, points,
+    points2) or, for anything else, a file of shapes. Duplicates are dropped."""
     shapes = SETS[name]() if name in SETS else read_shape_file(name)
     seen, unique = set(), []
     for s in shapes:

@@ -234,6 +234,18 @@ def test_points2_is_a_second_draw_under_1_gflop_sharing_no_shape_with_offgrid_or
     assert all(2 * s.m * s.n * s.k < 1e9 and s.n % 8 == s.k % 8 == 0 and 1 <= s.m <= 16384 for s in points2)
 
 
+def test_decode_is_the_serve_weights_up_to_64_tokens_and_decode_between_holds_none_of_their_token_counts():
+    """`decode` is `serve` cut at 64 tokens; `decode_between` has every one of those weights at token counts between
+    them and none that `serve` measures, so the entries made from `decode` meet it only through token ranges."""
+    serve, decode, between = (load_shapes(name) for name in ("serve", "decode", "decode_between"))
+    weights = {(s.n, s.k) for s in serve}
+    assert [s.key for s in decode] == [s.key for s in serve if s.m <= shapes.DECODE_MAX_TOKENS]
+    assert {(s.n, s.k) for s in decode} == {(s.n, s.k) for s in between} == weights
+    assert len(between) == len(weights) * len(shapes.DECODE_BETWEEN_TOKENS)
+    assert all(1 < s.m < shapes.DECODE_MAX_TOKENS and s.m not in shapes.SERVE_TOKENS for s in between)
+    assert not {s.key for s in between} & {s.key for s in serve}
+
+
 def test_rows_of_one_kernel_in_two_dtypes_or_layouts_are_two_points(tmp_path):
     """One candidate id (`dispatch:TABLE`) is measured in several dtypes and layouts: a bf16 row never replaces the
     f16 row of the same shape, in one file or across files, nor does another layout's."""
