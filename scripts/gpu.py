@@ -142,19 +142,25 @@ def _gpu_serve(a):
     """The decoding entries of this GPU's own table: the `decode` weights (1-64 tokens, nn.Linear's layout) through
     l2c.nn.Linear with no table serving and online choice timing the arch table's kernels, cold weights (the
     points); a candidate table of their wins (exact entries, token ranges); its served shapes measured again (the
-    confirmation); the table of both runs, where each kernel counts at its worse run; and that table on
-    `decode_between` (token counts it holds no entry for: its ranges' held-out check). The GPU's table then takes
-    the points and confirmation files among its `sources` (README, "The H100's table"). About 8 minutes on an H100."""
+    confirmation); each weight's winning kernels timed at every `decode` M of that weight (serve_sweep.py's
+    `entries` stage: the evidence for token ranges where the best kernel changes from one M to the next); the table
+    of all three, where each kernel counts at its worst run; and that table on `decode_between` (token counts it
+    holds no entry for: its ranges' held-out check). The GPU's table then takes these files among its `sources`
+    (README, "The H100's table"). About 8 minutes on an H100 without the entries stage."""
     common = ["--protocol", "kernel,call", "--roofline", "--reps", "5", "--iters", "10"]
     points = [f"{a.out}/gpu_serve_points_{d}.jsonl" for d in ("f16", "bf16")]
     confirm = [f"{a.out}/gpu_serve_confirm_{d}.jsonl" for d in ("f16", "bf16")]
+    entries = [f"{a.out}/serve_entries_{d}.jsonl" for d in ("f16", "bf16")]
     table = ["--protocol", "kernel,call", "--min-speedup", "1.03", "--ranges"]
     return ([["env", "L2C_TUNE=online"] + l2c("bench", "linear:none", "--shapes", "decode", "--dtype", d, *common,
                                              "-o", path, "--resume") for d, path in zip(("f16", "bf16"), points)]
             + [l2c("table", *points, *table, "-o", f"{a.out}/gpu_serve_candidates.json")]
             + [l2c("bench", f"linear:{a.out}/gpu_serve_candidates.json", "--shapes", "decode", "--only-served",
                    "--dtype", d, *common, "-o", path) for d, path in zip(("f16", "bf16"), confirm)]
-            + [l2c("table", *points, *confirm, *table, "-o", f"{a.out}/gpu_serve_table.json")]
+            + [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", d, "--stages", "entries", "--table",
+                      f"{a.out}/gpu_serve_candidates.json", "--shapes", "decode", "--budget-s", "600")
+               for d in ("f16", "bf16")]
+            + [l2c("table", *points, *confirm, *entries, *table, "-o", f"{a.out}/gpu_serve_table.json")]
             + [l2c("bench", f"linear:{a.out}/gpu_serve_table.json", "--shapes", "decode_between", "--dtype", d,
                    *common, "-o", f"{a.out}/gpu_serve_between_{d}.jsonl") for d in ("f16", "bf16")])
 
@@ -468,7 +474,8 @@ STAGES: Dict[str, Stage] = {
                         "table serving and online choice timing the arch table's kernels, f16 and bf16", _gpu_points),
     "gpu_serve": Stage("the decoding entries of this GPU's own table: the `decode` weights at 1-64 tokens through "
                        "l2c.nn.Linear with online choice (cold weights), the candidate table's wins measured again, "
-                       "the table of both runs and its held-out check on `decode_between`", _gpu_serve),
+                       "each weight's winning kernels at all its token counts, the table of the three and its "
+                       "held-out check on `decode_between`", _gpu_serve),
     "points2": Stage("a second, denser draw of points under 1 GFLOP (`points2`) through l2c.matmul with online "
                      "choice, f16 and bf16", _points2),
     "points_linear": Stage("the same points through l2c.nn.Linear (nn.Linear's layout), kernel and call, f16 and bf16",

@@ -21,6 +21,11 @@ unswapped) in `a @ b` with B row-major instead, against torch.matmul (e.g. on `-
   the tokens on the MMA's narrow side) at M <= 16: `TENSOR_GEMV_COLUMN` x `CUDA_GEMV_SLICES`;
 - unswapped (not in the default stages): CUTLASS tiles with the tokens on the MMA's M side (64 or 128 rows) and
   a tile N sized so that the grid fills whole waves of the SMs (`unswapped_configs`), for 48-512 tokens;
+- entries (not in the default stages; `--table TABLE.json`): every shape-generic kernel of TABLE's exact entries
+  for a weight (this dtype, nn.Linear's layout, plain), timed at every --shapes M of that weight in the `kernel` and
+  `call` protocols: where online choice kept a different best kernel at each M, this is the evidence that one kernel
+  also won at consecutive M, from which `l2c table --ranges` makes the token ranges that serve the M between
+  (`--shapes decode`, then the table's held-out check on `decode_between`);
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
   `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — the CUTLASS
   target's gated CUDA-core gemv up to 4 tokens, Triton GEMV kernels up to 16 tokens, narrow and wide tensor-core
@@ -329,8 +334,21 @@ def _warm(pairs):
     return failed
 
 
-def sweep(shapes, pools, out_path, device, budget_s, workers, log, label):
-    """Verify and time every (shape, spec) of `pools` (shape key -> spec texts) into `out_path`."""
+def entry_pools(table_path: str, shapes, dtype: str):
+    """shape key -> the shape-generic specs of `table_path`'s plain exact entries in `dtype` and nn.Linear's layout at
+    the shape's weight (N, K), whatever their M."""
+    from l2c.parser import parse_one
+    entries = json.loads(Path(table_path).read_text())["entries"]
+    by_weight = {}
+    for e in entries:
+        if (e["dtype"] == dtype and e["layout"] == LINEAR and e.get("gate", "none") == "none"
+                and "m_range" not in e and parse_one(e["spec"]).shape_generic):
+            by_weight.setdefault((e["n"], e["k"]), set()).add(e["spec"])
+    return {s.key: sorted(by_weight.get((s.n, s.k), ())) for s in shapes}
+
+
+def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protocols=("kernel",)):
+    """Verify and time every (shape, spec) of `pools` (shape key -> spec texts) into `out_path`, in `protocols`."""
     import l2c.verify
     from l2c.bench import Settings, run_bench
     from l2c.candidates import Candidate
@@ -356,10 +374,10 @@ def sweep(shapes, pools, out_path, device, budget_s, workers, log, label):
         cands[text] = Candidate(id=f"serve_sweep:{spec.name}", source="scripts/serve_sweep.py", target=spec.target,
                                 spec=spec, valid=validate(spec, spec.target, "sm_90"))
     jobs = {s.key: [cands[t] for t in pools[s.key]] for s in shapes}
-    settings = Settings(["kernel"], reps=7, warmup=2, roofline=True)
+    settings = Settings(list(protocols), reps=7, warmup=2, roofline=True)
     writer = ResultsWriter(Path(out_path), resume=True)
     ceilings = measure_ceilings(device)
-    env = environment(device, ["kernel"], " ".join(sys.argv) + f" [{label}]", settings.as_dict())
+    env = environment(device, list(protocols), " ".join(sys.argv) + f" [{label}]", settings.as_dict())
     env["ceilings"] = ceilings.as_row() if ceilings else None
     writer.write(env)
     written, deadline = 0, time.monotonic() + budget_s
@@ -474,8 +492,10 @@ def main() -> int:
                          "built with --build-jobs processes while the Triton stages run); cudagemv (the CUTLASS "
                          "target's gemv family, M <= 8; not a default stage); tensorgemv (the same on tensor "
                          "cores, M <= 16; not a default stage); unswapped (wave-sized CUTLASS tiles with the tokens "
-                         "on the MMA's M side, --min-m <= M <= --max-m; not a default stage); gated (the fused gated MLP projection of "
-                         "--gated-weights at --gated-tokens; not a default stage)")
+                         "on the MMA's M side, --min-m <= M <= --max-m; not a default stage); entries (every "
+                         "shape-generic kernel of --table's exact entries for a weight at every M of it, kernel and "
+                         "call; not a default stage); gated (the fused gated MLP projection of --gated-weights at "
+                         "--gated-tokens; not a default stage)")
     ap.add_argument("--max-m", type=int, default=128)
     ap.add_argument("--min-m", type=int, default=1, help="the stages' shapes have --min-m <= M <= --max-m")
     ap.add_argument("--min-n", type=int, default=1, help="the stages' shapes have N >= --min-n")
@@ -497,6 +517,7 @@ def main() -> int:
                     help="the gated stage's kernel targets (comma-separated; CUTLASS's only on a GPU)")
     ap.add_argument("--gated-weights", default="14336x4096", metavar="NxK,...",
                     help="the gated stage's problems: N outputs (the intermediate size) x K (the hidden size)")
+    ap.add_argument("--table", metavar="TABLE.json", help="the entries stage's table")
     ap.add_argument("--warm-table", metavar="TABLE.json",
                     help="instead of sweeping: compile the Triton kernels TABLE serves on --shapes (comma-separated "
                          "sets) in f16 and bf16, nn.Linear's layout, before measuring through the dispatcher")
@@ -544,6 +565,13 @@ def main() -> int:
             _build_cutlass(sorted({t for texts in pools.values() for t in texts}), args.build_jobs, sys.stderr)
             sweep(chosen, pools, out / f"serve_{stage}_{args.dtype}{layout_suffix}.jsonl", device, args.budget_s, 1,
                   sys.stderr, f"{stage} {args.dtype}")
+    if "entries" in stages:
+        if not args.table:
+            ap.error("the entries stage needs --table")
+        pools = entry_pools(args.table, shapes, args.dtype)
+        chosen = [s for s in shapes if pools[s.key]]
+        sweep(chosen, pools, out / f"serve_entries_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
+              f"entries {args.dtype}", protocols=("kernel", "call"))
     if "gated" in stages:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]

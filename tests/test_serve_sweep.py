@@ -60,3 +60,51 @@ def test_unswapped_specs_take_the_layout_asked_for(m, n):
         spec = parse_one(text)
         validate(spec, "cutlass", "sm_90")
         assert (spec.layout_a, spec.layout_b, spec.layout_c) == ("row", "row", "row")
+
+
+def _entry(m, n, k, spec, dtype="f16", layout="row,col,row", **extra):
+    return dict(m=m, n=n, k=k, batch=1, dtype=dtype, layout=layout, target=parse_one(spec).target, spec=spec,
+                tflops=1.0, baseline_tflops=0.9, speedup=1.1, **extra)
+
+
+def _triton_gemv(name, tile_n, dtype="f16", problem="m=any n=any k=any"):
+    return (f"kernel {name} {{\n  target   triton\n  problem  {problem} batch=1\n  types    a={dtype} b={dtype} "
+            f"c={dtype} acc=f32\n  layout   a=row b=col c=row\n  tile     m=4 n={tile_n} k=32\n  launch   "
+            f"family=gemv warps=2\n}}\n")
+
+
+def test_the_entries_stage_times_each_generic_kernel_of_a_weight_at_every_token_count_of_it(tmp_path):
+    """`entries` pools: at each shape of a weight, every shape-generic kernel of the table's plain exact entries for
+    that weight in this dtype and nn.Linear's layout, whatever M they were measured at; a fixed-shape kernel, another
+    dtype, `a @ b`'s layout, a token range or a gated entry adds nothing. Then the stage itself (CPU, interpreter)
+    verifies and times them in both protocols."""
+    import json
+    import os
+    import subprocess
+    from l2c.results_file import read_rows
+    from l2c.shapes import Shape
+    a, b = _triton_gemv("a", 16), _triton_gemv("b", 32)
+    fixed = _triton_gemv("c", 16, problem="m=2 n=64 k=96")
+    entries = [_entry(1, 64, 96, a), _entry(3, 64, 96, b), _entry(2, 64, 96, fixed),
+               _entry(1, 64, 96, _triton_gemv("d", 16, dtype="bf16"), dtype="bf16"),
+               _entry(1, 64, 96, _triton_gemv("e", 64), layout="row,row,row"),
+               _entry(2, 64, 96, _triton_gemv("f", 64), m_range=[1, 3], range_min_speedup=1.1),
+               _entry(1, 64, 96, _triton_gemv("g", 64), gate="silu")]
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "gpu": "cpu", "protocol": "kernel,call",
+                                 "entries": entries}))
+    shapes = [Shape(m, 64, 96) for m in (1, 2, 3)] + [Shape(1, 80, 96)]
+    pools = sweep.entry_pools(str(table), shapes, "f16")
+    assert pools == {**{(m, 64, 96, 1): sorted([a, b]) for m in (1, 2, 3)}, (1, 80, 96, 1): []}
+    shape_file = tmp_path / "shapes.txt"
+    shape_file.write_text("1 64 96\n3 64 96\n1 80 96\n")
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1", L2C_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(repo / "scripts" / "serve_sweep.py"), "--out", str(tmp_path),
+                           "--stages", "entries", "--table", str(table), "--shapes", str(shape_file), "--workers",
+                           "1"], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in read_rows(tmp_path / "serve_entries_f16.jsonl") if r.get("type") == "result"]
+    assert all(r["status"] == "ok" and r["verified"] is True for r in rows)
+    assert sorted((r["m"], r["n"], parse_one(r["spec"]).name, r["protocol"]) for r in rows) == sorted(
+        (m, 64, name, protocol) for m in (1, 3) for name in "ab" for protocol in ("kernel", "call"))
