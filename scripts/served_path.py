@@ -71,8 +71,12 @@ from l2c.measure import Problem, TorchLinear, TorchMatmul
 default = ROOT / "l2c" / "tuned" / "sm_90.json"
 table = load_table(default)
 # the unserved shape: the first of these that no entry serves in either layout (the table grows cells over time)
-m, n, k = next((m, n, k) for m, n, k in ((4, 264, 88), (3, 200, 72), (5, 136, 56), (2, 120, 40), (7, 72, 24))
-               if not any(table.may_serve(m, n, k, dtype="f16", layout=lay) for lay in ("row,row,row", "row,col,row")))
+LAYOUTS = ("row,row,row", "row,col,row")
+unserved = next(((m, n, k) for m, n, k in ((4, 264, 88), (3, 200, 72), (5, 136, 56), (2, 120, 40), (7, 72, 24))
+                 if not any(table.may_serve(m, n, k, dtype="f16", layout=lay) for lay in LAYOUTS)), None)
+if unserved is None:
+    sys.exit(f"served_path: {default} serves every candidate unserved shape; add one it does not serve")
+m, n, k = unserved
 d = dispatch.set_tuned_table(table)
 native_call.build_now()
 u = torch.randn(m, k, device="cuda", dtype=torch.float16)

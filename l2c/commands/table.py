@@ -467,6 +467,10 @@ def _launch(spec_text: str) -> tuple:
     return (int(spec.tile_m), int(spec.tile_n), slices, int(spec.cluster_m or 1), int(spec.cluster_n or 1))
 
 
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def launch_waves(spec_text: str, m: int, n: int, sm_count: Optional[int] = None, arch: str = "sm_90") -> int:
     """How many waves of blocks the kernel launches at M x N (0 where `_launch` has no tiling): its output tiles in
     clusters, times the split-K slices, over the clusters of that size the GPU runs at once with one block per SM
@@ -477,9 +481,6 @@ def launch_waves(spec_text: str, m: int, n: int, sm_count: Optional[int] = None,
     if not tiling:
         return 0
     tile_m, tile_n, slices, cluster_m, cluster_n = tiling
-
-    def ceil_div(a, b):
-        return -(-a // b)
     size, info = cluster_m * cluster_n, ARCHS.get(arch)
     measured = info.max_active_clusters.get(size) if info and sm_count in (None, info.sm_count) else None
     capacity = measured or max(1, (sm_count or info.sm_count) // size)
@@ -492,7 +493,7 @@ def weight_passes(spec_text: str, m: int) -> int:
     rows of A and reads its whole slab of B), so M = 2 on a one-row tile reads twice the bytes of M = 1 where cuBLAS
     reads them once; 0 for the other families (their waves are `launch_waves`)."""
     spec = _spec(spec_text)
-    return -(-m // int(spec.tile_m)) if spec.launch_family == "gemv" else 0
+    return ceil_div(m, int(spec.tile_m)) if spec.launch_family == "gemv" else 0
 
 
 def _half_octaves(lo: int, hi: int, step: int, offset: float = 0.0) -> list:
