@@ -44,6 +44,8 @@ Sets (see ../shared/BENCHMARKING.md):
   cost): what a GPU's own table measures for decoding (``scripts/gpu.py gpu_serve``).
 - ``decode_between``: the same weights at ``DECODE_BETWEEN_TOKENS`` (3-56 tokens, none a ``SERVE_TOKENS`` count): the
   held-out check of the entries made from ``decode``, served only by their token ranges.
+- ``decode_batched``: the ``serve`` weights at the ``SERVE_TOKENS`` above 64 (96-512 tokens, batched decoding):
+  ``serve`` less ``decode``.
 - a file: one ``M N K`` (optionally ``M N K BATCH``) per line, separated by spaces or commas; ``#``
   starts a comment. A bad line is reported as ``file:line: ...``.
 """
@@ -184,6 +186,11 @@ def decode_shapes() -> List[Shape]:
     return _at_token_counts(tuple(m for m in SERVE_TOKENS if m <= DECODE_MAX_TOKENS), serve_layers())
 
 
+def decode_batched_shapes() -> List[Shape]:
+    """The decoding weights at the SERVE_TOKENS above DECODE_MAX_TOKENS."""
+    return _at_token_counts(tuple(m for m in SERVE_TOKENS if m > DECODE_MAX_TOKENS), serve_layers())
+
+
 def decode_between_shapes() -> List[Shape]:
     """The decoding weights at DECODE_BETWEEN_TOKENS: token counts between those `decode` measures."""
     return _at_token_counts(DECODE_BETWEEN_TOKENS, serve_layers())
@@ -295,12 +302,13 @@ def read_shape_file(path: str | Path) -> List[Shape]:
 
 SETS = {"grid": grid_shapes, "llm": llm_shapes, "square": square_shapes, "offgrid": offgrid_shapes,
         "between": between_shapes, "heldout": heldout_shapes, "serve": serve_shapes, "decode": decode_shapes,
-        "decode_between": decode_between_shapes, "points": points_shapes, "points2": points2_shapes}
+        "decode_between": decode_between_shapes, "decode_batched": decode_batched_shapes, "points": points_shapes,
+        "points2": points2_shapes}
 
 
 def load_shapes(name: str) -> List[Shape]:
-    """A named set (SETS: grid, llm, square, offgrid, between, heldout, serve, decode, decode_between, points,
-    points2) or, for anything else, a file of shapes. Duplicates are dropped."""
+    """A named set (SETS: grid, llm, square, offgrid, between, heldout, serve, decode, decode_between,
+    decode_batched, points, points2) or, for anything else, a file of shapes. Duplicates are dropped."""
     shapes = SETS[name]() if name in SETS else read_shape_file(name)
     seen, unique = set(), []
     for s in shapes:

@@ -139,26 +139,26 @@ def _gpu_points(a):
 
 
 def _gpu_serve(a):
-    """The decoding entries of this GPU's own table: the `decode` weights (1-64 tokens, nn.Linear's layout) through
+    """The serving entries of this GPU's own table: the `serve` weights (1-512 tokens, nn.Linear's layout) through
     l2c.nn.Linear with no table serving and online choice timing the arch table's kernels, cold weights (the
     points); a candidate table of their wins (exact entries, token ranges); its served shapes measured again (the
-    confirmation); each weight's winning kernels timed at every `decode` M of that weight (serve_sweep.py's
-    `entries` stage: the evidence for token ranges where the best kernel changes from one M to the next); the table
-    of all three, where each kernel counts at its worst run; and that table on `decode_between` (token counts it
-    holds no entry for: its ranges' held-out check). The GPU's table then takes these files among its `sources`
-    (README, "The H100's table"). About 8 minutes on an H100 without the entries stage."""
+    confirmation); each weight's winning kernels timed at every `serve` M of that weight through l2c.nn.Linear
+    (serve_sweep.py's `entries` stage: the evidence for token ranges where the best kernel changes from one M to the
+    next); the table of all three, where each kernel counts at its worst run; and that table on `decode_between`
+    (token counts it holds no entry for: its ranges' held-out check). The GPU's table then takes these files among
+    its `sources` (README, "The H100's table"). About 10 minutes on an H100 without the entries stage."""
     common = ["--protocol", "kernel,call", "--roofline", "--reps", "5", "--iters", "10"]
     points = [f"{a.out}/gpu_serve_points_{d}.jsonl" for d in ("f16", "bf16")]
     confirm = [f"{a.out}/gpu_serve_confirm_{d}.jsonl" for d in ("f16", "bf16")]
     entries = [f"{a.out}/serve_entries_{d}.jsonl" for d in ("f16", "bf16")]
     table = ["--protocol", "kernel,call", "--min-speedup", "1.03", "--ranges"]
-    return ([["env", "L2C_TUNE=online"] + l2c("bench", "linear:none", "--shapes", "decode", "--dtype", d, *common,
+    return ([["env", "L2C_TUNE=online"] + l2c("bench", "linear:none", "--shapes", "serve", "--dtype", d, *common,
                                              "-o", path, "--resume") for d, path in zip(("f16", "bf16"), points)]
             + [l2c("table", *points, *table, "-o", f"{a.out}/gpu_serve_candidates.json")]
-            + [l2c("bench", f"linear:{a.out}/gpu_serve_candidates.json", "--shapes", "decode", "--only-served",
+            + [l2c("bench", f"linear:{a.out}/gpu_serve_candidates.json", "--shapes", "serve", "--only-served",
                    "--dtype", d, *common, "-o", path) for d, path in zip(("f16", "bf16"), confirm)]
             + [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", d, "--stages", "entries", "--table",
-                      f"{a.out}/gpu_serve_candidates.json", "--shapes", "decode", "--budget-s", "600")
+                      f"{a.out}/gpu_serve_candidates.json", "--shapes", "serve", "--budget-s", "600")
                for d in ("f16", "bf16")]
             + [l2c("table", *points, *confirm, *entries, *table, "-o", f"{a.out}/gpu_serve_table.json")]
             + [l2c("bench", f"linear:{a.out}/gpu_serve_table.json", "--shapes", "decode_between", "--dtype", d,
@@ -472,7 +472,7 @@ STAGES: Dict[str, Stage] = {
                     "choice, kernel and call, f16 and bf16 (`l2c table --near` makes cells from them)", _points),
     "gpu_points": Stage("the points of this GPU's own table: `points` through l2c.matmul and l2c.nn.Linear with no "
                         "table serving and online choice timing the arch table's kernels, f16 and bf16", _gpu_points),
-    "gpu_serve": Stage("the decoding entries of this GPU's own table: the `decode` weights at 1-64 tokens through "
+    "gpu_serve": Stage("the serving entries of this GPU's own table: the `serve` weights at 1-512 tokens through "
                        "l2c.nn.Linear with online choice (cold weights), the candidate table's wins measured again, "
                        "each weight's winning kernels at all its token counts, the table of the three and its "
                        "held-out check on `decode_between`", _gpu_serve),

@@ -23,9 +23,11 @@ unswapped) in `a @ b` with B row-major instead, against torch.matmul (e.g. on `-
   a tile N sized so that the grid fills whole waves of the SMs (`unswapped_configs`), for 48-512 tokens;
 - entries (not in the default stages; `--table TABLE.json`): every shape-generic kernel of TABLE's exact entries
   for a weight (this dtype, nn.Linear's layout, plain), timed at every --shapes M of that weight in the `kernel` and
-  `call` protocols: where online choice kept a different best kernel at each M, this is the evidence that one kernel
-  also won at consecutive M, from which `l2c table --ranges` makes the token ranges that serve the M between
-  (`--shapes decode`, then the table's held-out check on `decode_between`);
+  `call` protocols through l2c.nn.Linear with a table serving it, as an entry of it would serve users (the rows'
+  `served_spec`; through the kernel's own Python call, `call` lost up to 25% that users do not lose): where online
+  choice kept a different best kernel at each M, this is the evidence that one kernel also won at consecutive M,
+  from which `l2c table --ranges` makes the token ranges that serve the M between (`--shapes decode`, then the
+  table's held-out check on `decode_between`);
 - gated (not in the default stages): the fused gated MLP projection (`epilogue gate`, SwiGLU by default) of
   `--gated-weights` (Llama-3.1-8B's gate_up: N = 14336 outputs over K = 4096) at `--gated-tokens` — the CUTLASS
   target's gated CUDA-core gemv up to 4 tokens, Triton GEMV kernels up to 16 tokens, narrow and wide tensor-core
@@ -347,11 +349,14 @@ def entry_pools(table_path: str, shapes, dtype: str):
     return {s.key: sorted(by_weight.get((s.n, s.k), ())) for s in shapes}
 
 
-def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protocols=("kernel",)):
-    """Verify and time every (shape, spec) of `pools` (shape key -> spec texts) into `out_path`, in `protocols`."""
+def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protocols=("kernel",), dtype=None):
+    """Verify and time every (shape, spec) of `pools` (shape key -> spec texts) into `out_path`, in `protocols`.
+    With `dtype`, each spec is timed as a table entry of it would serve l2c.nn.Linear (`l2c bench serving:`, the
+    dispatcher's whole call path: the specs written to `out_path` with the suffix .l2, each row's `served_spec`
+    its kernel), so that its `call` figures are the user's and not those of the kernel's own Python call."""
     import l2c.verify
     from l2c.bench import Settings, run_bench
-    from l2c.candidates import Candidate
+    from l2c.candidates import Candidate, load_candidates
     from l2c.results_file import ResultsWriter, environment
     from l2c.roofline import measure_ceilings
     from l2c.parser import parse_one
@@ -368,11 +373,18 @@ def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protoc
         failed = _warm(triton_pairs)
     print(f"serve_sweep {label}: warmed {len(triton_pairs)} Triton (spec, shape) pairs in "
           f"{time.monotonic() - t0:.0f} s ({failed} failed)", file=log, flush=True)
-    cands = {}
-    for text in specs:
-        spec = parse_one(text)
-        cands[text] = Candidate(id=f"serve_sweep:{spec.name}", source="scripts/serve_sweep.py", target=spec.target,
-                                spec=spec, valid=validate(spec, spec.target, "sm_90"))
+    if dtype is not None:
+        spec_file = Path(out_path).with_suffix(".l2")
+        spec_file.write_text("\n".join(specs))
+        by_name = {parse_one(t).name: t for t in specs}
+        cands = {by_name[c.id.rsplit(":", 1)[1].split("@")[0]]: c
+                 for c in load_candidates([f"serving:{spec_file}"], arch="sm_90", dtype=dtype, layout=LINEAR)}
+    else:
+        cands = {}
+        for text in specs:
+            spec = parse_one(text)
+            cands[text] = Candidate(id=f"serve_sweep:{spec.name}", source="scripts/serve_sweep.py",
+                                    target=spec.target, spec=spec, valid=validate(spec, spec.target, "sm_90"))
     jobs = {s.key: [cands[t] for t in pools[s.key]] for s in shapes}
     settings = Settings(list(protocols), reps=7, warmup=2, roofline=True)
     writer = ResultsWriter(Path(out_path), resume=True)
@@ -571,7 +583,7 @@ def main() -> int:
         pools = entry_pools(args.table, shapes, args.dtype)
         chosen = [s for s in shapes if pools[s.key]]
         sweep(chosen, pools, out / f"serve_entries_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
-              f"entries {args.dtype}", protocols=("kernel", "call"))
+              f"entries {args.dtype}", protocols=("kernel", "call"), dtype=args.dtype)
     if "gated" in stages:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]

@@ -77,7 +77,7 @@ def test_the_entries_stage_times_each_generic_kernel_of_a_weight_at_every_token_
     """`entries` pools: at each shape of a weight, every shape-generic kernel of the table's plain exact entries for
     that weight in this dtype and nn.Linear's layout, whatever M they were measured at; a fixed-shape kernel, another
     dtype, `a @ b`'s layout, a token range or a gated entry adds nothing. Then the stage itself (CPU, interpreter)
-    verifies and times them in both protocols."""
+    verifies and times them in both protocols, each served through the dispatcher."""
     import json
     import os
     import subprocess
@@ -106,5 +106,7 @@ def test_the_entries_stage_times_each_generic_kernel_of_a_weight_at_every_token_
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for r in read_rows(tmp_path / "serve_entries_f16.jsonl") if r.get("type") == "result"]
     assert all(r["status"] == "ok" and r["verified"] is True for r in rows)
-    assert sorted((r["m"], r["n"], parse_one(r["spec"]).name, r["protocol"]) for r in rows) == sorted(
+    # each kernel measured through l2c.nn.Linear with a table serving it, as a table entry of it would serve users
+    assert all(r["target"] == "dispatch" and r["served_by"] != "torch" for r in rows)
+    assert sorted((r["m"], r["n"], parse_one(r["served_spec"]).name, r["protocol"]) for r in rows) == sorted(
         (m, 64, name, protocol) for m in (1, 3) for name in "ab" for protocol in ("kernel", "call"))

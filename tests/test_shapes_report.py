@@ -246,6 +246,14 @@ def test_decode_is_the_serve_weights_up_to_64_tokens_and_decode_between_holds_no
     assert not {s.key for s in between} & {s.key for s in serve}
 
 
+def test_decode_batched_is_the_rest_of_serve():
+    """`decode` and `decode_batched` split `serve` at 64 tokens: together every shape of it, in its order."""
+    serve, decode, batched = (load_shapes(name) for name in ("serve", "decode", "decode_batched"))
+    assert all(s.m > shapes.DECODE_MAX_TOKENS for s in batched) and batched
+    assert sorted(s.key for s in decode + batched) == sorted(s.key for s in serve)
+    assert [s.key for s in batched] == [s.key for s in serve if s.m > shapes.DECODE_MAX_TOKENS]
+
+
 def test_rows_of_one_kernel_in_two_dtypes_or_layouts_are_two_points(tmp_path):
     """One candidate id (`dispatch:TABLE`) is measured in several dtypes and layouts: a bf16 row never replaces the
     f16 row of the same shape, in one file or across files, nor does another layout's."""

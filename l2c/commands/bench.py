@@ -19,10 +19,10 @@ def add_parser(sub) -> None:
                                               "this GPU by default; `none`: no table serves, online choice times the "
                                               "arch's table's kernels) or `linear[:TABLE]` (l2c.nn.Linear's path)")
     p.add_argument("--shapes", help="grid | llm | square | offgrid | between | heldout | points | points2 | serve | "
-                                    "decode | decode_between | served (the shapes the dispatch:/linear: table "
-                                    "serves in --dtype and --layout: each entry's M, each token range's ends and "
-                                    "middle) | FILE (one 'M N K' per line); required for shape-generic specs, a "
-                                    "filter for fixed-shape specs and tables")
+                                    "decode | decode_between | decode_batched | served (the shapes the "
+                                    "dispatch:/linear: table serves in --dtype and --layout: each entry's M, each "
+                                    "token range's ends and middle) | FILE (one 'M N K' per line); required for "
+                                    "shape-generic specs, a filter for fixed-shape specs and tables")
     p.add_argument("--dtype", choices=["f16", "bf16"], default="f16",
                    help="element type for torch, dispatch and linear (default: f16)")
     p.add_argument("--layout", default=None,
