@@ -349,9 +349,10 @@ def entry_pools(table_path: str, shapes, dtype: str):
     return {s.key: sorted(by_weight.get((s.n, s.k), ())) for s in shapes}
 
 
-def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protocols=("kernel",), dtype=None):
+def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protocols=("kernel",),
+          through_linear=False):
     """Verify and time every (shape, spec) of `pools` (shape key -> spec texts) into `out_path`, in `protocols`.
-    With `dtype`, each spec is timed as a table entry of it would serve l2c.nn.Linear (`l2c bench serving:`, the
+    `through_linear`: each spec timed as a table entry of it would serve l2c.nn.Linear (`l2c bench serving:`, the
     dispatcher's whole call path: the specs written to `out_path` with the suffix .l2, each row's `served_spec`
     its kernel), so that its `call` figures are the user's and not those of the kernel's own Python call."""
     import l2c.verify
@@ -373,12 +374,12 @@ def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protoc
         failed = _warm(triton_pairs)
     print(f"serve_sweep {label}: warmed {len(triton_pairs)} Triton (spec, shape) pairs in "
           f"{time.monotonic() - t0:.0f} s ({failed} failed)", file=log, flush=True)
-    if dtype is not None:
+    if through_linear:
         spec_file = Path(out_path).with_suffix(".l2")
         spec_file.write_text("\n".join(specs))
         by_name = {parse_one(t).name: t for t in specs}
         cands = {by_name[c.id.rsplit(":", 1)[1].split("@")[0]]: c
-                 for c in load_candidates([f"serving:{spec_file}"], arch="sm_90", dtype=dtype, layout=LINEAR)}
+                 for c in load_candidates([f"serving:{spec_file}"], arch="sm_90")}
     else:
         cands = {}
         for text in specs:
@@ -583,7 +584,7 @@ def main() -> int:
         pools = entry_pools(args.table, shapes, args.dtype)
         chosen = [s for s in shapes if pools[s.key]]
         sweep(chosen, pools, out / f"serve_entries_{args.dtype}.jsonl", device, args.budget_s, 1, sys.stderr,
-              f"entries {args.dtype}", protocols=("kernel", "call"), dtype=args.dtype)
+              f"entries {args.dtype}", protocols=("kernel", "call"), through_linear=True)
     if "gated" in stages:
         from l2c.shapes import Shape
         weights = [tuple(map(int, w.split("x"))) for w in args.gated_weights.split(",")]
