@@ -155,17 +155,21 @@ def _gpu_serve(a):
     entries = [f"{a.out}/serve_entries_{d}.jsonl" for d in ("f16", "bf16")]
     again = [f"{a.out}/gpu_serve_again_{d}.jsonl" for d in ("f16", "bf16")]
     table = ["--protocol", "kernel,call", "--min-speedup", "1.03", "--ranges"]
+
+    def served_again(made, paths):
+        """`made`'s served `serve` shapes measured once more through l2c.nn.Linear, f16 then bf16."""
+        return [l2c("bench", f"linear:{made}", "--shapes", "serve", "--only-served", "--dtype", d, *common, "-o", path)
+                for d, path in zip(("f16", "bf16"), paths)]
+
     return ([["env", "L2C_TUNE=online"] + l2c("bench", "linear:none", "--shapes", "serve", "--dtype", d, *common,
                                              "-o", path, "--resume") for d, path in zip(("f16", "bf16"), points)]
             + [l2c("table", *points, *table, "-o", f"{a.out}/gpu_serve_candidates.json")]
-            + [l2c("bench", f"linear:{a.out}/gpu_serve_candidates.json", "--shapes", "serve", "--only-served",
-                   "--dtype", d, *common, "-o", path) for d, path in zip(("f16", "bf16"), confirm)]
+            + served_again(f"{a.out}/gpu_serve_candidates.json", confirm)
             + [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", d, "--stages", "entries", "--table",
                       f"{a.out}/gpu_serve_candidates.json", "--shapes", "serve", "--budget-s", "600")
                for d in ("f16", "bf16")]
             + [l2c("table", *points, *confirm, *entries, *table, "-o", f"{a.out}/gpu_serve_remade.json")]
-            + [l2c("bench", f"linear:{a.out}/gpu_serve_remade.json", "--shapes", "serve", "--only-served",
-                   "--dtype", d, *common, "-o", path) for d, path in zip(("f16", "bf16"), again)]
+            + served_again(f"{a.out}/gpu_serve_remade.json", again)
             + [l2c("table", *points, *confirm, *entries, *again, *table, "-o", f"{a.out}/gpu_serve_table.json")]
             + [l2c("bench", f"linear:{a.out}/gpu_serve_table.json", "--shapes", "decode_between", "--dtype", d,
                    *common, "-o", f"{a.out}/gpu_serve_between_{d}.jsonl") for d in ("f16", "bf16")])
