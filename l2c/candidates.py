@@ -20,6 +20,7 @@ class Candidate:
     valid: object = None                    # ValidSpec
     shapes: Optional[List[Shape]] = None
     failure: Optional[Tuple[str, str]] = None   # (status, reason) when it cannot run at all
+    serves: Optional[str] = None            # `serving:` candidates: the spec text every call is served by
     _kernel: object = field(default=None, repr=False)
 
     def accepts(self, shape: Shape) -> bool:
@@ -277,7 +278,7 @@ def _serving_candidates(path: str, target: str, arch: str, dtype: str, layout: s
         table = TunedTable.serving(spec.to_l2(), cand.target, spec.types_a, call_layout, arch)
         kernel = DispatchKernel(_user_spec(spec.types_a, call_layout), f"serving[{spec.name}]", via, arch, table)
         served = Candidate(id=f"serving:{path}:{spec.name}@{cand.target}", source=path, target="dispatch",
-                           spec=kernel.valid.spec, valid=kernel.valid)
+                           spec=kernel.valid.spec, valid=kernel.valid, serves=spec.to_l2())
         served._kernel = kernel
         out.append(served)
     return out

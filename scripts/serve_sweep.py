@@ -377,9 +377,8 @@ def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protoc
     if through_linear:
         spec_file = Path(out_path).with_suffix(".l2")
         spec_file.write_text("\n".join(specs))
-        by_name = {parse_one(t).name: t for t in specs}
-        cands = {by_name[c.id.rsplit(":", 1)[1].split("@")[0]]: c
-                 for c in load_candidates([f"serving:{spec_file}"], arch="sm_90")}
+        serving = {c.serves: c for c in load_candidates([f"serving:{spec_file}"], arch="sm_90")}
+        cands = {t: serving[parse_one(t).to_l2()] for t in specs}
     else:
         cands = {}
         for text in specs:
