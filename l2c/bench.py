@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, TextIO, Tuple
 
@@ -26,7 +27,7 @@ from .candidates import Candidate
 from .results_file import ResultsWriter, row_key
 from .shapes import Shape, bucket
 
-FAILED = ("invalid", "build_failed", "verify_failed", "error")
+FAILED = ("invalid", "build_failed", "verify_failed", "error", "not_served")
 
 
 # --------------------------------------------------------------------------------------------- progress
@@ -126,8 +127,36 @@ def _prepared(cand: Candidate, shape: Shape, device):
     kernel = cand.kernel()
     if cand.failure is not None:
         return None, (cand.failure[0], {"reason": cand.failure[1]}), {}
-    served = kernel.prime(shape, device) if hasattr(kernel, "prime") else {}
+    if cand.serves is None:
+        served = kernel.prime(shape, device) if hasattr(kernel, "prime") else {}
+        return kernel, None, served
+    with _warnings_logged(("l2c.dispatch", "l2c.prepare")) as reasons:
+        served = kernel.prime(shape, device)
+    if served["served_by"] == "torch":   # a `serving:` kernel torch stood in for: its row times torch against torch
+        from .parser import parse_one
+        return None, ("not_served", {
+            "reason": "; ".join(reasons) or "the dispatcher did not serve the kernel here (torch ran the call)",
+            "served_by": "torch", "served_spec": cand.serves, "served_target": parse_one(cand.serves).target}), {}
     return kernel, None, served
+
+
+@contextmanager
+def _warnings_logged(loggers):
+    """The messages of the warnings these loggers emit inside the block (a list filled as they come)."""
+    import logging
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    messages, handler = [], Collect(logging.WARNING)
+    for name in loggers:
+        logging.getLogger(name).addHandler(handler)
+    try:
+        yield messages
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeHandler(handler)
 
 
 def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, device, settings: Settings,

@@ -383,6 +383,35 @@ def test_serving_measures_each_spec_through_the_dispatcher_at_every_shape(tmp_pa
     assert "f must be a valid shape-generic spec" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_serving_kernel_torch_stood_in_for_is_a_failed_row_naming_why(tmp_path):
+    """A `serving:` kernel the dispatcher could not serve at a shape (a build or a verification that failed, a
+    declined signature: here a CUDA kernel on CPU tensors) is recorded as `not_served` with the dispatcher's reason
+    and the spec it was to serve, never as a timing of torch against itself; `l2c table` makes no entry of it. The
+    Triton kernel beside it is measured as before."""
+    specs = tmp_path / "s.l2"
+    specs.write_text("kernel gv {\n  target cutlass\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
+                     "  launch family=gemv cores=cuda warps=4 evict=first\n  tile m=1 n=8 k=256\n}\n"
+                     "kernel rc {\n  target triton\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
+                     "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("16 64 64\n")
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", f"serving:{specs}", "--shapes", str(shapes), "-o", str(out), "--protocol", "kernel,call",
+                 *FAST]) == 0
+    rows = {(r["kernel"].rsplit(":", 1)[1], r["protocol"]): r for r in results(out)}
+    assert len(rows) == 4
+    for protocol in ("kernel", "call"):
+        failed, ok = rows[("gv@cutlass", protocol)], rows[("rc@triton", protocol)]
+        assert failed["status"] == "not_served" and "speedup" not in failed and failed["served_by"] == "torch"
+        assert "CUTLASS kernels run on CUDA tensors" in failed["reason"]
+        assert failed["served_spec"].startswith("kernel gv ") and failed["served_target"] == "cutlass"
+        assert ok["status"] == "ok" and ok["served_by"] == "rc"
+    made = tmp_path / "made.json"
+    assert main(["table", str(out), "--every-shape", "--protocol", "kernel,call", "-o", str(made)]) == 0
+    assert [e["spec"].split()[1] for e in json.loads(made.read_text())["entries"]] == ["rc"]
+
+
 def test_cold_rotation_reads_every_operand_from_memory():
     """--roofline rotates at least two operand sets, with three L2s of other operands between two uses of one."""
     from l2c.measure import Problem, rotation_sets
