@@ -365,6 +365,11 @@ def sweep(shapes, pools, out_path, device, budget_s, workers, log, label, protoc
     # every check against the float32 GPU reference: a float64 CPU one would copy each weight to the host
     l2c.verify.GPU_REFERENCE_MACS = 0
     specs = sorted({t for s in shapes for t in pools[s.key]})
+    if any("target   cutlass" in t for t in specs):
+        from l2c.targets.cutlass.toolchain import missing_headers
+        missing = missing_headers()
+        if missing:   # every CUTLASS kernel outside the pack would fail to build: nothing to measure
+            raise SystemExit(f"serve_sweep {label}: {missing}")
     triton_pairs = [(t, (s.m, s.n, s.k)) for s in shapes for t in pools[s.key] if "target   triton" in t]
     t0 = time.monotonic()
     if workers > 1 and triton_pairs:

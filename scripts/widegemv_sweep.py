@@ -170,6 +170,10 @@ def main() -> None:
     p.add_argument("--from-fit", default=None, help="a --fit results file: its best configurations per tile m "
                                                     "class (any ring depth) go straight to the points phase")
     a = p.parse_args()
+    from l2c.targets.cutlass.toolchain import missing_headers
+    missing = missing_headers()
+    if missing:   # every configuration is a CUTLASS-target kernel built here
+        sys.exit(f"widegemv_sweep: {missing}")
     start = time.monotonic()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -110,3 +110,27 @@ def test_the_entries_stage_times_each_generic_kernel_of_a_weight_at_every_token_
     assert all(r["target"] == "dispatch" and r["served_by"] != "torch" for r in rows)
     assert sorted((r["m"], r["n"], parse_one(r["served_spec"]).name, r["protocol"]) for r in rows) == sorted(
         (m, 64, name, protocol) for m in (1, 3) for name in "ab" for protocol in ("kernel", "call"))
+
+
+def test_a_sweep_of_cutlass_kernels_stops_before_timing_where_their_headers_are_missing(tmp_path):
+    """Without the `nvidia-cutlass` wheel no CUTLASS-target kernel outside the prebuilt pack builds: the entries
+    stage stops at once, naming the wheel, instead of recording every candidate as not served."""
+    import json
+    import subprocess
+    gv = parse_one("kernel gv {\n  target cutlass\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
+                   "  launch family=gemv cores=cuda warps=4 evict=first\n  tile m=1 n=8 k=256\n}\n").to_l2()
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "gpu": "cpu", "protocol": "kernel,call",
+                                 "entries": [_entry(1, 64, 256, gv)]}))
+    shape_file = tmp_path / "shapes.txt"
+    shape_file.write_text("1 64 256\n2 64 256\n")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "serve_sweep.py"
+    argv = [str(script), "--out", str(tmp_path), "--stages", "entries", "--table", str(table), "--shapes",
+            str(shape_file), "--workers", "1"]
+    without_wheel = ("import runpy, sys; sys.modules['cutlass_library'] = None; "   # the wheel not installed
+                     f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", without_wheel], capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "pip install nvidia-cutlass" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    rows = tmp_path / "serve_entries_f16.jsonl"
+    assert not rows.exists() or all(json.loads(r).get("type") != "result" for r in rows.read_text().splitlines())

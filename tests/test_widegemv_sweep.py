@@ -73,3 +73,16 @@ def test_the_fit_ranks_configurations_per_class_by_geomean_over_every_shape_of_t
     path.write_text("\n".join(json.dumps(r) for r in [{"type": "env"}, *rows]) + "\n")
     assert sweep.ranked_by_fit(path, keep=2) == {1: ["b", "a"], 2: ["e", "d"]}
     assert sweep.ranked_by_fit(path, keep=1) == {1: ["b"], 2: ["e"]}
+
+
+def test_the_sweep_stops_before_building_where_the_cutlass_headers_are_missing(tmp_path):
+    """Every configuration is a CUTLASS-target kernel built here: without the `nvidia-cutlass` wheel the sweep stops
+    at once, naming it, and writes no results."""
+    import subprocess
+    script = Path(__file__).resolve().parent.parent / "scripts" / "widegemv_sweep.py"
+    argv = [str(script), "--out", str(tmp_path), "--dtypes", "f16", "--budget-s", "5"]
+    without_wheel = ("import runpy, sys; sys.modules['cutlass_library'] = None; "   # the wheel not installed
+                     f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", without_wheel], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "pip install nvidia-cutlass" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not list(tmp_path.glob("*.jsonl"))

@@ -13,7 +13,7 @@ import subprocess
 import threading
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ... import settings
 from ... import cache
@@ -48,6 +48,16 @@ def cutlass_include_dirs() -> List[Path]:
     if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
         raise BuildError(f"the installed cutlass_library has no headers under {dirs[0]}; reinstall nvidia-cutlass")
     return dirs
+
+
+def missing_headers() -> Optional[str]:
+    """Why no CUTLASS-target kernel can be built here (None: the headers are installed). A sweep that times
+    kernels outside the prebuilt pack asks first, so that it stops instead of recording every candidate as failed."""
+    try:
+        cutlass_include_dirs()
+    except BuildError as err:
+        return str(err)
+    return None
 
 
 def find_nvcc() -> str:
