@@ -354,6 +354,11 @@ def test_only_served_keeps_the_shapes_the_table_serves(tmp_path):
     assert main(["bench", "torch", "--shapes", str(shapes), "--only-served", "-o", str(tmp_path / "y.jsonl")]) == 2
 
 
+# a shape-generic Triton kernel in nn.Linear's layout, which the CPU's interpreter serves at any shape
+LINEAR_TRITON_RC = ("kernel rc {\n  target triton\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
+                    "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_serving_measures_each_spec_through_the_dispatcher_at_every_shape(tmp_path, capsys):
     """`serving:FILE.l2`: l2c.matmul serves each shape-generic spec at every shape of the set, in the spec's layouts
@@ -362,8 +367,7 @@ def test_serving_measures_each_spec_through_the_dispatcher_at_every_shape(tmp_pa
     specs = tmp_path / "s.l2"
     specs.write_text("kernel rr {\n  target triton\n  problem m=any n=any k=any\n  tile m=16 n=16 k=16\n"
                      "  swizzle group=1\n}\n"
-                     "kernel rc {\n  target triton\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
-                     "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+                     + LINEAR_TRITON_RC)
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("16 32 16\n24 16 32\n")
     out = tmp_path / "r.jsonl"
@@ -392,8 +396,7 @@ def test_a_serving_kernel_torch_stood_in_for_is_a_failed_row_naming_why(tmp_path
     specs = tmp_path / "s.l2"
     specs.write_text("kernel gv {\n  target cutlass\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
                      "  launch family=gemv cores=cuda warps=4 evict=first\n  tile m=1 n=8 k=256\n}\n"
-                     "kernel rc {\n  target triton\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
-                     "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+                     + LINEAR_TRITON_RC)
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("16 64 64\n")
     out = tmp_path / "r.jsonl"
