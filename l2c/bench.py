@@ -180,6 +180,8 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
             problem = _problem(cand, shape)
             baseline = (TorchLinear if getattr(cand._kernel, "torch_baseline", "") == "linear" else TorchMatmul)(problem)
             kernel, failure, extra = _prepared(cand, shape, device)
+            if failure is not None and failure[0] == "not_served":   # the dispatcher's warning, kept in the row
+                print(f"l2c bench: {cand.id} not served at {shape}: {failure[1]['reason']}", file=log)
             result = None
             if failure is None:
                 result = evaluate(baseline if kernel is None else kernel, baseline, problem, todo, device,
