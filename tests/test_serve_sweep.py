@@ -12,6 +12,7 @@ import serve_sweep as sweep  # noqa: E402
 
 from l2c.parser import parse_one  # noqa: E402
 from l2c.validate import validate  # noqa: E402
+from tests.toolchain import run_without_cutlass_wheel  # noqa: E402
 
 TOKENS = st.integers(48, 512)
 ROWS = st.integers(64, 20000).map(lambda n: 8 * n)          # weight rows N (multiples of 8, 512-160000)
@@ -116,7 +117,6 @@ def test_a_sweep_of_cutlass_kernels_stops_before_timing_where_their_headers_are_
     """Without the `nvidia-cutlass` wheel no CUTLASS-target kernel outside the prebuilt pack builds: the entries
     stage stops at once, naming the wheel, instead of recording every candidate as not served."""
     import json
-    import subprocess
     gv = parse_one("kernel gv {\n  target cutlass\n  problem m=any n=any k=any\n  layout a=row b=col c=row\n"
                    "  launch family=gemv cores=cuda warps=4 evict=first\n  tile m=1 n=8 k=256\n}\n").to_l2()
     table = tmp_path / "t.json"
@@ -127,9 +127,7 @@ def test_a_sweep_of_cutlass_kernels_stops_before_timing_where_their_headers_are_
     script = Path(__file__).resolve().parent.parent / "scripts" / "serve_sweep.py"
     argv = [str(script), "--out", str(tmp_path), "--stages", "entries", "--table", str(table), "--shapes",
             str(shape_file), "--workers", "1"]
-    without_wheel = ("import runpy, sys; sys.modules['cutlass_library'] = None; "   # the wheel not installed
-                     f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", without_wheel], capture_output=True, text=True, timeout=600)
+    done = run_without_cutlass_wheel(argv, timeout=600)
     assert done.returncode != 0 and "pip install nvidia-cutlass" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     rows = tmp_path / "serve_entries_f16.jsonl"

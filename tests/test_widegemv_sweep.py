@@ -10,6 +10,7 @@ import widegemv_sweep as sweep  # noqa: E402
 
 from l2c.parser import parse_one  # noqa: E402
 from l2c.validate import validate  # noqa: E402
+from tests.toolchain import run_without_cutlass_wheel  # noqa: E402
 
 
 def test_every_configuration_is_a_wide_row_major_gemv_of_its_class():
@@ -78,11 +79,8 @@ def test_the_fit_ranks_configurations_per_class_by_geomean_over_every_shape_of_t
 def test_the_sweep_stops_before_building_where_the_cutlass_headers_are_missing(tmp_path):
     """Every configuration is a CUTLASS-target kernel built here: without the `nvidia-cutlass` wheel the sweep stops
     at once, naming it, and writes no results."""
-    import subprocess
     script = Path(__file__).resolve().parent.parent / "scripts" / "widegemv_sweep.py"
     argv = [str(script), "--out", str(tmp_path), "--dtypes", "f16", "--budget-s", "5"]
-    without_wheel = ("import runpy, sys; sys.modules['cutlass_library'] = None; "   # the wheel not installed
-                     f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", without_wheel], capture_output=True, text=True, timeout=300)
+    done = run_without_cutlass_wheel(argv, timeout=300)
     assert done.returncode != 0 and "pip install nvidia-cutlass" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and not list(tmp_path.glob("*.jsonl"))
