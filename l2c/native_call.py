@@ -15,8 +15,9 @@ protocol every microsecond is a few percent of a small GEMM's figure.
 - the served plans: the CUTLASS call plans that already served a plain eager call
   (l2c.targets.cutlass.kernel, `launcher`), keyed like `l2c.kernel.call_signature` (shapes, strides, dtypes and
   devices of A, B and the bias) plus the asked activation, each holding the plan's C struct (shim.py, a reference
-  to its Python object too) and the output's shape and dtype; launched on the current device and stream, with a
-  workspace of the call's own where the kernel writes one (a plan with no workspace pointer).
+  to its Python object too) and the output's shape and dtype; launched on the current device and stream through
+  the shim's `l2c_run_planned` (which decides a captured launch's overlap), with a workspace of the call's own
+  where the kernel writes one (a plan with no workspace pointer).
 
 `call(a, b, bias, activation)` and `call_linear(x, weight, bias, activation)` return the output, or None where the
 Python path must decide: an operand that is not a plain tensor (a subclass with `__torch_function__`, or a torch
@@ -236,12 +237,15 @@ class CallTable {
  public:
   // resolve_matmul(a, b) and resolve_linear(x, weight): the spans of M an entry serves at this call's key, as a list
   // of (lo, hi), or None (the Python path decides this call and is asked again next time).
-  CallTable(py::object resolve_matmul, py::object resolve_linear)
-      : resolve_matmul_(std::move(resolve_matmul)), resolve_linear_(std::move(resolve_linear)) {}
+  // run_planned: the address of the call-plan shim's `l2c_run_planned`, which every served launch goes through.
+  CallTable(py::object resolve_matmul, py::object resolve_linear, int64_t run_planned)
+      : resolve_matmul_(std::move(resolve_matmul)), resolve_linear_(std::move(resolve_linear)),
+        run_planned_(reinterpret_cast<RunPlanned>(run_planned)) {}
 
   void add(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias, int64_t activation,
            py::object plan, int64_t plan_address, at::Tensor const& out_template, bool transposed, int64_t device) {
     TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && out_template.dim() == 2, "2-D operands only");
+    TORCH_CHECK(run_planned_ != nullptr, "a table made without the call-plan shim serves no plan");
     Key key = make_key(a, b.size(0), b.size(1), b.stride(0), b.stride(1), b, bias, activation);
     entries_[key] = Entry{reinterpret_cast<l2c_call_plan const*>(plan_address), plan, out_template.size(0),
                           out_template.size(1), out_template.scalar_type(), transposed, device};
@@ -380,10 +384,8 @@ class CallTable {
       }
       workspace_pointer = workspace.data_ptr();
     }
-    int status = p->run(a.data_ptr(), b.data_ptr(), nullptr, bias.has_value() ? bias->data_ptr() : nullptr,
-                        out.data_ptr(), p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
-                        p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, workspace_pointer,
-                        p->workspace_bytes, reinterpret_cast<void*>(stream));
+    int status = run_planned_(p, a.data_ptr(), b.data_ptr(), bias.has_value() ? bias->data_ptr() : nullptr,
+                              out.data_ptr(), workspace_pointer, reinterpret_cast<void*>(stream));
     if (status != 0) {
       return c10::nullopt;   // the Python path calls again and reports the library's own message
     }
@@ -391,7 +393,9 @@ class CallTable {
     return e.transposed ? out.t() : out;
   }
 
+  using RunPlanned = int (*)(l2c_call_plan const*, void const*, void const*, void const*, void*, void*, void*);
   py::object resolve_matmul_, resolve_linear_;
+  RunPlanned run_planned_;
   std::unordered_map<ShapeKey, Spans, WordsHash<4>> first_;
   uint64_t generation_ = 0;   // forget_first_tests calls so far
   std::unordered_map<Key, Entry, WordsHash<kKeyLength>> entries_;
@@ -437,7 +441,7 @@ PYBIND11_MODULE(L2C_MODULE_NAME, m) {
     }
     table.attr(method.ml_name) = py::reinterpret_steal<py::object>(descriptor);
   }
-  table.def(py::init<py::object, py::object>())
+  table.def(py::init<py::object, py::object, int64_t>())
       .def("add", &CallTable::add)
       .def("forget_first_tests", &CallTable::forget_first_tests)
       .def("size", &CallTable::size)
@@ -571,7 +575,11 @@ def new_table(resolve_matmul, resolve_linear):
     """A fresh `CallTable` whose first test asks `resolve_matmul(a, b)` and `resolve_linear(x, weight)` for the spans
     of M served at a key it has not met (see the module docstring), or None while the extension is not loaded (or
     cannot be)."""
-    return _module.CallTable(resolve_matmul, resolve_linear) if _module is not None else None
+    if _module is None:
+        return None
+    run_planned = shim.planned_call()   # None without a C compiler: then no kernel makes a plan to add
+    return _module.CallTable(resolve_matmul, resolve_linear,
+                             ctypes.cast(run_planned, ctypes.c_void_p).value if run_planned is not None else 0)
 
 
 def failure() -> Optional[str]:

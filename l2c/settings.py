@@ -37,7 +37,9 @@ SETTINGS = {
     "L2C_OVERLAP": "which CUTLASS-target kernels launch with programmatic dependent launch (a kernel starts while "
                    "the one before it on the stream finishes, and waits for it before touching any operand): "
                    "`measured` (default: the kernels measured faster with it, the tensor-core gemv and the "
-                   "basic-schedule GEMMs without parallel split-K), `all` or `0` (none); another value is refused "
+                   "basic-schedule GEMMs without parallel split-K; inside a CUDA-graph capture only after l2c's own "
+                   "kernel), `measured-any` (the same kernels after any kernel), `all` or `0` (none); another "
+                   "value is refused "
                    "by `set_tuned_table` and `l2c bench`, and the default dispatcher warns and keeps `measured`",
     "L2C_LLM_MODEL_DIR": "a local Hugging Face model that proposes specs in l2c tune / l2c propose",
     "L2C_LLM_URL": "an OpenAI-compatible server that proposes specs (with L2C_LLM_MODEL)",
@@ -53,7 +55,7 @@ def value(name: str) -> Optional[str]:
     return os.environ.get(name) or None
 
 
-OVERLAP_CHOICES = ("measured", "all", "0")
+OVERLAP_CHOICES = ("measured", "measured-any", "all", "0")
 
 
 def overlap() -> str:

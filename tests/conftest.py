@@ -53,3 +53,90 @@ def recorder(tmp_path_factory):
     lib.recorded.restype = ctypes.c_uint64
     lib.recorded.argtypes = [ctypes.c_int]
     return lib
+
+
+CAPTURE_STAND_IN = r"""
+#include <stddef.h>
+#include <stdint.h>
+/* A stream capture as the driver's cuStreamGetCaptureInfo_v3 reports it, driven by the test: the nodes the next
+   launch would follow (`tail`), the capture's id, and a library whose launches record their overlap setting. */
+static int capturing;
+static unsigned long long capture_id;
+static void* tail[2];
+static size_t tail_count;
+static uintptr_t next_node = 1;
+static int overlap = 1;
+static int seen[4096];
+static int launches;
+
+int capture_info(void* stream, int* status, unsigned long long* id, void** graph, void* const** dependencies,
+                 void const** edge_data, size_t* count) {
+  *status = capturing;
+  if (id) *id = capture_id;
+  if (graph) *graph = NULL;
+  if (dependencies) *dependencies = tail;
+  if (edge_data) *edge_data = NULL;
+  if (count) *count = capturing ? tail_count : 0;
+  return 0;
+}
+static void add_node(void) {
+  if (capturing) {
+    tail[0] = (void*)next_node++;
+    tail_count = 1;
+  }
+}
+int launch(void const* a, void const* b, void const* c, void const* bias, void* d, int m, int n, int k, int l,
+           int64_t x0, int64_t x1, int64_t x2, int64_t x3, int64_t x4, int64_t x5, int64_t x6, int64_t x7,
+           void* w, size_t wb, void* s) {
+  if (launches < 4096) seen[launches++] = overlap;
+  add_node();
+  return 0;
+}
+int set_overlap(int on) { int old = overlap; overlap = on != 0; return old; }
+void other_kernel(void) { add_node(); }
+void join(void) {   /* a second stream's work joins: the next launch follows two nodes */
+  if (capturing) { tail[0] = (void*)next_node++; tail[1] = (void*)next_node++; tail_count = 2; }
+}
+void begin_capture(unsigned long long id) {   /* each graph numbers its nodes afresh: handles may repeat */
+  capturing = 1; capture_id = id; tail_count = 0; next_node = 1;
+}
+void end_capture(void) { capturing = 0; tail_count = 0; }
+void reset(int on) { launches = 0; overlap = on; capturing = 0; tail_count = 0; }
+int launches_seen(void) { return launches; }
+int overlap_of(int i) { return seen[i]; }
+int overlap_now(void) { return overlap; }
+"""
+
+
+@pytest.fixture(scope="session")
+def capture_library(tmp_path_factory):
+    """The compiled CAPTURE_STAND_IN (see `capture_stand_in`)."""
+    import ctypes
+    import subprocess
+    from l2c.targets.cutlass import shim as cutlass_shim
+    folder = tmp_path_factory.mktemp("capture")
+    (folder / "capture.c").write_text(CAPTURE_STAND_IN)
+    subprocess.run([cutlass_shim.find_c_compiler(), "-O2", "-shared", "-fPIC", str(folder / "capture.c"), "-o",
+                    str(folder / "capture.so")], check=True)
+    lib = ctypes.CDLL(str(folder / "capture.so"))
+    lib.launch.restype = ctypes.c_int
+    lib.set_overlap.argtypes = [ctypes.c_int]
+    lib.begin_capture.argtypes = [ctypes.c_ulonglong]
+    lib.reset.argtypes = [ctypes.c_int]
+    lib.overlap_of.argtypes = [ctypes.c_int]
+    return lib
+
+
+@pytest.fixture
+def capture_stand_in(capture_library):
+    """A real C stand-in for the driver's capture query (`capture_info`) and a CUTLASS library (`launch`, the
+    20-argument entry, and `set_overlap`), whose launches record the library's overlap setting at launch time: this
+    machine has no driver to capture with. The shim asks the stand-in for the test's length
+    (`l2c_use_capture_info`)."""
+    import ctypes
+    from l2c.targets.cutlass import shim as cutlass_shim
+    shim_lib = cutlass_shim.shim_library()
+    shim_lib.l2c_use_capture_info(ctypes.cast(capture_library.capture_info, ctypes.c_void_p).value)
+    capture_library.reset(1)
+    yield capture_library
+    shim_lib.l2c_use_capture_info(None)

@@ -280,11 +280,12 @@ def test_no_operand_is_touched_before_the_wait_for_the_kernel_before(ptx):
 
 def test_by_default_the_kernels_measured_faster_overlap_their_launches(monkeypatch):
     """L2C_OVERLAP=measured (the default) turns programmatic dependent launch on where it measured faster (the
-    tensor-core gemv, the basic-schedule GEMMs but not with parallel split-K), `all` everywhere, `0` nowhere;
-    anything else is refused with the choices by the setting, and a kernel then takes the default (the dispatcher
-    and `l2c bench` report the malformed value)."""
+    tensor-core gemv, the basic-schedule GEMMs but not with parallel split-K), and inside a CUDA-graph capture
+    only after l2c's own launch (the shim's switch in their plans); `measured-any` the same kernels after any
+    kernel, `all` everywhere, `0` nowhere; anything else is refused with the choices by the setting, and a kernel
+    then takes the default (the dispatcher and `l2c bench` report the malformed value)."""
     from l2c import settings as l2c_settings
-    from l2c.targets.cutlass.kernel import overlaps
+    from l2c.targets.cutlass.kernel import overlaps, overlaps_only_own_in_capture
     kernels = [validate(spec(launch_cores="tensor", tile_m=8, tile_n=16, tile_k=128, launch_warps=2), "cutlass"),
                validate(KernelSpec(name="b", tile_m=64, tile_n=64, tile_k=64, launch_schedule="basic"), "cutlass"),
                validate(spec(), "cutlass"),
@@ -297,10 +298,13 @@ def test_by_default_the_kernels_measured_faster_overlap_their_launches(monkeypat
     measured = [True, True, False, False, False, False]
     monkeypatch.delenv("L2C_OVERLAP", raising=False)
     assert [overlaps(v) for v in kernels] == measured
-    for value, expected in (("measured", measured), ("all", [True] * 6), ("0", [False] * 6)):
+    assert [overlaps_only_own_in_capture(v) for v in kernels] == measured
+    for value, expected, switched in (("measured", measured, measured), ("measured-any", measured, [False] * 6),
+                                      ("all", [True] * 6, [False] * 6), ("0", [False] * 6, [False] * 6)):
         monkeypatch.setenv("L2C_OVERLAP", value)
         assert [overlaps(v) for v in kernels] == expected
+        assert [overlaps_only_own_in_capture(v) for v in kernels] == switched
     monkeypatch.setenv("L2C_OVERLAP", "yes")
-    with pytest.raises(ValueError, match="measured, all or 0"):
+    with pytest.raises(ValueError, match="measured, measured-any, all or 0"):
         l2c_settings.overlap()
     assert [overlaps(v) for v in kernels] == measured

@@ -8,9 +8,10 @@ and sign is checked; the test in test_cutlass_build.py calls a real CUTLASS libr
 from __future__ import annotations
 
 import ctypes
+import itertools
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from l2c.targets.cutlass import shim as cutlass_shim
 
@@ -37,6 +38,59 @@ def test_the_shim_forwards_every_argument_to_the_entry_point(recorder, ints, str
     seen = [recorder.recorded(i) for i in range(20)]
     expected = [a, b, 0, bias or 0, d, *ints, *strides, workspace or own_workspace or 0, workspace_bytes, stream]
     assert seen == [x % 2**64 for x in expected]
+
+
+CAPTURE_IDS = itertools.count(1)   # the driver numbers a process's captures once each
+EVENTS = st.lists(st.sampled_from(["launch", "launch", "other kernel", "join", "begin capture", "end capture"]),
+                  max_size=40)
+
+
+def expected_overlaps(events, library_on, switched):
+    """Each launch's overlap by the shim's rule: the library's setting, except inside a capture where the launch
+    would not follow this thread's previous launch alone (then off); a plan without the switch keeps the setting."""
+    capturing, after_own, expected = False, False, []
+    for event in events:
+        if event == "launch":
+            expected.append(int(library_on and (not switched or not capturing or after_own)))
+            after_own = capturing
+        elif event == "begin capture" and not capturing:
+            capturing, after_own = True, False
+        elif event == "end capture" and capturing:
+            capturing, after_own = False, False
+        elif event in ("other kernel", "join"):
+            after_own = False
+    return expected
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=EVENTS, library_on=st.booleans(), switched=st.booleans())
+@example(events=["begin capture", "launch", "end capture", "begin capture", "other kernel", "launch"],
+         library_on=True, switched=True)   # the second graph's first node has the handle of the first one's launch
+def test_a_captured_launch_overlaps_only_the_previous_launch_of_a_plan(capture_stand_in, events, library_on,
+                                                                      switched):
+    """Programmatic dependent launch inside a CUDA-graph capture only right after l2c's own launch: after another
+    kernel, two joined streams or at a capture's start the plan launches without it, and the library's setting is
+    back as it was after every launch; eager launches keep the setting, and a plan without the switch (a kernel
+    that does not overlap by default) is never switched."""
+    lib = capture_stand_in
+    lib.reset(int(library_on))
+    run = cutlass_shim.planned_call()
+    plan = cutlass_shim.make_plan(lib.launch, (8, 8, 64, 1, 64, 0, 8, 0, 8, 0, 8, 0, 4096, 256),
+                                  lib.set_overlap if switched else None)
+    capturing = False
+    for event in events:
+        if event == "launch":
+            assert run(ctypes.addressof(plan), 16, 32, None, 48, None, 7) == 0
+            assert lib.overlap_now() == int(library_on)
+        elif event == "begin capture" and not capturing:
+            capturing = True
+            lib.begin_capture(next(CAPTURE_IDS))
+        elif event == "end capture" and capturing:
+            capturing = False
+            lib.end_capture()
+        elif event in ("other kernel", "join"):
+            getattr(lib, event.replace(" ", "_"))()
+    assert [lib.overlap_of(i) for i in range(lib.launches_seen())] == expected_overlaps(events, library_on, switched)
 
 
 def test_make_plan_refuses_a_wrong_argument_count(recorder):

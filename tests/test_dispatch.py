@@ -715,7 +715,7 @@ def test_a_persisted_decision_of_a_target_not_timed_now_is_not_served(tmp_path, 
 
 
 def test_a_malformed_overlap_setting_is_reported_and_kernels_launch_as_by_default(monkeypatch, caplog, tmp_path):
-    """`L2C_OVERLAP` other than measured, all or 0: the default dispatcher warns once (a user's call never raises
+    """`L2C_OVERLAP` other than one of its choices: the default dispatcher warns once (a user's call never raises
     for it), an explicit dispatcher and `l2c bench` through it refuse it, and a CUTLASS kernel launches as with
     the default rather than failing its construction (which would leave every call to torch)."""
     from l2c import dispatch
@@ -731,8 +731,8 @@ def test_a_malformed_overlap_setting_is_reported_and_kernels_launch_as_by_defaul
     monkeypatch.setattr(dispatch, "_default", None)
     with caplog.at_level("WARNING", logger="l2c"):
         dispatch.default_dispatcher()
-    assert "L2C_OVERLAP='1': expected measured, all or 0; using measured" in caplog.text
-    with pytest.raises(ValueError, match="expected measured, all or 0"):
+    assert "L2C_OVERLAP='1': expected measured, measured-any, all or 0; using measured" in caplog.text
+    with pytest.raises(ValueError, match="expected measured, measured-any, all or 0"):
         set_tuned_table(None)
     assert main(["bench", "dispatch", "--shapes", "offgrid", "--limit", "1", "--device", "cpu",
                  "-o", str(tmp_path / "r.jsonl")]) == 2

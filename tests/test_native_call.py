@@ -78,6 +78,25 @@ def test_a_registered_call_launches_its_plan_with_this_calls_pointers(new_table,
     assert [recorder.recorded(17), recorder.recorded(18)] == [4096, 256]   # the plan's workspace
 
 
+def test_the_tables_launches_follow_the_shims_rule_for_captured_overlap(new_table, capture_stand_in):
+    """The table launches through the call-plan shim's `l2c_run_planned`, so a call captured into a CUDA graph
+    overlaps only l2c's own previous launch, as a call on the Python path does (tests/test_cutlass_shim.py)."""
+    lib = capture_stand_in
+    table = new_table()
+    struct = shim.make_plan(lib.launch, (8, 8, 64, 1, 64, 0, 8, 0, 8, 0, 8, 0, 4096, 256), lib.set_overlap)
+    a, b, _ = operands()
+    table.add(a, b, None, 0, struct, ctypes.addressof(struct), torch.empty(8, 8, dtype=torch.float16), False, CPU)
+    lib.begin_capture(1 << 40)
+    table.call(a, b, None, 0)       # the graph's first node
+    table.call(a, b, None, 0)       # after the table's own launch
+    lib.other_kernel()
+    table.call(a, b, None, 0)       # after another library's kernel
+    lib.end_capture()
+    table.call(a, b, None, 0)       # eager
+    assert [lib.overlap_of(i) for i in range(lib.launches_seen())] == [0, 1, 0, 1]
+    assert lib.overlap_now() == 1 and table.counts() == (4, 0)
+
+
 def test_a_plan_without_a_workspace_pointer_launches_with_the_calls_own(new_table, recorder):
     """A kernel that writes a workspace keeps none in its plan: the table allocates one of the plan's size for each
     call (torch's caching allocator, the call's stream), so calls on two streams never share one."""

@@ -43,15 +43,26 @@ def overlaps(valid: ValidSpec) -> bool:
     schedule, which let the next kernel start after their main loop (1.02x), but not with parallel split-K (its
     reduction is a second kernel: 0.98x). The persistent GEMMs trigger only when they exit (1.00x), and the
     CUDA-core gemv was mixed (1.05x in f16, 0.87x for one bf16 kernel on 7 shapes)."""
-    try:
-        choice = settings.overlap()
-    except ValueError:   # the dispatcher reports a malformed setting (docs/CONTRACTS.md); kernels take the default
-        choice = "measured"
-    if choice == "measured":
+    choice = _overlap_choice()
+    if choice in ("measured", "measured-any"):
         if valid.schedule == "gemv":
             return valid.spec.launch_cores == "tensor"
         return valid.schedule == "basic" and not valid.spec.parallel_split_k
     return choice == "all"
+
+
+def overlaps_only_own_in_capture(valid: ValidSpec) -> bool:
+    """Whether a CUDA-graph capture of this kernel's planned call overlaps only l2c's own previous launch (the
+    shim's rule, shim.py): by default, for the kernels that overlap at all. With `measured-any` they overlap any
+    node, as eager launches do (for measuring the rule)."""
+    return _overlap_choice() == "measured" and overlaps(valid)
+
+
+def _overlap_choice() -> str:
+    try:
+        return settings.overlap()
+    except ValueError:   # the dispatcher reports a malformed setting (docs/CONTRACTS.md); kernels take the default
+        return "measured"
 
 
 class CutlassKernel(Kernel):
@@ -72,6 +83,9 @@ class CutlassKernel(Kernel):
         self._workspace_size.restype = ctypes.c_int
         self._last_error = getattr(self.library, prefix + "last_error")
         self._last_error.restype = ctypes.c_char_p
+        self._set_overlap = self.library[f"l2c_{valid.name}_set_overlap"]
+        self._set_overlap.argtypes = [ctypes.c_int]
+        self._set_overlap.restype = ctypes.c_int
         self.set_overlap(overlaps(valid))
         self._workspace_bytes: Dict[tuple, int] = {}   # (device, M, N, K, L) -> bytes that size needs
         self._unused_workspaces: Dict[int, object] = {}   # device -> the buffer passed where none is needed
@@ -92,7 +106,7 @@ class CutlassKernel(Kernel):
     def set_overlap(self, on: bool) -> bool:
         """Whether later calls launch with programmatic dependent launch (one switch per library, shared by every
         CutlassKernel of it); returns the previous setting, so that a check can restore it."""
-        return bool(self.library[f"l2c_{self.valid.name}_set_overlap"](int(on)))
+        return bool(self._set_overlap(int(on)))
 
     @property
     def stages(self) -> int:
@@ -298,7 +312,10 @@ class CutlassKernel(Kernel):
             workspace = 0 if needed else self._unused_workspace(device).data_ptr()
             arguments = (m, n, k, batch, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace,
                          needed or UNUSED_WORKSPACE_BYTES)
-            native = shim.make_plan(self._run, arguments) if self._run_planned is not None else None
+            native = None
+            if self._run_planned is not None:
+                switch = self._set_overlap if overlaps_only_own_in_capture(self.valid) else None
+                native = shim.make_plan(self._run, arguments, switch)
             stored_shape = tuple(out.mT.shape) if spec.layout_c == "col" else tuple(out.shape)
             plan = _CallPlan(
                 device=device.index, dtype=out.dtype, transposed=spec.layout_c == "col", stored_shape=stored_shape,

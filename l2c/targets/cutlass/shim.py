@@ -13,6 +13,12 @@ A plan whose workspace pointer is NULL takes the workspace passed with each call
 calls on several streams, or a captured graph beside eager calls, never share one. A plan that holds a pointer
 (a kernel that writes no workspace) ignores the per-call argument.
 
+The shim also decides, inside a CUDA-graph capture, whether a launch overlaps the node before it (programmatic
+dependent launch): only where that node is l2c's own previous launch, which lets its successor start early; after
+another library's kernel an overlapped launch cost about half a microsecond in a replayed graph. It asks the
+driver (`cuStreamGetCaptureInfo_v3`, found in the already loaded libcuda) and keeps no state but this thread's
+last captured node, so both the Python path and the C++ call table go through it.
+
 The shim is C source compiled once per machine with the host C compiler into the build cache (keyed by its
 text and the compiler's path). It does not touch the generated CUTLASS libraries, so no kernel is rebuilt.
 Without a C compiler `planned_call()` returns None and kernels keep the 20-argument call.
@@ -42,21 +48,83 @@ struct l2c_call_plan {
   int64_t lda, batch_stride_a, ldb, batch_stride_b, ldc, batch_stride_c, ldd, batch_stride_d;
   void* workspace;
   size_t workspace_bytes;
+  int (*set_overlap)(int);   /* the library's l2c_<name>_set_overlap where captured launches follow the rule below */
 };
 """
 
 RUN_PLANNED = r"""
+/* cuStreamGetCaptureInfo_v3 (CUDA 12.3 and later), declared here so that the shim needs no CUDA header. */
+typedef int (*l2c_capture_info_fn)(void* stream, int* status, unsigned long long* id, void** graph,
+                                   void* const** dependencies, void const** edge_data, size_t* count);
+
+static l2c_capture_info_fn capture_info_in_use;   /* the driver's, looked up once it is loaded; or a stand-in */
+
+/* A stand-in for the driver's query (tests on a machine without a driver); NULL goes back to the driver's. */
+void l2c_use_capture_info(l2c_capture_info_fn stand_in) {
+  __atomic_store_n(&capture_info_in_use, stand_in, __ATOMIC_RELEASE);
+}
+
+static l2c_capture_info_fn capture_info(void) {
+  l2c_capture_info_fn fn = __atomic_load_n(&capture_info_in_use, __ATOMIC_ACQUIRE);
+  if (fn == NULL) {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);   /* the driver torch loaded, if any */
+    if (driver != NULL) {
+      fn = (l2c_capture_info_fn)dlsym(driver, "cuStreamGetCaptureInfo_v3");
+      dlclose(driver);
+      if (fn != NULL) {
+        __atomic_store_n(&capture_info_in_use, fn, __ATOMIC_RELEASE);
+      }
+    }
+  }
+  return fn;
+}
+
+/* The node the last captured launch of this thread added, and its capture. */
+static __thread unsigned long long last_capture;
+static __thread void* last_node;
+
 /* The allocating call without a C input: C is D's layout and is not read (beta = 0). The plan's workspace, or
-   where it holds none, this call's own. */
+   where it holds none, this call's own.
+
+   A plan with `set_overlap` launches with programmatic dependent launch as its library is set, except inside a
+   CUDA-graph capture where the node it would follow is not the one this thread's previous launch of a plan added
+   (another library's kernel, a copy, several nodes): there it launches without. Eager launches and captured ones
+   after an l2c kernel measured faster with the overlap; captured ones after another kernel about 0.5 us slower
+   (benchmarks/NOTES.md, "The overlapped launch"). */
 int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b, void const* bias, void* d,
                     void* workspace, void* stream) {
-  return p->run(a, b, NULL, bias, d, p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
-                p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d,
-                p->workspace != NULL ? p->workspace : workspace, p->workspace_bytes, stream);
+  void* used = p->workspace != NULL ? p->workspace : workspace;
+  l2c_capture_info_fn info = p->set_overlap != NULL ? capture_info() : NULL;
+  int capturing = 0;
+  unsigned long long capture = 0;
+  void* const* after = NULL;
+  void const* edges = NULL;
+  size_t count = 0;
+  if (info == NULL || info(stream, &capturing, &capture, NULL, &after, &edges, &count) != 0 || capturing != 1) {
+    return p->run(a, b, NULL, bias, d, p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
+                  p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, used, p->workspace_bytes,
+                  stream);
+  }
+  int const after_own = count == 1 && after[0] == last_node && capture == last_capture;
+  int const previous = after_own ? -1 : p->set_overlap(0);
+  int const status = p->run(a, b, NULL, bias, d, p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
+                            p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, used,
+                            p->workspace_bytes, stream);
+  if (previous >= 0) {
+    p->set_overlap(previous);
+  }
+  last_node = NULL;
+  if (status == 0 && info(stream, &capturing, &capture, NULL, &after, &edges, &count) == 0 && capturing == 1 &&
+      count == 1) {
+    last_capture = capture;
+    last_node = after[0];
+  }
+  return status;
 }
 """
 
-SOURCE = "\n#include <stddef.h>\n#include <stdint.h>\n\n" + PLAN_STRUCT.lstrip("\n") + "\n" + RUN_PLANNED.lstrip("\n")
+SOURCE = ("\n#include <dlfcn.h>\n#include <stddef.h>\n#include <stdint.h>\n\n" + PLAN_STRUCT.lstrip("\n") + "\n"
+          + RUN_PLANNED.lstrip("\n"))
 
 _FIELDS = ("m", "n", "k", "batch", "lda", "batch_stride_a", "ldb", "batch_stride_b", "ldc", "batch_stride_c",
            "ldd", "batch_stride_d", "workspace", "workspace_bytes")
@@ -66,7 +134,8 @@ class CallPlanStruct(ctypes.Structure):
     """Mirror of `struct l2c_call_plan` above."""
     _fields_ = [("run", ctypes.c_void_p)] + [(f, ctypes.c_int) for f in _FIELDS[:4]] + \
         [(f, ctypes.c_int64) for f in _FIELDS[4:12]] + [("workspace", ctypes.c_void_p),
-                                                         ("workspace_bytes", ctypes.c_size_t)]
+                                                         ("workspace_bytes", ctypes.c_size_t),
+                                                         ("set_overlap", ctypes.c_void_p)]
 
 
 def find_host_compiler(variable: str, *names: str) -> Optional[str]:
@@ -97,7 +166,7 @@ def shim_library() -> Optional[ctypes.CDLL]:
                 with tempfile.TemporaryDirectory(dir=folder, prefix=".cutlass_call_plan.") as work:
                     c, so = Path(work) / "shim.c", Path(work) / "shim.so"
                     c.write_text(SOURCE)
-                    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(c), "-o", str(so)],
+                    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(c), "-o", str(so), "-ldl"],
                                           capture_output=True, text=True)
                     if done.returncode != 0:
                         raise OSError(f"{compiler} failed: {(done.stdout + done.stderr).strip()[:500]}")
@@ -110,6 +179,8 @@ def shim_library() -> Optional[ctypes.CDLL]:
     entry = lib.l2c_run_planned
     entry.argtypes = [ctypes.c_void_p] * 7
     entry.restype = ctypes.c_int
+    lib.l2c_use_capture_info.argtypes = [ctypes.c_void_p]
+    lib.l2c_use_capture_info.restype = None
     return lib
 
 
@@ -119,14 +190,16 @@ def planned_call():
     return None if lib is None else lib.l2c_run_planned
 
 
-def make_plan(run_function, arguments) -> CallPlanStruct:
+def make_plan(run_function, arguments, set_overlap=None) -> CallPlanStruct:
     """A plan struct for the 20-argument entry `run_function` (a ctypes function) with `arguments` fixed:
     (M, N, K, L, lda, bsa, ldb, bsb, ldc, bsc, ldd, bsd, workspace pointer, workspace bytes); a workspace pointer
-    of 0 makes each call pass its own."""
+    of 0 makes each call pass its own. With `set_overlap` (the library's switch, a ctypes function) a launch
+    inside a CUDA-graph capture overlaps only an l2c kernel (`l2c_run_planned`)."""
     if len(arguments) != len(_FIELDS):
         raise ValueError(f"a call plan fixes {len(_FIELDS)} arguments, got {len(arguments)}")
     plan = CallPlanStruct()
     plan.run = ctypes.cast(run_function, ctypes.c_void_p).value
+    plan.set_overlap = ctypes.cast(set_overlap, ctypes.c_void_p).value if set_overlap is not None else None
     for name, value in zip(_FIELDS, arguments):
         setattr(plan, name, value)
     return plan
