@@ -210,6 +210,24 @@ def _overlap(a):
     return out
 
 
+def _captured_overlap(a):
+    """The captured-overlap rule (the call-plan shim: inside a CUDA-graph capture a planned launch overlaps only
+    l2c's own previous launch) against the rule before it (`L2C_OVERLAP=measured-any`): what its driver query costs
+    an eager launch, the C++ table in a replayed graph (dispatch_check), the grid's served shapes in `kernel` and
+    `kernel_apart` replayed in CUDA graphs, and a Llama-8B-shaped model's decoding step, f16."""
+    out = [script("scripts/capture_query_cost.py", f"{a.out}/capture_query_cost.json"),
+           script("scripts/dispatch_check.py", "--out", f"{a.out}/dispatch_check.json")]
+    for overlap in ("measured", "measured-any"):
+        env = ["env", f"L2C_OVERLAP={overlap}"]
+        out.append(env + l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "grid", "--only-served", "--dtype",
+                             "f16", "--protocol", "kernel,kernel_apart", "--reps", "5", "-o",
+                             f"{a.out}/captured_overlap_{overlap}_grid_graphs.jsonl"))
+        out.append(env + script("examples/llama_e2e.py", "--out", f"{a.out}/captured_overlap_{overlap}_model_f16.json",
+                                "--table", a.eager_table, "--dtypes", "fp16", "--sides", "torch_eager,l2c",
+                                "--mlp-tokens", "", "--prefill", "", "--decode-batch", "1,32,128"))
+    return out
+
+
 def _near_check(a):
     """The shipped table's cells on shapes they were not made from: `offgrid` and `heldout`, f16 and bf16."""
     return [l2c("bench", f"dispatch:{a.eager_table}", "--shapes", shapes, "--dtype", dtype, "--protocol", "kernel,call",
@@ -496,6 +514,9 @@ STAGES: Dict[str, Stage] = {
                      "in kernel and kernel_apart, graphs and eager, L2C_OVERLAP measured and 0; a Llama-shaped "
                      "model's prefill and decode both ways; the corner-cell kernels around the neighbourhood cells' "
                      "false win", _overlap),
+    "captured_overlap": Stage("the captured-overlap rule against `measured-any`: its eager query cost, the C++ "
+                              "table in a replayed graph, the served grid in kernel and kernel_apart under CUDA "
+                              "graphs, a Llama-shaped model's decode step", _captured_overlap),
     "evidence": Stage("every entry of both tables through l2c.matmul / l2c.nn.Linear at its own shapes, kernel and "
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "
