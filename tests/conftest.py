@@ -92,6 +92,16 @@ int launch(void const* a, void const* b, void const* c, void const* bias, void* 
   add_node();
   return 0;
 }
+/* The call-plan shim's entry as the C++ call table calls it: records the plan it was handed. */
+static void const* planned_plan;
+static int planned_calls;
+int planned(void const* plan, void const* a, void const* b, void const* bias, void* d, void* w, void* s) {
+  planned_plan = plan;
+  ++planned_calls;
+  return 0;
+}
+uintptr_t last_planned(void) { return (uintptr_t)planned_plan; }
+int planned_count(void) { return planned_calls; }
 int set_overlap(int on) { int old = overlap; overlap = on != 0; return old; }
 void other_kernel(void) { add_node(); }
 void join(void) {   /* a second stream's work joins: the next launch follows two nodes */
@@ -124,6 +134,7 @@ def capture_library(tmp_path_factory):
     lib.begin_capture.argtypes = [ctypes.c_ulonglong]
     lib.reset.argtypes = [ctypes.c_int]
     lib.overlap_of.argtypes = [ctypes.c_int]
+    lib.last_planned.restype = ctypes.c_size_t
     return lib
 
 

@@ -93,6 +93,19 @@ def test_a_captured_launch_overlaps_only_the_previous_launch_of_a_plan(capture_s
     assert [lib.overlap_of(i) for i in range(lib.launches_seen())] == expected_overlaps(events, library_on, switched)
 
 
+def test_a_launch_on_the_legacy_default_stream_asks_nothing(capture_stand_in):
+    """Stream 0 (torch's default stream, where eager calls usually run) cannot be captured, so the shim makes no
+    driver query there and the library's setting stands, whatever the query would have said."""
+    lib = capture_stand_in
+    plan = cutlass_shim.make_plan(lib.launch, (8, 8, 64, 1, 64, 0, 8, 0, 8, 0, 8, 0, 4096, 256), lib.set_overlap)
+    lib.begin_capture(next(CAPTURE_IDS))   # what the stand-in would answer for any stream
+    lib.other_kernel()
+    run = cutlass_shim.planned_call()
+    assert run(ctypes.addressof(plan), 16, 32, None, 48, None, None) == 0
+    assert run(ctypes.addressof(plan), 16, 32, None, 48, None, 7) == 0
+    assert [lib.overlap_of(i) for i in range(lib.launches_seen())] == [1, 0]
+
+
 def test_make_plan_refuses_a_wrong_argument_count(recorder):
     with pytest.raises(ValueError, match="14 arguments"):
         cutlass_shim.make_plan(recorder.record, (1, 2, 3))

@@ -78,23 +78,24 @@ def test_a_registered_call_launches_its_plan_with_this_calls_pointers(new_table,
     assert [recorder.recorded(17), recorder.recorded(18)] == [4096, 256]   # the plan's workspace
 
 
-def test_the_tables_launches_follow_the_shims_rule_for_captured_overlap(new_table, capture_stand_in):
-    """The table launches through the call-plan shim's `l2c_run_planned`, so a call captured into a CUDA graph
-    overlaps only l2c's own previous launch, as a call on the Python path does (tests/test_cutlass_shim.py)."""
-    lib = capture_stand_in
-    table = new_table()
-    struct = shim.make_plan(lib.launch, (8, 8, 64, 1, 64, 0, 8, 0, 8, 0, 8, 0, 4096, 256), lib.set_overlap)
+def test_the_table_launches_through_the_call_plan_shims_entry(new_table, capture_library):
+    """Every served launch goes through the shim's `l2c_run_planned` (whose address `new_table` passes), so a call
+    captured into a CUDA graph follows the shim's overlap rule (tests/test_cutlass_shim.py) on both call paths; here
+    the entry handed to the table is a C stand-in that records the plan it gets."""
+    assert new_table is not None   # the extension is built
+    entry = ctypes.cast(capture_library.planned, ctypes.c_void_p).value
+    table = native_call._module.CallTable(lambda *_: [(0, 1 << 40)], lambda *_: [(0, 1 << 40)], entry)
+    struct = shim.make_plan(capture_library.launch, (8, 8, 64, 1, 64, 0, 8, 0, 8, 0, 8, 0, 4096, 256))
     a, b, _ = operands()
     table.add(a, b, None, 0, struct, ctypes.addressof(struct), torch.empty(8, 8, dtype=torch.float16), False, CPU)
-    lib.begin_capture(1 << 40)
-    table.call(a, b, None, 0)       # the graph's first node
-    table.call(a, b, None, 0)       # after the table's own launch
-    lib.other_kernel()
-    table.call(a, b, None, 0)       # after another library's kernel
-    lib.end_capture()
-    table.call(a, b, None, 0)       # eager
-    assert [lib.overlap_of(i) for i in range(lib.launches_seen())] == [0, 1, 0, 1]
-    assert lib.overlap_now() == 1 and table.counts() == (4, 0)
+    before = capture_library.planned_count()
+    assert table.call(a, b, None, 0) is not None and table.call(a, b, None, 0) is not None
+    assert capture_library.planned_count() - before == 2
+    assert capture_library.last_planned() == ctypes.addressof(struct)
+    without = native_call._module.CallTable(lambda *_: None, lambda *_: None, 0)   # no shim: no plan is taken
+    with pytest.raises(RuntimeError, match="without the call-plan shim"):
+        without.add(a, b, None, 0, struct, ctypes.addressof(struct), torch.empty(8, 8, dtype=torch.float16), False,
+                    CPU)
 
 
 def test_a_plan_without_a_workspace_pointer_launches_with_the_calls_own(new_table, recorder):

@@ -16,8 +16,9 @@ calls on several streams, or a captured graph beside eager calls, never share on
 The shim also decides, inside a CUDA-graph capture, whether a launch overlaps the node before it (programmatic
 dependent launch): only where that node is l2c's own previous launch, which lets its successor start early; after
 another library's kernel an overlapped launch cost about half a microsecond in a replayed graph. It asks the
-driver (`cuStreamGetCaptureInfo_v3`, found in the already loaded libcuda) and keeps no state but this thread's
-last captured node, so both the Python path and the C++ call table go through it.
+driver (`cuStreamGetCaptureInfo_v3`, found in the already loaded libcuda; not on the legacy default stream, where
+eager calls usually run and no capture can be) and keeps no state but this thread's last captured node, so both
+the Python path and the C++ call table go through it.
 
 The shim is C source compiled once per machine with the host C compiler into the build cache (keyed by its
 text and the compiler's path). It does not touch the generated CUTLASS libraries, so no kernel is rebuilt.
@@ -94,7 +95,8 @@ static __thread void* last_node;
 int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b, void const* bias, void* d,
                     void* workspace, void* stream) {
   void* used = p->workspace != NULL ? p->workspace : workspace;
-  l2c_capture_info_fn info = p->set_overlap != NULL ? capture_info() : NULL;
+  /* the legacy default stream (NULL), where eager calls usually run, cannot be captured: no query there */
+  l2c_capture_info_fn info = p->set_overlap != NULL && stream != NULL ? capture_info() : NULL;
   int capturing = 0;
   unsigned long long capture = 0;
   void* const* after = NULL;
