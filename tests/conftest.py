@@ -36,19 +36,25 @@ uint64_t recorded(int i) { return seen[i]; }
 """
 
 
+def compiled_c(tmp_path_factory, name: str, source: str):
+    """`source` compiled by the host C compiler into a shared library of its own, loaded with ctypes."""
+    import ctypes
+    import subprocess
+    from l2c.targets.cutlass import shim as cutlass_shim
+    folder = tmp_path_factory.mktemp(name)
+    (folder / f"{name}.c").write_text(source)
+    subprocess.run([cutlass_shim.find_c_compiler(), "-O2", "-shared", "-fPIC", str(folder / f"{name}.c"), "-o",
+                    str(folder / f"{name}.so")], check=True)
+    return ctypes.CDLL(str(folder / f"{name}.so"))
+
+
 @pytest.fixture(scope="session")
 def recorder(tmp_path_factory):
     """A real C function with the ABI of a CUTLASS library's `l2c_<name>_run` that records the arguments it got
     (`recorded(i)`) and returns M ^ N as its status: the entry point of call plans in the shim's and the C++
     call table's tests."""
     import ctypes
-    import subprocess
-    from l2c.targets.cutlass import shim as cutlass_shim
-    folder = tmp_path_factory.mktemp("recorder")
-    (folder / "rec.c").write_text(RECORDER)
-    subprocess.run([cutlass_shim.find_c_compiler(), "-O2", "-shared", "-fPIC", str(folder / "rec.c"), "-o",
-                    str(folder / "rec.so")], check=True)
-    lib = ctypes.CDLL(str(folder / "rec.so"))
+    lib = compiled_c(tmp_path_factory, "recorder", RECORDER)
     lib.record.restype = ctypes.c_int
     lib.recorded.restype = ctypes.c_uint64
     lib.recorded.argtypes = [ctypes.c_int]
@@ -122,13 +128,7 @@ int overlap_now(void) { return overlap; }
 def capture_library(tmp_path_factory):
     """The compiled CAPTURE_STAND_IN (see `capture_stand_in`)."""
     import ctypes
-    import subprocess
-    from l2c.targets.cutlass import shim as cutlass_shim
-    folder = tmp_path_factory.mktemp("capture")
-    (folder / "capture.c").write_text(CAPTURE_STAND_IN)
-    subprocess.run([cutlass_shim.find_c_compiler(), "-O2", "-shared", "-fPIC", str(folder / "capture.c"), "-o",
-                    str(folder / "capture.so")], check=True)
-    lib = ctypes.CDLL(str(folder / "capture.so"))
+    lib = compiled_c(tmp_path_factory, "capture", CAPTURE_STAND_IN)
     lib.launch.restype = ctypes.c_int
     lib.set_overlap.argtypes = [ctypes.c_int]
     lib.begin_capture.argtypes = [ctypes.c_ulonglong]
