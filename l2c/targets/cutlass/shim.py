@@ -80,6 +80,14 @@ static l2c_capture_info_fn capture_info(void) {
   return fn;
 }
 
+/* The plan's 20-argument entry with this call's pointers (no C input: C is D's layout and is not read). */
+static int launch(struct l2c_call_plan const* p, void const* a, void const* b, void const* bias, void* d,
+                  void* workspace, void* stream) {
+  return p->run(a, b, NULL, bias, d, p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
+                p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, workspace,
+                p->workspace_bytes, stream);
+}
+
 /* The node the last captured launch of this thread added, and its capture. */
 static __thread unsigned long long last_capture;
 static __thread void* last_node;
@@ -103,15 +111,11 @@ int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b,
   void const* edges = NULL;
   size_t count = 0;
   if (info == NULL || info(stream, &capturing, &capture, NULL, &after, &edges, &count) != 0 || capturing != 1) {
-    return p->run(a, b, NULL, bias, d, p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
-                  p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, used, p->workspace_bytes,
-                  stream);
+    return launch(p, a, b, bias, d, used, stream);
   }
   int const after_own = count == 1 && after[0] == last_node && capture == last_capture;
   int const previous = after_own ? -1 : p->set_overlap(0);
-  int const status = p->run(a, b, NULL, bias, d, p->m, p->n, p->k, p->batch, p->lda, p->batch_stride_a, p->ldb,
-                            p->batch_stride_b, p->ldc, p->batch_stride_c, p->ldd, p->batch_stride_d, used,
-                            p->workspace_bytes, stream);
+  int const status = launch(p, a, b, bias, d, used, stream);
   if (previous >= 0) {
     p->set_overlap(previous);
   }
