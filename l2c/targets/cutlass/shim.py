@@ -65,15 +65,19 @@ void l2c_use_capture_info(l2c_capture_info_fn stand_in) {
   __atomic_store_n(&capture_info_in_use, stand_in, __ATOMIC_RELEASE);
 }
 
+static int driver_lacks_capture_info;   /* the loaded driver has no such symbol: do not look again each launch */
+
 static l2c_capture_info_fn capture_info(void) {
   l2c_capture_info_fn fn = __atomic_load_n(&capture_info_in_use, __ATOMIC_ACQUIRE);
-  if (fn == NULL) {
+  if (fn == NULL && !__atomic_load_n(&driver_lacks_capture_info, __ATOMIC_RELAXED)) {
     void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);   /* the driver torch loaded, if any */
     if (driver != NULL) {
       fn = (l2c_capture_info_fn)dlsym(driver, "cuStreamGetCaptureInfo_v3");
       dlclose(driver);
       if (fn != NULL) {
         __atomic_store_n(&capture_info_in_use, fn, __ATOMIC_RELEASE);
+      } else {
+        __atomic_store_n(&driver_lacks_capture_info, 1, __ATOMIC_RELAXED);
       }
     }
   }
