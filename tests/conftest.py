@@ -64,6 +64,7 @@ def recorder(tmp_path_factory):
 CAPTURE_STAND_IN = r"""
 #include <stddef.h>
 #include <stdint.h>
+#include <unistd.h>
 /* A stream capture as the driver's cuStreamGetCaptureInfo_v3 reports it, driven by the test: the nodes the next
    launch would follow (`tail`), the capture's id, and a library whose launches record their overlap setting. */
 static int capturing;
@@ -85,8 +86,10 @@ int capture_info(void* stream, int* status, unsigned long long* id, void** graph
   if (count) *count = capturing ? tail_count : 0;
   return 0;
 }
+static int launch_us;        /* each launch takes this long (threads' launches then interleave) */
+static int always_joined;    /* every launch follows two nodes: no launch is after its thread's own */
 static void add_node(void) {
-  if (capturing) {
+  if (capturing && !always_joined) {
     tail[0] = (void*)next_node++;
     tail_count = 1;
   }
@@ -94,7 +97,9 @@ static void add_node(void) {
 int launch(void const* a, void const* b, void const* c, void const* bias, void* d, int m, int n, int k, int l,
            int64_t x0, int64_t x1, int64_t x2, int64_t x3, int64_t x4, int64_t x5, int64_t x6, int64_t x7,
            void* w, size_t wb, void* s) {
-  if (launches < 4096) seen[launches++] = overlap;
+  if (launch_us) usleep(launch_us);
+  int const i = __atomic_fetch_add(&launches, 1, __ATOMIC_RELAXED);
+  if (i < 4096) seen[i] = overlap;
   add_node();
   return 0;
 }
@@ -117,7 +122,11 @@ void begin_capture(unsigned long long id) {   /* each graph numbers its nodes af
   capturing = 1; capture_id = id; tail_count = 0; next_node = 1;
 }
 void end_capture(void) { capturing = 0; tail_count = 0; }
-void reset(int on) { launches = 0; overlap = on; capturing = 0; tail_count = 0; }
+void reset(int on) { launches = 0; overlap = on; capturing = 0; tail_count = 0; launch_us = 0; always_joined = 0; }
+void joined_and_slow(int us) {   /* a capture where every launch follows two nodes and takes `us` microseconds */
+  capturing = 1; capture_id = 1; tail[0] = (void*)1; tail[1] = (void*)2; tail_count = 2; always_joined = 1;
+  launch_us = us;
+}
 int launches_seen(void) { return launches; }
 int overlap_of(int i) { return seen[i]; }
 int overlap_now(void) { return overlap; }
@@ -134,6 +143,7 @@ def capture_library(tmp_path_factory):
     lib.begin_capture.argtypes = [ctypes.c_ulonglong]
     lib.reset.argtypes = [ctypes.c_int]
     lib.overlap_of.argtypes = [ctypes.c_int]
+    lib.joined_and_slow.argtypes = [ctypes.c_int]
     lib.last_planned.restype = ctypes.c_size_t
     return lib
 

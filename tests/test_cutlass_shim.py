@@ -106,6 +106,30 @@ def test_a_launch_on_the_legacy_default_stream_asks_nothing(capture_stand_in):
     assert [lib.overlap_of(i) for i in range(lib.launches_seen())] == [1, 0]
 
 
+def test_threads_capturing_at_once_leave_the_library_setting_as_it_was(capture_stand_in):
+    """The overlap switch belongs to the library, shared by every thread: launches captured on several threads at
+    once, each after a node not its own, each launch without the overlap, leave the library set as before (a
+    switch-off / restore pair of one thread interleaved with another's would leave it off for good)."""
+    import threading
+    lib = capture_stand_in
+    lib.joined_and_slow(200)
+    plan = cutlass_shim.make_plan(lib.launch, (8, 8, 64, 1, 64, 0, 8, 0, 8, 0, 8, 0, 4096, 256), lib.set_overlap)
+    run = cutlass_shim.planned_call()   # ctypes releases the GIL for the call: the launches overlap in time
+
+    def launches():
+        for _ in range(25):
+            assert run(ctypes.addressof(plan), 16, 32, None, 48, None, 7) == 0
+
+    threads = [threading.Thread(target=launches) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert lib.launches_seen() == 100
+    assert [lib.overlap_of(i) for i in range(100)] == [0] * 100
+    assert lib.overlap_now() == 1
+
+
 def test_make_plan_refuses_a_wrong_argument_count(recorder):
     with pytest.raises(ValueError, match="14 arguments"):
         cutlass_shim.make_plan(recorder.record, (1, 2, 3))

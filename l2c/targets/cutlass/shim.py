@@ -92,6 +92,8 @@ static int launch(struct l2c_call_plan const* p, void const* a, void const* b, v
                 p->workspace_bytes, stream);
 }
 
+static pthread_mutex_t switching = PTHREAD_MUTEX_INITIALIZER;
+
 /* The node the last captured launch of this thread added, and its capture. */
 static __thread unsigned long long last_capture;
 static __thread void* last_node;
@@ -118,10 +120,16 @@ int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b,
     return launch(p, a, b, bias, d, used, stream);
   }
   int const after_own = count == 1 && after[0] == last_node && capture == last_capture;
-  int const previous = after_own ? -1 : p->set_overlap(0);
-  int const status = launch(p, a, b, bias, d, used, stream);
-  if (previous >= 0) {
+  int status;
+  if (after_own) {
+    status = launch(p, a, b, bias, d, used, stream);
+  } else {
+    /* the switch is the library's, shared by all threads: one captured launch at a time turns it off and back */
+    pthread_mutex_lock(&switching);
+    int const previous = p->set_overlap(0);
+    status = launch(p, a, b, bias, d, used, stream);
     p->set_overlap(previous);
+    pthread_mutex_unlock(&switching);
   }
   last_node = NULL;
   if (status == 0 && info(stream, &capturing, &capture, NULL, &after, &edges, &count) == 0 && capturing == 1 &&
@@ -133,8 +141,8 @@ int l2c_run_planned(struct l2c_call_plan const* p, void const* a, void const* b,
 }
 """
 
-SOURCE = ("\n#include <dlfcn.h>\n#include <stddef.h>\n#include <stdint.h>\n\n" + PLAN_STRUCT.lstrip("\n") + "\n"
-          + RUN_PLANNED.lstrip("\n"))
+SOURCE = ("\n#include <dlfcn.h>\n#include <pthread.h>\n#include <stddef.h>\n#include <stdint.h>\n\n"
+          + PLAN_STRUCT.lstrip("\n") + "\n" + RUN_PLANNED.lstrip("\n"))
 
 _FIELDS = ("m", "n", "k", "batch", "lda", "batch_stride_a", "ldb", "batch_stride_b", "ldc", "batch_stride_c",
            "ldd", "batch_stride_d", "workspace", "workspace_bytes")
@@ -176,7 +184,8 @@ def shim_library() -> Optional[ctypes.CDLL]:
                 with tempfile.TemporaryDirectory(dir=folder, prefix=".cutlass_call_plan.") as work:
                     c, so = Path(work) / "shim.c", Path(work) / "shim.so"
                     c.write_text(SOURCE)
-                    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(c), "-o", str(so), "-ldl"],
+                    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(c), "-o", str(so), "-ldl",
+                                           "-pthread"],
                                           capture_output=True, text=True)
                     if done.returncode != 0:
                         raise OSError(f"{compiler} failed: {(done.stdout + done.stderr).strip()[:500]}")
