@@ -127,11 +127,15 @@ def _prepared(cand: Candidate, shape: Shape, device):
     kernel = cand.kernel()
     if cand.failure is not None:
         return None, (cand.failure[0], {"reason": cand.failure[1]}), {}
-    if cand.serves is None:
-        served = kernel.prime(shape, device) if hasattr(kernel, "prime") else {}
-        return kernel, None, served
-    with _warnings_logged(("l2c.dispatch", "l2c.prepare")) as reasons:
-        served = kernel.prime(shape, device)
+    try:   # a dispatcher candidate's first calls (e.g. no device memory for a large weight): an error row
+        if cand.serves is None:
+            served = kernel.prime(shape, device) if hasattr(kernel, "prime") else {}
+            return kernel, None, served
+        with _warnings_logged(("l2c.dispatch", "l2c.prepare")) as reasons:
+            served = kernel.prime(shape, device)
+    except Exception as err:  # noqa: BLE001 - recorded; the other shapes and candidates go on
+        _freed(err, device)
+        return None, ("error", {"reason": f"{type(err).__name__}: {err}"}), {}
     if served["served_by"] == "torch":   # a `serving:` kernel torch stood in for: its row times torch against torch
         from .parser import parse_one
         return None, ("not_served", {
@@ -180,8 +184,9 @@ def run_bench(candidates: List[Candidate], shapes: List[Shape], jobs: Dict, devi
             problem = _problem(cand, shape)
             baseline = (TorchLinear if getattr(cand._kernel, "torch_baseline", "") == "linear" else TorchMatmul)(problem)
             kernel, failure, extra = _prepared(cand, shape, device)
-            if failure is not None and failure[0] == "not_served":   # the dispatcher's warning, kept in the row
-                print(f"l2c bench: {cand.id} not served at {shape}: {failure[1]['reason']}", file=log)
+            if failure is not None and failure[0] in ("not_served", "error"):   # kept in the row, told here too
+                print(f"l2c bench: {cand.id} {failure[0].replace('_', ' ')} at {shape}: {failure[1]['reason']}",
+                      file=log)
             result = None
             if failure is None:
                 result = evaluate(baseline if kernel is None else kernel, baseline, problem, todo, device,

@@ -211,6 +211,15 @@ def prepare_one(job: Job) -> Tuple[bool, str, Optional[object]]:
     return result.ok, "" if result.ok else f"verification failed: {result.reason}", kernel
 
 
+def _release_device_memory() -> None:
+    """Hand the GPU memory a job's inputs took back to the driver before replying: the worker idles up to
+    IDLE_EXIT_S with its CUDA context, and verifying one large weight (an LLM's lm_head: about 9 GiB) would
+    otherwise stay cached in it, beside the caller's own tensors (and every other dispatcher's worker)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     """The worker: one JSON job a line on stdin, one JSON reply a line on stdout, until stdin closes."""
     out = sys.stdout
@@ -232,6 +241,7 @@ def main() -> int:
                 ok, reason, _ = prepare_one(job)
         except Exception as err:  # noqa: BLE001 - every failure is a reply, never a dead worker
             ok, reason = False, f"{type(err).__name__}: {err}"
+        _release_device_memory()
         out.write(json.dumps({"ok": ok, "reason": reason, **reply}) + "\n")
         out.flush()
     return 0

@@ -245,6 +245,32 @@ def test_bench_measures_what_users_call_through_the_dispatcher(tmp_path):
     assert served[("dispatch", 31)] == served[("linear", 31)] == "torch"
 
 
+def test_a_dispatcher_candidate_that_cannot_allocate_a_shape_is_an_error_row_and_the_run_goes_on(tmp_path):
+    """The first calls that let the dispatcher prepare its kernel (`prime`) need the shape's inputs: where they
+    cannot be allocated (an LLM's lm_head beside other processes' memory on a GPU; here a process limited to 3 GiB
+    of address space, a real allocator failure) the shape gets an `error` row saying why, and the next shapes are
+    measured as usual."""
+    spec = ("kernel t32 {\n  target triton\n  problem m=any n=48 k=40\n  tile m=16 n=16 k=16\n"
+            "  swizzle group=1\n}\n")
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
+        {"m": 32, "n": 48, "k": 40, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "triton",
+         "spec": spec, "tflops": 2.0, "baseline_tflops": 1.0}]}))
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("32 48 40\n16384 16384 16384\n31 48 40\n")   # the middle one's inputs: 2 x 1 GiB drawn
+    out = tmp_path / "r.jsonl"
+    program = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+               "from l2c.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", program, "bench", f"dispatch:{table}", "--shapes", str(shapes),
+                           "--protocol", "kernel", *FAST, "-o", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["m"]: r for r in read_rows(out) if r.get("type") == "result"}
+    assert rows[32]["status"] == rows[31]["status"] == "ok" and rows[32]["served_by"] == "t32"
+    assert rows[16384]["status"] == "error" and "allocate" in rows[16384]["reason"]
+    assert "error at 16384x16384x16384" in done.stderr
+
+
 def test_bench_dispatch_without_a_table_measures_what_users_get_on_this_gpu(monkeypatch):
     """`dispatch` with no table named is l2c.matmul as users get it: the table shipped for this GPU (the H100's),
     else the arch's default table, which serves only on the GPU it was measured on (the H200); elsewhere it serves
