@@ -573,12 +573,23 @@ STAGES: Dict[str, Stage] = {
 }
 
 
+def users_table() -> Path:
+    """The table `l2c.matmul` serves from on this machine's GPU (sm_90.json where no GPU is visible)."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from l2c.dispatch import default_table_path
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return default_table_path("sm_90", gpu) or ROOT / "l2c" / "tuned" / "sm_90.json"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("stages", nargs="*", help="stages to run, in order (see --list)")
     p.add_argument("--list", action="store_true", help="list the stages and exit")
     p.add_argument("--out", default="out", help="where results, logs and stages.json go (default out/)")
-    p.add_argument("--eager-table", default=str(ROOT / "l2c" / "tuned" / "sm_90.json"))
+    p.add_argument("--eager-table", default=None, help="default: the table l2c.matmul reads on this GPU "
+                                                       "(L2C_TUNED_TABLE, else the one shipped for it: on an H100 "
+                                                       "its own, whose kernels the H200's table does not serve)")
     p.add_argument("--graphs-table", default=str(ROOT / "l2c" / "tuned" / "sm_90_graphs.json"))
     p.add_argument("--total-s", type=float, default=None, help="stop the whole run after this many seconds (the "
                                                                "command then running is cut, what it wrote stays, "
@@ -594,6 +605,8 @@ def main(argv=None) -> int:
                                                   ".tar.xz (on the device machine: --out /tmp/run --bundle "
                                                   "$OUT/results.tar.xz, one file to bring back)")
     args = p.parse_args(argv)
+    if args.eager_table is None:
+        args.eager_table = str(users_table())
     if args.list or not args.stages:
         for name, stage in STAGES.items():
             print(f"{name:<9} {stage.doc}")

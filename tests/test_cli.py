@@ -292,6 +292,25 @@ def test_the_gpu_entry_point_lists_its_stages_and_every_command_names_a_file_tha
     assert bad.returncode == 2 and "unknown stage" in bad.stderr
 
 
+def test_gpu_stages_time_the_table_users_get_unless_told_another(tmp_path):
+    """The stages' eager table is the one l2c.matmul reads here (L2C_TUNED_TABLE, else the one shipped for this
+    GPU; sm_90.json with none visible), and `--eager-table` names another."""
+    root = Path(__file__).resolve().parent.parent
+
+    def tables(*extra, users_table=None):
+        env = {k: v for k, v in os.environ.items() if k != "L2C_TUNED_TABLE"}
+        dry = subprocess.run([sys.executable, "scripts/gpu.py", "captured_overlap", "--dry-run", "--out",
+                              str(tmp_path), *extra], capture_output=True, text=True, cwd=root,
+                             env={**env, **({"L2C_TUNED_TABLE": users_table} if users_table else {})})
+        assert dry.returncode == 0, dry.stderr
+        return {word.split(":", 1)[1] for word in dry.stdout.split() if word.startswith("dispatch:")}
+
+    users = str(tmp_path / "users.json")
+    assert tables(users_table=users) == {users}
+    assert tables("--eager-table", "other.json", users_table=users) == {"other.json"}
+    assert tables() == {str(root / "l2c" / "tuned" / "sm_90.json")}
+
+
 def test_gpu_stages_bundle_their_results_into_one_archive(tmp_path, monkeypatch):
     """gpu.py --bundle: after each command, every file under --out (results, logs, stages.json) in one .tar.xz,
     rewritten whole, so that a run cut short still brings back what finished; --start-from seeds a results file that
