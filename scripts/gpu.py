@@ -605,12 +605,12 @@ def main(argv=None) -> int:
                                                   ".tar.xz (on the device machine: --out /tmp/run --bundle "
                                                   "$OUT/results.tar.xz, one file to bring back)")
     args = p.parse_args(argv)
-    if args.eager_table is None:
-        args.eager_table = str(users_table())
     if args.list or not args.stages:
         for name, stage in STAGES.items():
             print(f"{name:<9} {stage.doc}")
         return 0
+    if args.eager_table is None:
+        args.eager_table = str(users_table())
     unknown = [s for s in args.stages if s not in STAGES]
     if unknown:
         p.error(f"unknown stage(s) {', '.join(unknown)}; --list shows them")
