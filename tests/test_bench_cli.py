@@ -223,16 +223,23 @@ def test_tuned_table_entries_run_on_their_own_shapes(tmp_path, capsys):
     assert "1 fixed-shape kernel(s)/table entries skipped" in capsys.readouterr().err
 
 
+def one_entry_table(folder: Path, layout: str) -> Path:
+    """A table whose one entry, a Triton kernel t32 in `layout`, serves 32x48x40 (and no other M)."""
+    a, b, c = layout.split(",")
+    spec = (f"kernel t32 {{\n  target triton\n  problem m=any n=48 k=40\n  layout a={a} b={b} c={c}\n"
+            "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
+    table = folder / "t.json"
+    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
+        {"m": 32, "n": 48, "k": 40, "batch": 1, "dtype": "f16", "layout": layout, "target": "triton",
+         "spec": spec, "tflops": 2.0, "baseline_tflops": 1.0}]}))
+    return table
+
+
 def test_bench_measures_what_users_call_through_the_dispatcher(tmp_path):
     """`dispatch:TABLE` and `linear:TABLE` time l2c.matmul / l2c.nn.Linear's path itself: after the background
     worker prepared the kernel, the table's shape is served tuned (the row names the kernel) and a shape the table
     does not hold is served by torch, both verified against the reference."""
-    spec = ("kernel t32 {\n  target triton\n  problem m=any n=48 k=40\n  layout a=row b=col c=row\n"
-            "  tile m=16 n=16 k=16\n  swizzle group=1\n}\n")
-    table = tmp_path / "t.json"
-    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
-        {"m": 32, "n": 48, "k": 40, "batch": 1, "dtype": "f16", "layout": "row,col,row", "target": "triton",
-         "spec": spec, "tflops": 2.0, "baseline_tflops": 1.0}]}))
+    table = one_entry_table(tmp_path, "row,col,row")
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("32 48 40\n31 48 40\n")
     out = tmp_path / "r.jsonl"
@@ -250,12 +257,7 @@ def test_a_dispatcher_candidate_that_cannot_allocate_a_shape_is_an_error_row_and
     cannot be allocated (an LLM's lm_head beside other processes' memory on a GPU; here a process limited to 3 GiB
     of address space, a real allocator failure) the shape gets an `error` row saying why, and the next shapes are
     measured as usual."""
-    spec = ("kernel t32 {\n  target triton\n  problem m=any n=48 k=40\n  tile m=16 n=16 k=16\n"
-            "  swizzle group=1\n}\n")
-    table = tmp_path / "t.json"
-    table.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
-        {"m": 32, "n": 48, "k": 40, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "triton",
-         "spec": spec, "tflops": 2.0, "baseline_tflops": 1.0}]}))
+    table = one_entry_table(tmp_path, "row,row,row")
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("32 48 40\n16384 16384 16384\n31 48 40\n")   # the middle one's inputs: 2 x 1 GiB drawn
     out = tmp_path / "r.jsonl"
