@@ -146,20 +146,22 @@ def _gpu_serve(a):
     (serve_sweep.py's `entries` stage: the evidence for token ranges where the best kernel changes from one M to the
     next); the table of all three, where each kernel counts at its worst run; its served shapes measured again (a
     kernel the entries stage put in place of the confirmed one has one run there: a second, so that it too stands
-    only where it won twice), the table remade with that run; and that table on `decode_between` (token counts it
-    holds no entry for: its ranges' held-out check). The GPU's table then takes these files among its `sources`
-    (README, "The H100's table"). About 15 minutes on an H100."""
-    common = ["--protocol", "kernel,call", "--roofline", "--reps", "5", "--iters", "10"]
+    only where it won twice; this run adds `kernel_apart`, a launch after a torch kernel, which `l2c table` counts as
+    `kernel`), the table remade with that run; and that table on `decode_between` (token counts it holds no entry
+    for: its ranges' held-out check). The GPU's table then takes these files among its `sources` (README, "The
+    H100's table"). About 15 minutes on an H100."""
+    measure = ["--roofline", "--reps", "5", "--iters", "10"]
+    common = ["--protocol", "kernel,call", *measure]
     points = [f"{a.out}/gpu_serve_points_{d}.jsonl" for d in ("f16", "bf16")]
     confirm = [f"{a.out}/gpu_serve_confirm_{d}.jsonl" for d in ("f16", "bf16")]
     entries = [f"{a.out}/serve_entries_{d}.jsonl" for d in ("f16", "bf16")]
     again = [f"{a.out}/gpu_serve_again_{d}.jsonl" for d in ("f16", "bf16")]
     table = ["--protocol", "kernel,call", "--min-speedup", "1.03", "--ranges"]
 
-    def served_again(made, paths):
+    def served_again(made, paths, protocols="kernel,call"):
         """`made`'s served `serve` shapes measured once more through l2c.nn.Linear, f16 then bf16."""
-        return [l2c("bench", f"linear:{made}", "--shapes", "serve", "--only-served", "--dtype", d, *common, "-o", path)
-                for d, path in zip(("f16", "bf16"), paths)]
+        return [l2c("bench", f"linear:{made}", "--shapes", "serve", "--only-served", "--dtype", d,
+                    "--protocol", protocols, *measure, "-o", path) for d, path in zip(("f16", "bf16"), paths)]
 
     return ([["env", "L2C_TUNE=online"] + l2c("bench", "linear:none", "--shapes", "serve", "--dtype", d, *common,
                                              "-o", path, "--resume") for d, path in zip(("f16", "bf16"), points)]
@@ -169,7 +171,7 @@ def _gpu_serve(a):
                       f"{a.out}/gpu_serve_candidates.json", "--shapes", "serve", "--budget-s", "600")
                for d in ("f16", "bf16")]
             + [l2c("table", *points, *confirm, *entries, *table, "-o", f"{a.out}/gpu_serve_remade.json")]
-            + served_again(f"{a.out}/gpu_serve_remade.json", again)
+            + served_again(f"{a.out}/gpu_serve_remade.json", again, "kernel,call,kernel_apart")
             + [l2c("table", *points, *confirm, *entries, *again, *table, "-o", f"{a.out}/gpu_serve_table.json")]
             + [l2c("bench", f"linear:{a.out}/gpu_serve_table.json", "--shapes", "decode_between", "--dtype", d,
                    *common, "-o", f"{a.out}/gpu_serve_between_{d}.jsonl") for d in ("f16", "bf16")])

@@ -256,6 +256,47 @@ def test_two_protocols_admit_a_kernel_only_where_it_is_slower_in_neither(tmp_pat
     assert table["protocol"] == "kernel,call"
 
 
+_APART_FIGURES = st.dictionaries(st.sampled_from("abc"),
+                                 st.tuples(st.floats(0.9, 1.3, allow_nan=False),
+                                           st.none() | st.floats(0.9, 1.3, allow_nan=False)),
+                                 min_size=1, max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_APART_FIGURES, st.booleans())
+def test_a_kernel_counts_at_the_worse_of_back_to_back_and_apart(figures, others_apart):
+    """Rows in kernel_apart count as kernel rows: a kernel counts at the worse of its two figures. At a shape where
+    some kernel was measured apart, a kernel with no apart row there wins nothing, so that leaving a kernel
+    unmeasured apart never favours it; where none was, the back-to-back figure decides as before."""
+    import tempfile
+    from pathlib import Path
+    rows = []
+    for kernel, (back_to_back, apart) in figures.items():
+        rows.append(row(kernel, 64, back_to_back))
+        rows.append(row(kernel, 64, 1.0, protocol="call"))   # no margin: the kernel figure must carry it
+        if apart is not None:
+            rows.append(row(kernel, 64, apart, protocol="kernel_apart"))
+    if others_apart:   # torch measured apart too: not a kernel's apart figure
+        rows.append(row("torch", 64, 1.0, protocol="kernel_apart"))
+    measured_apart = any(apart is not None for _, apart in figures.values())
+    worth = {kernel: (min(b, a) if a is not None else (None if measured_apart else b))
+             for kernel, (b, a) in figures.items()}
+    eligible = {kernel: v for kernel, v in worth.items() if v is not None and v >= 1.05}
+    with tempfile.TemporaryDirectory() as tmp:
+        table = _table_run(Path(tmp), rows, "--protocol", "kernel,call", "--min-speedup", "1.05")
+    got = [e["spec"].split()[1] for e in table["entries"]]
+    if not eligible:
+        assert got == []
+    else:
+        assert len(got) == 1 and worth[got[0]] == max(eligible.values())
+        assert table["entries"][0]["speedup"] == max(eligible.values())
+
+
+def test_kernel_apart_is_not_a_table_protocol_of_its_own(tmp_path):
+    done = _table_command(tmp_path, [row("a", 64, 1.2, protocol="kernel_apart")], "--protocol", "kernel_apart")
+    assert done.returncode == 2 and "count as kernel rows" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_a_range_under_two_protocols_holds_only_ms_won_in_the_first(tmp_path):
     """With --protocol kernel,call a range's figures are the first protocol's: an M that tied in device time (1.0)
     and won only the eager call ends a run rather than joining it with a worst of 1.0, which the dispatcher would

@@ -41,6 +41,12 @@ at least one; its figures are the first protocol's, with each protocol's worst i
 `l2c bench dispatch:TABLE` / `linear:TABLE` (what users call) count for the entry of TABLE that served them (the
 row's `served_spec`, else TABLE's entry at the row's shape).
 
+Rows in `kernel_apart` (the `kernel` protocol with each launch placed after a torch kernel, as a GEMM inside a
+replayed model runs) count as `kernel` rows (`as_kernel_rows`): a kernel counts at the worse of its back-to-back and
+its apart figure, so a kernel that wins only by overlapping its own previous launch does not displace one that wins
+in both. At a shape measured apart, a kernel with no apart row of its own there wins nothing (status NOT_APART):
+otherwise the kernels left unmeasured apart would be favoured for it.
+
 `--host-overhead triton=30e-6,cutlass=10e-6` makes a `kernel`-protocol table safe for eager callers: each
 candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
 (measured by scripts/call_overhead.py), times its launches (a Triton atomic split-K kernel also clears its
@@ -281,6 +287,31 @@ def _serves_plain(spec_text: str) -> bool:
     spec = _spec(spec_text)
     return (spec.epilogue_alpha == 1.0 and spec.epilogue_beta == 0.0 and spec.epilogue_activation == "none"
             and spec.types_c == spec.types_a and spec.epilogue_bias in ("none", "col"))
+
+
+APART = "kernel_apart"
+
+
+NOT_APART = "not_measured_apart"   # the status of a kernel row at a shape where other kernels were measured apart
+
+
+def as_kernel_rows(rows, cache):
+    """Rows with `kernel_apart` rows as `kernel` rows (module docstring): the same device-time figure, with the launch
+    after a foreign kernel instead of after its own; at a shape measured apart, the `kernel` rows of a spec with no
+    apart row there stay as measurements that won nothing (NOT_APART)."""
+    apart = {}
+    for r in rows:
+        if r.get("type") == "result" and r.get("protocol") == APART and r.get("kernel") != "torch":
+            apart.setdefault(shape_key(r), set()).add(spec_text(r, cache))
+    out = []
+    for r in rows:
+        if r.get("type") == "result" and r.get("protocol") == APART:
+            r = dict(r, protocol="kernel")
+        elif (r.get("type") == "result" and r.get("protocol") == "kernel" and r.get("kernel") != "torch"
+              and r.get("status") == "ok" and shape_key(r) in apart and spec_text(r, cache) not in apart[shape_key(r)]):
+            r = dict(r, status=NOT_APART)
+        out.append(r)
+    return out
 
 
 def combined_rows(rows, protocols, min_speedup: float, cache):
@@ -814,6 +845,10 @@ def run(args) -> int:
     protocols = [p for p in args.protocol.split(",") if p]
     if not protocols or len(set(protocols)) != len(protocols):
         raise UsageError(f"--protocol {args.protocol!r}: name each protocol once, e.g. kernel or kernel,call")
+    if APART in protocols:
+        raise UsageError(f"--protocol {args.protocol!r}: {APART} rows count as kernel rows; name kernel")
+    if "kernel" in protocols:
+        rows, near_points = as_kernel_rows(rows, cache), as_kernel_rows(near_points, cache)
     protocol, margin = args.protocol, args.min_speedup
     unresolved = sorted({(r.get("source", ""), r.get("name", "")) for r in rows + near_points
                          if r.get("type") == "result" and r.get("status") == "ok" and r.get("kernel") != "torch"
