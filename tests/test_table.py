@@ -258,38 +258,45 @@ def test_two_protocols_admit_a_kernel_only_where_it_is_slower_in_neither(tmp_pat
 
 _APART_FIGURES = st.dictionaries(st.sampled_from("abc"),
                                  st.tuples(st.floats(0.9, 1.3, allow_nan=False),
-                                           st.none() | st.floats(0.9, 1.3, allow_nan=False)),
-                                 min_size=1, max_size=3)
+                                           st.none() | st.just("error") | st.floats(0.9, 1.3, allow_nan=False)),
+                                 max_size=3)
 
 
-@settings(max_examples=60, deadline=None)
-@given(_APART_FIGURES, st.booleans())
-def test_a_kernel_counts_at_the_worse_of_back_to_back_and_apart(figures, others_apart):
+@settings(max_examples=80, deadline=None)
+@given(st.tuples(_APART_FIGURES, _APART_FIGURES), st.sampled_from(["kernel", "kernel,call"]), st.booleans())
+def test_a_kernel_counts_at_the_worse_of_back_to_back_and_apart(figures, protocol, torch_apart):
     """Rows in kernel_apart count as kernel rows: a kernel counts at the worse of its two figures. At a shape where
-    some kernel was measured apart, a kernel with no apart row there wins nothing, so that leaving a kernel
-    unmeasured apart never favours it; where none was, the back-to-back figure decides as before."""
+    some kernel has a verified apart row, a kernel with none there wins nothing, so that leaving a kernel unmeasured
+    apart never favours it; where none has, the back-to-back figure decides as before. Shape by shape, in one
+    protocol or two (a failed row loses in two; alone, the kernel protocol skips it)."""
     import tempfile
     from pathlib import Path
-    rows = []
-    for kernel, (back_to_back, apart) in figures.items():
-        rows.append(row(kernel, 64, back_to_back))
-        rows.append(row(kernel, 64, 1.0, protocol="call"))   # no margin: the kernel figure must carry it
-        if apart is not None:
-            rows.append(row(kernel, 64, apart, protocol="kernel_apart"))
-    if others_apart:   # torch measured apart too: not a kernel's apart figure
-        rows.append(row("torch", 64, 1.0, protocol="kernel_apart"))
-    measured_apart = any(apart is not None for _, apart in figures.values())
-    worth = {kernel: (min(b, a) if a is not None else (None if measured_apart else b))
-             for kernel, (b, a) in figures.items()}
-    eligible = {kernel: v for kernel, v in worth.items() if v is not None and v >= 1.05}
+    rows, expected = [], {}
+    for m, at_m in zip((64, 128), figures):
+        for kernel, (back_to_back, apart) in at_m.items():
+            rows.append(row(kernel, m, back_to_back))
+            rows.append(row(kernel, m, 1.0, protocol="call"))   # no margin: the kernel figure must carry it
+            if apart == "error":
+                rows.append(row(kernel, m, None, status="error", protocol="kernel_apart"))
+            elif apart is not None:
+                rows.append(row(kernel, m, apart, protocol="kernel_apart"))
+        if torch_apart:   # torch measured apart: not a kernel's apart figure
+            rows.append(row("torch", m, 1.0, protocol="kernel_apart"))
+        measured_apart = any(isinstance(apart, float) for _, apart in at_m.values())
+        worth = {}
+        for kernel, (back_to_back, apart) in at_m.items():
+            if isinstance(apart, float):
+                worth[kernel] = min(back_to_back, apart)
+            elif not measured_apart and not (apart == "error" and protocol == "kernel,call"):
+                worth[kernel] = back_to_back
+        eligible = [v for v in worth.values() if v >= 1.05]
+        expected[m] = (max(eligible), {k for k, v in worth.items() if v == max(eligible)}) if eligible else None
     with tempfile.TemporaryDirectory() as tmp:
-        table = _table_run(Path(tmp), rows, "--protocol", "kernel,call", "--min-speedup", "1.05")
-    got = [e["spec"].split()[1] for e in table["entries"]]
-    if not eligible:
-        assert got == []
-    else:
-        assert len(got) == 1 and worth[got[0]] == max(eligible.values())
-        assert table["entries"][0]["speedup"] == max(eligible.values())
+        table = _table_run(Path(tmp), rows, "--protocol", protocol, "--min-speedup", "1.05")
+    got = {e["m"]: (e["speedup"], e["spec"].split()[1]) for e in table["entries"]}
+    assert set(got) == {m for m, want in expected.items() if want is not None}
+    for m, (speedup, kernel) in got.items():
+        assert speedup == expected[m][0] and kernel in expected[m][1]
 
 
 def test_kernel_apart_is_not_a_table_protocol_of_its_own(tmp_path):

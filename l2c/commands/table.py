@@ -42,10 +42,11 @@ at least one; its figures are the first protocol's, with each protocol's worst i
 row's `served_spec`, else TABLE's entry at the row's shape).
 
 Rows in `kernel_apart` (the `kernel` protocol with each launch placed after a torch kernel, as a GEMM inside a
-replayed model runs) count as `kernel` rows (`as_kernel_rows`): a kernel counts at the worse of its back-to-back and
-its apart figure, so a kernel that wins only by overlapping its own previous launch does not displace one that wins
-in both. At a shape measured apart, a kernel with no apart row of its own there wins nothing (status NOT_APART):
-otherwise the kernels left unmeasured apart would be favoured for it.
+replayed model runs) count as `kernel` rows (`apart_as_kernel`), among the sources, the `--near` points and the
+`--confirmed-by` checks: a kernel counts at the worse of its back-to-back and its apart figure, so a kernel that wins
+only by overlapping its own previous launch does not displace one that wins in both. Among the sources, at a shape
+where some kernel has a verified apart row, a kernel with none there is a measured loss (status NOT_APART,
+`unmeasured_apart`): otherwise the kernels left unmeasured apart would be favoured for it.
 
 `--host-overhead triton=30e-6,cutlass=10e-6` makes a `kernel`-protocol table safe for eager callers: each
 candidate is also charged the extra host time per launch that l2c's call path costs over torch.matmul's
@@ -295,23 +296,25 @@ APART = "kernel_apart"
 NOT_APART = "not_measured_apart"   # the status of a kernel row at a shape where other kernels were measured apart
 
 
-def as_kernel_rows(rows, cache):
+def apart_as_kernel(rows):
     """Rows with `kernel_apart` rows as `kernel` rows (module docstring): the same device-time figure, with the launch
-    after a foreign kernel instead of after its own; at a shape measured apart, the `kernel` rows of a spec with no
-    apart row there stay as measurements that won nothing (NOT_APART)."""
+    after a foreign kernel instead of after its own."""
+    return [dict(r, protocol="kernel") if r.get("type") == "result" and r.get("protocol") == APART else r
+            for r in rows]
+
+
+def unmeasured_apart(rows, cache):
+    """`rows` (apart rows not yet made kernel rows) with, at each shape where some kernel has a verified apart row,
+    the `kernel` rows of every spec with none there marked NOT_APART: measurements that won nothing."""
     apart = {}
     for r in rows:
-        if r.get("type") == "result" and r.get("protocol") == APART and r.get("kernel") != "torch":
+        if r.get("type") == "result" and r.get("protocol") == APART and r.get("kernel") != "torch" \
+                and r.get("status") == "ok":
             apart.setdefault(shape_key(r), set()).add(spec_text(r, cache))
-    out = []
-    for r in rows:
-        if r.get("type") == "result" and r.get("protocol") == APART:
-            r = dict(r, protocol="kernel")
-        elif (r.get("type") == "result" and r.get("protocol") == "kernel" and r.get("kernel") != "torch"
-              and r.get("status") == "ok" and shape_key(r) in apart and spec_text(r, cache) not in apart[shape_key(r)]):
-            r = dict(r, status=NOT_APART)
-        out.append(r)
-    return out
+    return [dict(r, status=NOT_APART)
+            if r.get("type") == "result" and r.get("protocol") == "kernel" and r.get("kernel") != "torch"
+            and r.get("status") == "ok" and shape_key(r) in apart and spec_text(r, cache) not in apart[shape_key(r)]
+            else r for r in rows]
 
 
 def combined_rows(rows, protocols, min_speedup: float, cache):
@@ -848,7 +851,7 @@ def run(args) -> int:
     if APART in protocols:
         raise UsageError(f"--protocol {args.protocol!r}: {APART} rows count as kernel rows; name kernel")
     if "kernel" in protocols:
-        rows, near_points = as_kernel_rows(rows, cache), as_kernel_rows(near_points, cache)
+        rows, near_points = apart_as_kernel(unmeasured_apart(rows, cache)), apart_as_kernel(near_points)
     protocol, margin = args.protocol, args.min_speedup
     unresolved = sorted({(r.get("source", ""), r.get("name", "")) for r in rows + near_points
                          if r.get("type") == "result" and r.get("status") == "ok" and r.get("kernel") != "torch"
@@ -863,7 +866,8 @@ def run(args) -> int:
         gpus.update(r["gpu"] for r in checks if r.get("type") == "env" and r.get("gpu"))
         if len(gpus) > 1:
             raise UsageError(f"results from different GPUs: {sorted(gpus)}")
-        verdicts = won_again(as_candidates(checks, cache), protocols)
+        checks = as_candidates(checks, cache)
+        verdicts = won_again(apart_as_kernel(checks) if "kernel" in protocols else checks, protocols)
         admit = lambda r: verdicts.get((*shape_key(r), r["spec"]), False)  # noqa: E731
         range_verdicts = {}
         for (*shape, spec), won in verdicts.items():   # a range's spec: won again wherever it was measured again
