@@ -283,6 +283,25 @@ def _serve(a):
     return out
 
 
+def _bars(a):
+    """The open issues' done-when figures, each as its issue measures it, in the order the issues come: #16
+    `offgrid` through l2c.matmul with the table this GPU's users get (kernel and call, f16 and bf16); #20 the `serve`
+    set through l2c.nn.Linear with the graphs table (kernel, cold weights, fraction of roofline) and its summary;
+    #21 the gated MLP block at 1-8192 tokens against torch eager and max-autotune. About 9 minutes on an H200;
+    `--total-s` cuts it where the device call ends."""
+    issue16 = [l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "offgrid", "--dtype", d, "--protocol",
+                   "kernel,call", "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_offgrid_{d}.jsonl")
+               for d in ("f16", "bf16")]
+    serve = [f"{a.out}/serve_kernel_{d}.jsonl" for d in ("f16", "bf16")]
+    issue20 = [l2c("bench", f"linear:{a.graphs_table}", "--shapes", "serve", "--dtype", d, "--protocol", "kernel",
+                   "--roofline", "--reps", "7", "-o", path) for d, path in zip(("f16", "bf16"), serve)]
+    issue20.append(script("scripts/serve_summary.py", *serve, "-o", f"{a.out}/serve_summary.json"))
+    issue21 = [script("examples/llama_e2e.py", "--out", f"{a.out}/mlp.json", "--table", a.graphs_table,
+                      "--mlp-tokens", "1,16,128,512,2048,8192", "--prefill", "", "--decode-batch", "",
+                      "--dtypes", "fp16", "--sides", "torch_eager,torch_max_autotune,l2c")]
+    return issue16 + issue20 + issue21
+
+
 def _sweep(a):
     return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", "f16", "--stages", "explore,gemv,cutlass",
                    "--budget-s", "150"),
@@ -523,6 +542,9 @@ STAGES: Dict[str, Stage] = {
                       "call protocols: `l2c table --protocol kernel,call` makes the default table from it", _evidence),
     "cells": Stage("the corner evidence of cells: narrow CUTLASS kernels served by l2c.matmul at every grid corner "
                    "under 1 GFLOP, kernel and call, f16 and bf16 (about 20 minutes)", _cells),
+    "bars": Stage("the open issues' done-when figures in one run (about 9 minutes on an H200): #16 `offgrid` "
+                  "through l2c.matmul, #20 the `serve` set through l2c.nn.Linear with the graphs table and its "
+                  "summary, #21 the gated MLP block against eager and max-autotune", _bars),
     "serve": Stage("l2c.nn.Linear on the decoding set (29 weights x 15 token counts): the graphs table with cold "
                    "weights and fraction of roofline (f16, bf16), the eager table in the call protocol", _serve),
     "sweep": Stage("search decoding kernels per weight (gemv and swapped CUTLASS families) into JSON lines that "
