@@ -273,14 +273,18 @@ def _cells(a):
             for dtype in ("f16", "bf16")]
 
 
+def _serve_kernel(a):
+    """#20's measurement: the `serve` set through l2c.nn.Linear with the graphs table, `kernel`, cold weights and
+    fraction of roofline, f16 then bf16: (commands, result paths)."""
+    paths = [f"{a.out}/serve_kernel_{d}.jsonl" for d in ("f16", "bf16")]
+    return [l2c("bench", f"linear:{a.graphs_table}", "--shapes", "serve", "--dtype", d, "--protocol", "kernel",
+                "--roofline", "--reps", "7", "-o", path) for d, path in zip(("f16", "bf16"), paths)], paths
+
+
 def _serve(a):
-    out = []
-    for dtype in ("f16", "bf16"):
-        out.append(l2c("bench", f"linear:{a.graphs_table}", "--shapes", "serve", "--dtype", dtype, "--protocol",
-                       "kernel", "--roofline", "--reps", "7", "-o", f"{a.out}/serve_kernel_{dtype}.jsonl"))
-    out.append(l2c("bench", f"linear:{a.eager_table}", "--shapes", "serve", "--protocol", "call", "--iters", "20",
-                   "-o", f"{a.out}/serve_call_f16.jsonl"))
-    return out
+    return [*_serve_kernel(a)[0],
+            l2c("bench", f"linear:{a.eager_table}", "--shapes", "serve", "--protocol", "call", "--iters", "20",
+                "-o", f"{a.out}/serve_call_f16.jsonl")]
 
 
 def _bars(a):
@@ -292,9 +296,7 @@ def _bars(a):
     issue16 = [l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "offgrid", "--dtype", d, "--protocol",
                    "kernel,call", "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_offgrid_{d}.jsonl")
                for d in ("f16", "bf16")]
-    serve = [f"{a.out}/serve_kernel_{d}.jsonl" for d in ("f16", "bf16")]
-    issue20 = [l2c("bench", f"linear:{a.graphs_table}", "--shapes", "serve", "--dtype", d, "--protocol", "kernel",
-                   "--roofline", "--reps", "7", "-o", path) for d, path in zip(("f16", "bf16"), serve)]
+    issue20, serve = _serve_kernel(a)
     issue20.append(script("scripts/serve_summary.py", *serve, "-o", f"{a.out}/serve_summary.json"))
     issue21 = [script("examples/llama_e2e.py", "--out", f"{a.out}/mlp.json", "--table", a.graphs_table,
                       "--mlp-tokens", "1,16,128,512,2048,8192", "--prefill", "", "--decode-batch", "",
