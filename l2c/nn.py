@@ -2,8 +2,9 @@
 MLP block (Llama, Mistral, Qwen2) as one GEMM with a fused act(gate) * up epilogue plus the down projection."""
 from __future__ import annotations
 
+import copy
 import logging
-from typing import Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -125,24 +126,21 @@ class GatedMLP(torch.nn.Module):
             raise ValueError(f"{type(mlp).__name__}: gate_proj {tuple(gate_proj.weight.shape)}, up_proj "
                              f"{tuple(up_proj.weight.shape)} and down_proj {tuple(down_proj.weight.shape)} are not "
                              "the (I, H), (I, H) and (H, I) weights of a gated MLP")
+        _check_fusable(mlp, gate_proj, up_proj)
         _check_plain_forward(mlp)
         weight = gate_proj.weight
-        has_bias = gate_proj.bias is not None or up_proj.bias is not None
+        has_bias = gate_proj.bias is not None
         # built on the meta device and then given storage: no initialisation of weights about to be overwritten
         new = cls(hidden, inter, gate, bias=has_bias, down_bias=down_proj.bias is not None, device="meta",
                   dtype=weight.dtype).to_empty(device=weight.device)
         with torch.no_grad():
             new.gate_up_proj.weight.copy_(torch.cat([gate_proj.weight, up_proj.weight]))
             if has_bias:
-                zeros = weight.new_zeros(inter)
-                new.gate_up_proj.bias.copy_(torch.cat([zeros if p.bias is None else p.bias for p in (gate_proj, up_proj)]))
-            new.down_proj.weight.copy_(down_proj.weight)
-            if down_proj.bias is not None:
-                new.down_proj.bias.copy_(down_proj.bias)
-        for new_part, parts in ((new.gate_up_proj, (gate_proj, up_proj)), (new.down_proj, (down_proj,))):
-            trainable = any(p.requires_grad for part in parts for p in part.parameters())
-            for parameter in new_part.parameters():   # frozen stays frozen
-                parameter.requires_grad_(trainable)
+                new.gate_up_proj.bias.copy_(torch.cat([gate_proj.bias, up_proj.bias]))
+        new.gate_up_proj.weight.requires_grad_(gate_proj.weight.requires_grad)   # frozen stays frozen
+        if has_bias:
+            new.gate_up_proj.bias.requires_grad_(gate_proj.bias.requires_grad)
+        new.down_proj = Linear.from_linear(down_proj)   # its own Parameters: ties, optimizer and frozen state stay
         new.train(mlp.training)
         return new
 
@@ -158,18 +156,27 @@ class GatedMLP(torch.nn.Module):
                 state_dict[f"{prefix}up_proj.{kind}"] = up
 
     @staticmethod
-    def _join_state(module, state_dict, prefix, *args) -> None:
-        """load_state_dict() of the replaced module's keys (or of this module's own)."""
-        for kind in ("weight", "bias"):
-            gate = state_dict.pop(f"{prefix}gate_proj.{kind}", None)
-            up = state_dict.pop(f"{prefix}up_proj.{kind}", None)
-            if gate is not None and up is not None:
-                state_dict[f"{prefix}gate_up_proj.{kind}"] = torch.cat([gate, up])
-            elif gate is not None or up is not None:   # a bias on one projection only: the other's is zero
-                present = gate if gate is not None else up
-                zeros = present.new_zeros(present.shape)
-                state_dict[f"{prefix}gate_up_proj.{kind}"] = torch.cat([gate if gate is not None else zeros,
-                                                                          up if up is not None else zeros])
+    def _join_state(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                    error_msgs) -> None:
+        """load_state_dict() of the replaced module's keys (or of this module's own). A dict holding one half only
+        (a shard of a checkpoint, a partial load) loads that half and keeps the other as it is, reported missing as
+        the replaced module would report it."""
+        fused = {"weight": module.gate_up_proj.weight, "bias": module.gate_up_proj.bias}
+        for kind, current in fused.items():
+            names = (f"{prefix}gate_proj.{kind}", f"{prefix}up_proj.{kind}")
+            if current is None or not any(name in state_dict for name in names):
+                continue   # a bias this module lacks stays in the dict: an unexpected key, as for the replaced module
+            halves = [state_dict.get(name) for name in names]
+            if None in halves:
+                present = next(half for half in halves if half is not None)
+                if current.is_meta:   # nothing to keep: the half stays an unexpected key, the weight missing
+                    continue
+                kept = current.detach().to(present.device).chunk(2)
+                missing_keys.extend(name for name, half in zip(names, halves) if half is None)
+                halves = [kept[i] if half is None else half for i, half in enumerate(halves)]
+            for name in names:
+                state_dict.pop(name, None)
+            state_dict[f"{prefix}gate_up_proj.{kind}"] = torch.cat(halves)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The block's output; with `residual`, residual + the block's output, added in the down projection's GEMM."""
@@ -206,7 +213,9 @@ def gate_of(act_fn) -> str:
 def _check_swappable(mlp: torch.nn.Module) -> None:
     """ValueError unless the swap keeps everything `mlp` does: its projections are plain `torch.nn.Linear` (or
     l2c's, without an activation; another subclass, a quantized linear among them, computes something else from its
-    weight) in a float type, and neither it nor they carry hooks or parametrizations (the swap would drop them)."""
+    weight) in a float type holding a weight and a bias only, the MLP holds no state besides them, and neither it,
+    they nor its activation module carry hooks, parametrizations or a forward set on the instance (an adapter patched
+    in, accelerate's hooks): the swap would drop them."""
     parts = [getattr(mlp, name) for name in GATED_MLP_PARTS]
     if any(type(part) is not torch.nn.Linear and not (type(part) is Linear and part.activation is None)
            for part in parts):
@@ -215,12 +224,34 @@ def _check_swappable(mlp: torch.nn.Module) -> None:
     if any(not part.weight.is_floating_point() or part.weight.dtype not in (torch.float16, torch.bfloat16,
                                                                              torch.float32) for part in parts):
         raise ValueError(f"{type(mlp).__name__}: its weights are not f16, bf16 or f32")
-    for module in [mlp] + parts:
+    act = mlp.act_fn if isinstance(mlp.act_fn, torch.nn.Module) else None
+    for module in [mlp, *parts] + ([act] if act is not None else []):
         hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks,
                  getattr(module, "_backward_pre_hooks", {}), getattr(module, "parametrizations", {}))
-        if any(hooks):
-            raise ValueError(f"{type(mlp).__name__}: it or a projection carries hooks or parametrizations, which "
-                             "a GatedMLP would drop")
+        if any(hooks) or "forward" in vars(module) or hasattr(module, "_hf_hook"):
+            raise ValueError(f"{type(mlp).__name__}: it, a projection or its activation carries hooks, "
+                             "parametrizations or a patched forward, which a GatedMLP would drop")
+    if any(set(part._parameters) - {"weight", "bias"} or part._buffers or part._modules for part in parts):
+        raise ValueError(f"{type(mlp).__name__}: a projection holds more than a weight and a bias")
+    own = {id(p) for part in parts for p in part.parameters()}
+    if any(id(p) not in own for p in mlp.parameters()) or any(True for _ in mlp.buffers()):
+        raise ValueError(f"{type(mlp).__name__}: it holds parameters or buffers besides its projections'")
+
+
+def _check_fusable(mlp: torch.nn.Module, gate_proj: torch.nn.Linear, up_proj: torch.nn.Linear) -> None:
+    """ValueError unless gate_proj and up_proj can become one Parameter (and one bias) without changing anything:
+    the same dtype and device, both with a bias or neither, both frozen or both trainable."""
+    kinds = [("weight", gate_proj.weight, up_proj.weight)]
+    if (gate_proj.bias is None) != (up_proj.bias is None):
+        raise ValueError(f"{type(mlp).__name__}: a bias on one of gate_proj and up_proj only")
+    if gate_proj.bias is not None:
+        kinds.append(("bias", gate_proj.bias, up_proj.bias))
+    for kind, gate, up in kinds:
+        if gate.dtype != up.dtype or gate.device != up.device:
+            raise ValueError(f"{type(mlp).__name__}: gate_proj's and up_proj's {kind} differ in dtype or device")
+        if gate.requires_grad != up.requires_grad:
+            raise ValueError(f"{type(mlp).__name__}: one of gate_proj's and up_proj's {kind} is frozen and the "
+                             "other is not; one fused Parameter cannot keep both")
 
 
 # Standard deviation of the gate's pre-activation in the second probe: past the clamps some MLPs put on it (7-10)
@@ -242,13 +273,10 @@ def _check_plain_forward(mlp: torch.nn.Module) -> None:
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             spread = float(mlp.gate_proj(x).float().std()) or 1.0
-            for probe in (x, x * (PROBE_LARGE_GATE / spread)):
+            for scale in (1.0, PROBE_LARGE_GATE / spread):
                 for mode in (False, True):
                     mlp.train(mode)
-                    got = mlp(probe)
-                    plain = mlp.down_proj(mlp.act_fn(mlp.gate_proj(probe)) * mlp.up_proj(probe))
-                    if not isinstance(got, torch.Tensor) or got.shape != plain.shape or not torch.allclose(
-                            got.float(), plain.float(), rtol=1e-3, atol=1e-3 * float(plain.abs().max()) + 1e-6):
+                    if not _same_as_plain(mlp, x * scale):
                         raise ValueError(f"{type(mlp).__name__}'s forward is not down_proj(act_fn(gate_proj(x)) * "
                                          f"up_proj(x)){' while training' if mode else ''}: a GatedMLP would change "
                                          "its output")
@@ -258,6 +286,23 @@ def _check_plain_forward(mlp: torch.nn.Module) -> None:
         raise ValueError(f"{type(mlp).__name__}'s forward cannot be checked on one input: {err}") from None
     finally:
         mlp.train(training)
+
+
+def _same_as_plain(mlp: torch.nn.Module, probe: torch.Tensor, widened: bool = False) -> bool:
+    """Whether `mlp(probe)` is the plain gated block's output. Where either overflows the weights' type (large
+    pre-activations in f16), a float32 copy of the MLP answers instead; ValueError where that overflows too."""
+    got = mlp(probe)
+    plain = mlp.down_proj(mlp.act_fn(mlp.gate_proj(probe)) * mlp.up_proj(probe))
+    if not isinstance(got, torch.Tensor) or got.shape != plain.shape:
+        return False
+    if not (torch.isfinite(plain).all() and torch.isfinite(got).all()):
+        if widened or probe.dtype == torch.float32:
+            raise ValueError(f"{type(mlp).__name__}'s output on the probe input is not finite: its forward cannot "
+                             "be checked")
+        wide = copy.deepcopy(mlp).float()
+        wide.train(mlp.training)
+        return _same_as_plain(wide, probe.float(), widened=True)
+    return torch.allclose(got.float(), plain.float(), rtol=1e-3, atol=1e-3 * float(plain.abs().max()) + 1e-6)
 
 
 def is_gated_mlp(module: torch.nn.Module) -> bool:
@@ -276,8 +321,13 @@ def replace_mlps(module: torch.nn.Module, linears: bool = True) -> torch.nn.Modu
 
 def _swap_mlps(module: torch.nn.Module, swapped: Optional[dict] = None) -> None:
     """The swap, depth first; `swapped` maps each MLP already swapped (by identity) to its GatedMLP, so an MLP
-    reachable from two places stays one module."""
-    swapped = {} if swapped is None else swapped
+    reachable from two places stays one module. An MLP whose gate or up projection's Parameters something else holds
+    too (another MLP, a tie) is left as it is: the fused weight is a new Parameter, which would untie them."""
+    if swapped is None:
+        swapped = {id(mlp): (mlp, None) for mlp in _sharing_gate_or_up(module)}
+        for mlp, _ in swapped.values():
+            log.warning("l2c.nn.replace_mlps: a %s left as it is: its gate or up projection's Parameters are shared "
+                        "with another module", type(mlp).__name__)
     for name, child in module.named_children():
         if id(child) in swapped:
             if swapped[id(child)][1] is not None:
@@ -291,3 +341,24 @@ def _swap_mlps(module: torch.nn.Module, swapped: Optional[dict] = None) -> None:
                 log.warning("l2c.nn.replace_mlps: %s left as it is: %s", name, err)
         else:
             _swap_mlps(child, swapped)
+
+
+def _sharing_gate_or_up(root: torch.nn.Module) -> List[torch.nn.Module]:
+    """The gated MLPs under `root` whose gate_proj or up_proj Parameters are held by another module too (counting
+    each module once, however many places reach it)."""
+    holders: Dict[int, set] = {}
+    for owner in root.modules():   # each module once
+        for name, child in owner._modules.items():
+            if child is not None:
+                holders.setdefault(id(child), set()).add(id(owner))
+        for parameter in owner._parameters.values():
+            if parameter is not None:
+                holders.setdefault(id(parameter), set()).add(id(owner))
+    shared = []
+    for mlp in root.modules():
+        if is_gated_mlp(mlp):
+            parts = (mlp.gate_proj, mlp.up_proj)
+            if any(len(holders.get(id(part), ())) > 1 for part in parts) or \
+                    any(len(holders.get(id(p), ())) > 1 for part in parts for p in part.parameters()):
+                shared.append(mlp)
+    return shared

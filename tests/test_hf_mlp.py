@@ -208,17 +208,34 @@ class _OwnForwardLinear(torch.nn.Linear):
         return torch.nn.functional.linear(x, self.weight.sign() * self.weight.abs().mean())
 
 
-@pytest.mark.parametrize("block", ["subclass", "dropout", "clamp", "hooked"])
+def _adapted(mlp):
+    """An adapter patched onto gate_proj's instance (LoRA by monkeypatching; accelerate sets `forward` likewise)."""
+    plain, delta = mlp.gate_proj.forward, torch.nn.Linear(64, 96, bias=False)
+    mlp.gate_proj.forward = lambda x: plain(x) + delta(x)
+
+
+BLOCK_EXTRAS = {
+    "hooked": lambda mlp: mlp.register_forward_hook(lambda module, args, out: out * 2),
+    "act_hooked": lambda mlp: mlp.act_fn.register_forward_hook(lambda module, args, out: None),   # a capture
+    "patched_forward": _adapted,
+    "one_sided_bias": lambda mlp: setattr(mlp.gate_proj, "bias", torch.nn.Parameter(torch.randn(96))),
+    "half_frozen": lambda mlp: mlp.gate_proj.weight.requires_grad_(False),
+    "own_parameter": lambda mlp: setattr(mlp, "scale", torch.nn.Parameter(torch.ones(()))),
+}
+
+
+@pytest.mark.parametrize("block", ["subclass", "dropout", "clamp", *BLOCK_EXTRAS])
 def test_what_a_gated_mlp_would_drop_keeps_the_mlp_as_it_is(block, caplog):
-    """An MLP is left as it is where the swap would drop what it does: projections of a Linear subclass (their own
-    forward), dropout (seen in training mode, though the model is in eval mode), a clamp of the gate (seen at
-    pre-activations past unit scale), hooks on the MLP."""
+    """An MLP is left as it is where the swap would drop or change what it does: projections of a Linear subclass
+    (their own forward), dropout (seen in training mode, though the model is in eval mode), a clamp of the gate (seen
+    at pre-activations past unit scale), hooks on the MLP or its activation, a forward patched onto a projection, a
+    bias on one of gate and up only (its checkpoint would gain the other's key), gate frozen and up not (one fused
+    Parameter cannot be both), a Parameter of the MLP's own (its checkpoint key would be lost)."""
     set_tuned_table(None)
     torch.manual_seed(0)
     mlp = {"subclass": lambda: _PlainMLP(linear=_OwnForwardLinear), "dropout": lambda: _PlainMLP(dropout=0.3),
-           "clamp": lambda: _PlainMLP(clamp=7.0), "hooked": _PlainMLP}[block]().eval()
-    if block == "hooked":
-        mlp.register_forward_hook(lambda module, args, out: out * 2)
+           "clamp": lambda: _PlainMLP(clamp=7.0)}.get(block, _PlainMLP)().eval()
+    BLOCK_EXTRAS.get(block, lambda mlp: None)(mlp)
     holder = torch.nn.Module()
     holder.mlp = mlp
     with caplog.at_level(logging.WARNING, logger="l2c.nn"):
@@ -252,3 +269,59 @@ def test_replace_mlps_keeps_frozen_state_checkpoint_keys_sharing_and_mode():
     l2c.nn.replace_mlps(original)
     original.load_state_dict(tiny_model().state_dict())   # the original class's checkpoint, into a swapped model
     torch.testing.assert_close(logits(original, ids), logits(tiny_model(), ids), rtol=1e-5, atol=1e-5)
+
+
+def test_a_partial_state_dict_loads_its_half_and_reports_the_other_missing():
+    """A dict holding gate_proj's weight but not up_proj's (a shard of a checkpoint, a partial load) loads the gate
+    half into the fused weight and keeps the up half, which is reported missing as the original class reports it:
+    strict loading raises, and loading the shards one by one rebuilds the model."""
+    set_tuned_table(None)
+    source, target = tiny_model(), tiny_model()
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(1.0)
+    l2c.nn.replace_mlps(target)
+    state = source.state_dict()
+    up_keys = [k for k in state if "up_proj" in k]
+    without_up = {k: v for k, v in state.items() if k not in up_keys}
+    before = mlps(target)[0].gate_up_proj.weight.detach().clone()
+    with pytest.raises(RuntimeError, match="Missing key.*up_proj.weight"):
+        target.load_state_dict(without_up)
+    result = target.load_state_dict(without_up, strict=False)
+    assert sorted(result.missing_keys) == sorted(up_keys)
+    gate, up = mlps(target)[0].gate_up_proj.weight.detach().chunk(2)
+    torch.testing.assert_close(gate, mlps(source)[0].gate_proj.weight, rtol=0, atol=0)
+    torch.testing.assert_close(up, before.chunk(2)[1], rtol=0, atol=0)
+    assert not target.load_state_dict({k: state[k] for k in up_keys}, strict=False).unexpected_keys
+    ids = torch.randint(0, TINY["vocab_size"], (1, 8), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(logits(target, ids), logits(source, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_projections_shared_between_mlps_stay_shared():
+    """Two MLPs holding one gate_proj are left as they are (a fused weight of each would untie them); a swapped
+    MLP's down_proj keeps its own Parameters (ties and an optimizer built before the swap still reach them)."""
+    set_tuned_table(None)
+    model = tiny_model()
+    first, second = mlps(model)
+    second.gate_proj = first.gate_proj
+    down = mlps(model)[0].down_proj.weight
+    l2c.nn.replace_mlps(model, linears=False)
+    assert mlps(model) == [first, second]
+    other = tiny_model()
+    down = mlps(other)[1].down_proj.weight
+    l2c.nn.replace_mlps(other, linears=False)
+    assert isinstance(mlps(other)[1], l2c.nn.GatedMLP) and mlps(other)[1].down_proj.weight is down
+
+
+def test_a_probe_that_overflows_f16_is_checked_in_float32():
+    """An f16 MLP whose output at the large-gate probe overflows f16 (an 8B-sized block with up and down weights of
+    standard deviation 0.2) is still recognised as the plain block (the probe runs again on a float32 copy), and
+    swapped."""
+    set_tuned_table(None)
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    torch.manual_seed(0)
+    mlp = LlamaMLP(transformers.LlamaConfig(hidden_size=2048, intermediate_size=8192)).half().eval()
+    with torch.no_grad():
+        for part, std in ((mlp.gate_proj, 0.02), (mlp.up_proj, 0.2), (mlp.down_proj, 0.2)):
+            part.weight.normal_(0, std)
+    l2c.nn.GatedMLP.from_hf(mlp)
