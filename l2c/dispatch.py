@@ -142,13 +142,16 @@ def mode_watching() -> bool:
     return _included_keys().raw_repr() not in _UNWATCHED
 
 
-def autocast_recasts(a) -> bool:
-    """Whether a `torch.autocast` region open for a's device type runs matmuls in another dtype than a's (torch
-    casts, and the result must have torch's dtype)."""
+def autocast_recasts(a, *others) -> bool:
+    """Whether a `torch.autocast` region open for a's device type runs matmuls in another dtype than a's or than one
+    of `others` (b, the bias, a residual; None skipped): torch casts them, and the result must have torch's dtype."""
     if not _any_autocast():
         return False
     device = a.device.type
-    return torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != a.dtype
+    if not torch.is_autocast_enabled(device):
+        return False
+    dtype = torch.get_autocast_dtype(device)
+    return a.dtype != dtype or any(t is not None and t.dtype != dtype for t in others)
 
 
 def _torch_serves(a, *tensors) -> bool:
@@ -156,13 +159,13 @@ def _torch_serves(a, *tensors) -> bool:
     `no_mode_watching` send them here: inside a torch.func transform (vmap's batched tensors and grad's wrappers have
     no memory of their own to launch on) or under another mode watching torch's ops (`mode_watching`), a forward-mode
     AD tangent on an operand (dual tensors inside `forward_ad.dual_level()`: the
-    kernels have no forward derivative), or a `torch.autocast` region whose dtype for a's device is not a's (torch
-    casts, and the result must have torch's dtype)."""
+    kernels have no forward derivative), or a `torch.autocast` region whose dtype for a's device is not every
+    operand's (torch casts, and the result must have torch's dtype)."""
     if _functorch_transform() is not None or mode_watching():
         return True
     if any(t is not None and type(t) not in _PLAIN_TENSORS for t in (a, *tensors)):
         return True   # a subclass: a wrapper (DTensor) has no memory to launch on, and torch's op honours the type
-    if autocast_recasts(a):
+    if autocast_recasts(a, *tensors):
         return True
     return _forward_ad._current_level >= 0 and any(
         t is not None and _forward_ad.unpack_dual(t).tangent is not None for t in (a, *tensors))

@@ -88,14 +88,19 @@ def torch_residual(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor
 
 
 def torch_matmul(a, b, bias, activation, out):
-    """What torch runs for the call: one cuBLAS call (bias fused by addmm for 2-D inputs), then the activation."""
+    """What torch runs for the call: one cuBLAS call (bias fused by addmm for 2-D inputs, which casts under autocast
+    and refuses a bias of another dtype, as F.linear does), then the activation."""
+    fused = bias is not None and a.dim() == 2 and b.dim() == 2
     if activation == "none":
         if bias is None:
             return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
-        if a.dim() == 2 and b.dim() == 2:
+        if fused:
             return torch.addmm(bias, a, b) if out is None else torch.addmm(bias, a, b, out=out)
-    y = torch.matmul(a, b)
-    y = activate(y if bias is None else y + bias, activation)
+    if fused:
+        y = activate(torch.addmm(bias, a, b), activation)
+    else:
+        y = torch.matmul(a, b)
+        y = activate(y if bias is None else y + bias, activation)
     if out is not None:
         if out.dtype != y.dtype or out.shape != y.shape:   # as torch.matmul(out=) refuses, never a silent cast
             raise RuntimeError(f"out= must be a {y.dtype} tensor of shape {tuple(y.shape)}, got {out.dtype} "

@@ -200,10 +200,14 @@ bool own_memory(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tens
 }
 
 // Whether torch.autocast would run this call in another dtype than its operands' (the region's dtype for a's device
-// differs): torch serves it, so that the result has torch's dtype.
-bool autocast_recasts(at::Tensor const& a) {
+// differs from a's, b's or the bias's): torch serves it, so that the result has torch's dtype.
+bool autocast_recasts(at::Tensor const& a, at::Tensor const& b, c10::optional<at::Tensor> const& bias) {
   c10::DeviceType const type = a.device().type();
-  return at::autocast::is_autocast_enabled(type) && at::autocast::get_autocast_dtype(type) != a.scalar_type();
+  if (!at::autocast::is_autocast_enabled(type)) {
+    return false;
+  }
+  at::ScalarType const dtype = at::autocast::get_autocast_dtype(type);
+  return a.scalar_type() != dtype || b.scalar_type() != dtype || (bias.has_value() && bias->scalar_type() != dtype);
 }
 
 // The device a launch for `a` runs on and its current stream (the raw cudaStream_t), read through c10's device
@@ -285,7 +289,7 @@ class CallTable {
       }
     }
     c10::optional<at::Tensor> bias = optional_tensor(hbias);
-    if (records_grad(a, b, bias) || autocast_recasts(a) || !own_memory(a, b, bias)) {
+    if (records_grad(a, b, bias) || autocast_recasts(a, b, bias) || !own_memory(a, b, bias)) {
       return py::none();
     }
     Key key = make_key(a, b.size(0), b.size(1), b.stride(0), b.stride(1), b, bias, activation);
@@ -315,7 +319,7 @@ class CallTable {
         return wrap(unlocked_if_cpu(x, [&] { return at::linear(x, weight, bias); }));
       }
     }
-    if (x.dim() < 2 || !x.is_contiguous() || records_grad(x, weight, bias) || autocast_recasts(x) ||
+    if (x.dim() < 2 || !x.is_contiguous() || records_grad(x, weight, bias) || autocast_recasts(x, weight, bias) ||
         !own_memory(x, weight, bias)) {
       return py::none();
     }

@@ -133,7 +133,7 @@ def _python_path(dispatcher, a, b, bias, activation, out, residual):
     if _is_compiling():
         # traced as torch's ops where autocast would cast (the custom op would not), or where no kernel can serve
         # (no table for this GPU, no online choice: the compiler may then fuse the epilogue itself)
-        if dispatch.autocast_recasts(a) or dispatcher.serves_nothing:
+        if dispatch.autocast_recasts(a, b, bias, residual) or dispatcher.serves_nothing:
             if residual is not None:
                 return torch_residual(a, b, bias, residual)
             return torch_matmul(a, b, bias, check_activation(activation), out)
@@ -157,7 +157,7 @@ def gated_matmul(a: torch.Tensor, b: torch.Tensor, gate: str, bias: Optional[tor
     """
     dispatcher = dispatch._default or default_dispatcher()
     if torch.compiler.is_compiling():
-        if dispatch.autocast_recasts(a) or dispatcher.serves_nothing:   # torch's ops, as in `matmul_with`
+        if dispatch.autocast_recasts(a, b, bias) or dispatcher.serves_nothing:   # torch's ops, as in `matmul_with`
             return torch_gated(a, b, bias, check_gate(gate))
         if a.dim() == 2 and b.dim() == 2:
             return _gated_matmul_op(a, b, bias, check_gate(gate))

@@ -932,6 +932,29 @@ def test_autocast_to_another_dtype_is_torchs_in_a_compiled_graph_too():
     torch._dynamo.reset()
 
 
+def test_autocast_of_mixed_operands_is_torchs_in_a_compiled_graph():
+    """Activations already in autocast's dtype with float32 weights and bias (mixed precision after the first layer):
+    autocast casts b and the bias too, so a compiled call is traced as torch's ops and returns autocast's dtype, as
+    eager l2c and torch do; with an activation, the bias is still added by addmm (cast, not promoted)."""
+    torch._dynamo.reset()
+    set_tuned_table(TunedTable([entry(32, 48, 40, dtype="bf16")]), allow_cpu=True, prepare="inline")
+    x = torch.randn(32, 40, dtype=torch.bfloat16)
+    w, bias = torch.randn(48, 40), torch.randn(48)
+    layer = l2c.nn.Linear(40, 48, activation="relu")
+    layer.load_state_dict({"weight": w, "bias": bias})
+    calls = {"bias": lambda x: l2c.matmul(x, w.t(), bias=bias), "plain": lambda x: l2c.matmul(x, w.t()),
+             "layer": layer}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expect = {"bias": F.linear(x, w, bias), "plain": F.linear(x, w), "layer": F.relu(F.linear(x, w, bias))}
+        for name, call in calls.items():
+            torch._dynamo.reset()
+            y = torch.compile(call, fullgraph=True, backend="aot_eager")(x)
+            assert y.dtype == torch.bfloat16, name
+            torch.testing.assert_close(y, expect[name], rtol=2e-2, atol=2e-2)
+    set_tuned_table(None)
+    torch._dynamo.reset()
+
+
 def test_inline_preparation_verifies_a_kernel_at_every_shape_it_serves(monkeypatch, tmp_path):
     """L2C_PREPARE=inline: a kernel built and verified at one M of a range is verified again at each other M before
     it serves there; a kernel wrong at the new shape is not served (torch is), and the user's result is right."""

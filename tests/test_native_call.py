@@ -139,6 +139,11 @@ def test_the_call_declines_where_the_python_path_must_decide(new_table, recorder
         assert table.call(a, b, bias, 0) is None               # autocast computes f16 operands in bf16
     with torch.autocast("cpu", dtype=torch.float16):
         assert table.call(a, b, bias, 0) is not None           # in their own dtype: the plan serves
+    wide, plan = b.float(), Plan(recorder, 8, 8)
+    plan.add(table, a, wide, bias)
+    assert table.call(a, wide, bias, 0) is not None
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert table.call(a, wide, bias, 0) is None            # autocast casts b (a is in its dtype already)
     declined = []
     torch.vmap(lambda x: declined.append(table.call(x, b, bias, 0) is None) or x.sum())(a.unsqueeze(0))
     assert declined == [True]                                  # a batched tensor under vmap has no memory of its own
