@@ -834,7 +834,9 @@ class _TunedMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, bias, kernel, tensors, dispatcher):
-        ctx.save_for_backward(a, b)
+        # each operand only where the other's gradient needs it, as torch's mm saves them (a frozen weight's
+        # activations are not kept, and changing them in place before the backward is no error)
+        ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
         ctx.has_bias = bias is not None
         ctx.dispatcher = dispatcher
         return kernel.call_planned(tensors, a, b, bias)

@@ -66,7 +66,7 @@ class Linear(torch.nn.Linear):
             if activation is not None:
                 raise ValueError("residual= adds the residual to the product: it takes no activation")
             return torch_residual(x.reshape(-1, self.in_features), self.weight.t(), self.bias,
-                                  residual.reshape(-1, self.out_features)).reshape(residual.shape)
+                                  residual.reshape(-1, self.out_features)).reshape(list(x.shape[:-1]) + [self.out_features])
         y = F.linear(x, self.weight, self.bias)
         return y if activation is None else activate(y, activation)
 

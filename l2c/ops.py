@@ -61,14 +61,23 @@ def _recomputed_grads(fn, ctx, grad_out):
     a compiled graph trains through them (forward served by the dispatcher, backward by torch)."""
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(need) if isinstance(t, torch.Tensor) else t
-                  for t, need in zip(ctx.inputs, ctx.needs_input_grad)]
+                  for t, need in zip(_saved_inputs(ctx), ctx.needs_input_grad)]
         wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
         grads = iter(torch.autograd.grad(fn(*leaves), wanted, grad_out)) if wanted else iter(())
     return tuple(next(grads) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in leaves)
 
 
 def _save_inputs(ctx, inputs, output):
-    ctx.inputs = inputs
+    """The op's inputs for its backward: the tensors through `save_for_backward`, so that one modified in place
+    before the backward is an error (autograd's version check), as for torch's own ops."""
+    ctx.tensor_at = [isinstance(t, torch.Tensor) for t in inputs]
+    ctx.others = [None if tensor else t for t, tensor in zip(inputs, ctx.tensor_at)]
+    ctx.save_for_backward(*(t for t in inputs if isinstance(t, torch.Tensor)))
+
+
+def _saved_inputs(ctx) -> list:
+    tensors = iter(ctx.saved_tensors)
+    return [next(tensors) if tensor else other for tensor, other in zip(ctx.tensor_at, ctx.others)]
 
 
 _matmul_op.register_autograd(
@@ -142,7 +151,7 @@ def _python_path(dispatcher, a, b, bias, activation, out, residual):
                 if check_activation(activation) != "none":
                     raise ValueError("residual= adds the residual to the product: it takes no activation and no out=")
                 return _addmm_op(a, b, bias, residual)
-            return _matmul_op(a, b, bias, activation or "none")   # one opaque op in the traced graph
+            return _matmul_op(a, b, bias, check_activation(activation))   # one opaque op in the traced graph
     # eager calls skip the custom-op dispatch layer: it costs microseconds and only tracing needs it
     return dispatcher.matmul(a, b, bias=bias, activation=activation, out=out, residual=residual)
 

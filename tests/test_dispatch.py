@@ -1295,3 +1295,71 @@ def test_online_decisions_are_kept_per_table_file(tmp_path, monkeypatch):
     other.write_text(json.dumps({"entries": []}))
     assert decision_settings(load_table(other))["table"] not in (shipped, None)
     assert decision_settings(TunedTable([]))["table"] == "<memory>" and decision_settings(None)["table"] is None
+
+
+def test_a_served_call_saves_only_what_its_backward_needs():
+    """With a frozen weight (x requires grad, the weight not), a served call keeps only the weight for its backward,
+    as torch's mm does: changing the activations in place after the layer is no error, and the gradient is right."""
+    set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    w = torch.randn(48, 40, dtype=torch.float16)
+    grads = []
+    for mm in (torch.matmul, l2c.matmul):
+        x = torch.randn(32, 40, dtype=torch.float16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        h = x * 2
+        y = mm(h, w.t())
+        h.add_(1)
+        y.float().sum().backward()
+        grads.append(x.grad)
+    assert l2c.dispatch.default_dispatcher().stats["tuned"] >= 1
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-2, atol=1e-2)
+    set_tuned_table(None)
+
+
+@pytest.mark.parametrize("how", ["compiled", "custom_op"])
+def test_the_custom_ops_backward_refuses_inputs_changed_in_place(how):
+    """The custom op's backward (compiled graphs, or torch.ops.l2c.matmul called directly) checks its saved inputs'
+    versions as torch's ops do: an input changed in place after the forward is an error, never a gradient computed
+    from the changed values."""
+    torch._dynamo.reset()
+    set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    call = {"compiled": torch.compile(lambda a, w: l2c.matmul(a, w.t()), fullgraph=True, backend="eager"),
+            "custom_op": lambda a, w: torch.ops.l2c.matmul(a, w.t(), None, "none")}[how]
+    a = torch.randn(32, 40, dtype=torch.float16)
+    w = torch.randn(48, 40, dtype=torch.float16, requires_grad=True)
+    y = call(a, w)
+    a.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.float().sum().backward()
+    set_tuned_table(None)
+    torch._dynamo.reset()
+
+
+def test_a_residual_broadcast_over_tokens_gives_one_shape_eager_compiled_and_scripted():
+    """`l2c.nn.Linear(x, residual=r)` with r of shape (N,) (broadcast) or (tokens, N) for a 3-D x returns x's leading
+    shape with N columns, eager, compiled and under TorchScript alike."""
+    set_tuned_table(None)
+    torch._dynamo.reset()
+    layer = l2c.nn.Linear(40, 48)
+    x = torch.randn(2, 16, 40)
+    scripted = torch.jit.script(layer)
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    for residual in (torch.randn(48), torch.randn(32, 48)):
+        with torch.no_grad():
+            want = F.linear(x, layer.weight, layer.bias) + residual.reshape(-1, 48).reshape(
+                (2, 16, 48) if residual.dim() == 2 else (48,))
+            for run in (layer, compiled, scripted):
+                torch.testing.assert_close(run(x, residual=residual), want)
+    torch._dynamo.reset()
+
+
+def test_an_unknown_activation_is_refused_when_traced_too():
+    """activation="" is refused eagerly and under torch.compile alike (never read as no activation)."""
+    torch._dynamo.reset()
+    set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        l2c.matmul(a, w.t(), activation="")
+    with pytest.raises(Exception, match="activation must be one of"):
+        torch.compile(lambda a, w: l2c.matmul(a, w.t(), activation=""), backend="eager")(a, w)
+    set_tuned_table(None)
+    torch._dynamo.reset()
