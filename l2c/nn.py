@@ -65,8 +65,9 @@ class Linear(torch.nn.Linear):
         if residual is not None:   # as the dispatcher's fallback runs it: addmm adds the residual
             if activation is not None:
                 raise ValueError("residual= adds the residual to the product: it takes no activation")
-            return torch_residual(x.reshape(-1, self.in_features), self.weight.t(), self.bias,
-                                  residual.reshape(-1, self.out_features)).reshape(list(x.shape[:-1]) + [self.out_features])
+            y = torch_residual(x.reshape(-1, self.in_features), self.weight.t(), self.bias,
+                               residual.reshape(-1, self.out_features))
+            return y.reshape(list(x.shape[:-1]) + [self.out_features])
         y = F.linear(x, self.weight, self.bias)
         return y if activation is None else activate(y, activation)
 
