@@ -1363,3 +1363,17 @@ def test_an_unknown_activation_is_refused_when_traced_too():
         torch.compile(lambda a, w: l2c.matmul(a, w.t(), activation=""), backend="eager")(a, w)
     set_tuned_table(None)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_a_fused_activation_keeps_nan_as_torch_does(activation):
+    """A NaN in A reaches the output through a served fused activation as through torch's (relu's max must propagate
+    NaN: a NaN hidden as 0 would hide a diverging model)."""
+    set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    a[3, 5] = float("nan")
+    y = l2c.matmul(a, w.t(), activation=activation)
+    want = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}[activation](torch.matmul(a.float(), w.t().float()))
+    assert l2c.dispatch.default_dispatcher().stats["tuned"] >= 1
+    assert torch.equal(y.isnan(), want.isnan()) and y.isnan().sum() == 48
+    set_tuned_table(None)
