@@ -36,7 +36,11 @@ class Linear(torch.nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, activation: Optional[str] = None) -> "Linear":
-        """An l2c Linear holding `linear`'s own Parameter objects (tied weights stay tied, frozen ones frozen)."""
+        """An l2c Linear holding `linear`'s own Parameter objects (tied weights stay tied, frozen ones frozen);
+        ValueError for a Linear with parametrizations (weight_norm, spectral_norm: its weight is computed)."""
+        if torch.nn.utils.parametrize.is_parametrized(linear):
+            raise ValueError("from_linear takes a Linear without parametrizations (its weight is computed from "
+                             "them); remove them first (torch.nn.utils.parametrize.remove_parametrizations)")
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
                   dtype=linear.weight.dtype, activation=activation)
         new.weight, new.bias = linear.weight, linear.bias

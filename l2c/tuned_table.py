@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .errors import DataFileError
+from .errors import DataFileError, L2Error
 from .ir import KernelSpec, knob
 from .knobs import ANY
 from .parser import parse_one
@@ -427,8 +427,12 @@ def served_spec(entry: TunedEntry, m: int, has_bias: bool, activation: str, resi
     the entry's gated epilogue and, with `residual`, the residual added as the C input (beta=1) fused
     (`KernelSpec.with_epilogue`: a direct store becomes a TMA store where a bias or activation is fused). The
     prebuilt pack builds the same specs, so that what it holds is what calls ask for. Raises L2Error for a spec
-    that does not parse."""
+    that does not parse or whose layouts are not the entry's."""
     spec = parse_one(entry.spec_text, file="<tuned table>")
+    layouts = f"{spec.layout_a},{spec.layout_b},{spec.layout_c}"
+    if layouts != entry.layout:   # the call's operands are the entry's layouts; its output is row-major
+        raise L2Error(f"the entry serves layout {entry.layout} but its spec's layout is {layouts}",
+                      file="<tuned table>", knob="layout")
     if spec.problem_m != m:
         spec = spec.replace(problem_m=ANY)
     # what torch.matmul computes, whatever the entry's own spec scales or stores: alpha 1, C only as the residual,

@@ -1,5 +1,6 @@
 """`l2c.matmul` / `l2c.nn.Linear`: table lookup, fallback correctness, and the tuned path (interpreter)."""
 import json
+import logging
 
 import pytest
 import torch
@@ -1377,3 +1378,24 @@ def test_a_fused_activation_keeps_nan_as_torch_does(activation):
     assert l2c.dispatch.default_dispatcher().stats["tuned"] >= 1
     assert torch.equal(y.isnan(), want.isnan()) and y.isnan().sum() == 48
     set_tuned_table(None)
+
+
+def test_an_entry_whose_spec_layouts_are_not_its_own_serves_nothing(caplog):
+    """A hand-written entry labelled row,col,row whose spec writes a column-major C is a bad entry: torch serves its
+    calls (contiguous results, as torch.matmul's), with a warning naming the layouts."""
+    spec = KernelSpec(name="colc", problem_m=32, problem_n=48, problem_k=40, tile_m=16, tile_n=16, tile_k=16,
+                      layout_b="col", layout_c="col", swizzle_group=1, launch_warps=4)
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40, spec=spec)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    with caplog.at_level(logging.WARNING):
+        y = l2c.matmul(a, w.t())
+    assert y.is_contiguous() and dispatcher.stats == {"tuned": 0, "fallback": 1}
+    assert "spec's layout is row,col,col" in caplog.text
+    set_tuned_table(None)
+
+
+def test_from_linear_refuses_a_parametrized_linear():
+    """A Linear under weight_norm computes its weight: from_linear says so instead of a TypeError from assignment."""
+    from torch.nn.utils.parametrizations import weight_norm
+    with pytest.raises(ValueError, match="without parametrizations"):
+        l2c.nn.Linear.from_linear(weight_norm(torch.nn.Linear(8, 8)))
