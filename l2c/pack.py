@@ -111,6 +111,8 @@ def build_pack(kernels: Sequence[RequiredKernel], arch: str, out: Union[str, Pat
         entry = PackEntry(name=kernel.name, spec=kernel.spec, key=kernel.key, file=library_member(digest),
                           sha256=digest, size=len(data), nvcc_version=compiler, cuda_version=cuda_release(compiler))
         libraries.append((entry, data))
+    if not libraries:   # never replace a pack with an empty one (a broken nvcc fails every kernel)
+        raise PackError(f"none of the {len(kernels)} kernels built: {out} left as it was")
     return write_pack(out, arch, libraries), failed
 
 

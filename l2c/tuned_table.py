@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .arch import ARCHS
 from .errors import DataFileError, L2Error
 from .ir import KernelSpec, knob
 from .knobs import ANY
@@ -536,8 +537,8 @@ def load_table(path) -> TunedTable:
     path = Path(path)
     data = read_table_data(path)
     arch = data.get("arch", "sm_90")
-    if not isinstance(arch, str):
-        raise TableError(f"{path}: 'arch' must be a string, got {arch!r}")
+    if arch not in ARCHS:   # it names files (the pack's); only a known architecture may
+        raise TableError(f"{path}: 'arch' must be one of {', '.join(sorted(ARCHS))}, got {arch!r}")
     entries, skipped, first = [], 0, ""
     for i, row in enumerate(data["entries"]):
         try:

@@ -351,3 +351,30 @@ def test_a_pack_entry_whose_name_is_not_a_kernel_name_is_refused(tmp_path, name)
         archive.writestr(entry.file, data)
     with pytest.raises(pack_format.PackError, match="name"):
         pack_format.read_pack(path)
+
+
+def test_a_table_arch_that_is_not_an_architecture_names_no_file(tmp_path, capsys):
+    """A table's arch names the pack's file: one that is not a known architecture (a path) is refused before any
+    build, and nothing is written outside the packs folder."""
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"arch": "../../escaped", "entries": [_row(_example("small_basic_64x16"), 64)]}))
+    assert main(["pack", "verify", "--table", str(table)]) == 2
+    assert "'arch' must be one of sm_90" in capsys.readouterr().err
+    assert not (tmp_path.parent / "escaped.zip").exists()
+
+
+def test_a_build_where_every_kernel_fails_writes_no_pack(tmp_path, monkeypatch, capsys):
+    """A compiler that fails every kernel leaves the pack as it was (never an empty pack in its place)."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, "
+                    "V13.0.48'; exit 0; fi\necho broken >&2; exit 1\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("L2C_NVCC", str(nvcc))
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.zip"))
+    table = _write_table(tmp_path / "t.json", [_row(_example("small_basic_64x16"), 64)])
+    out = tmp_path / "sm_90.zip"
+    out.write_bytes(b"the pack before")
+    assert main(["pack", "build", "--table", str(table), "-j", "1", "-o", str(out)]) == 1
+    assert out.read_bytes() == b"the pack before"
+    assert "none of the" in capsys.readouterr().err

@@ -8,6 +8,7 @@ the template, flags or CUTLASS version changed) or holds a damaged library. Neit
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from .. import pack
@@ -63,7 +64,11 @@ def run_build(args) -> int:
             print(f"FAILED {kernel.name} after {seconds:.0f}s: {kernel.label}: {error}", flush=True)
 
     out = args.out or default_pack_path(arch)
-    written, failed = pack.build_pack(kernels, arch, out, args.jobs, report)
+    try:
+        written, failed = pack.build_pack(kernels, arch, out, args.jobs, report)
+    except PackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     size = Path(written.path).stat().st_size
     files = len({entry.file for entry in written.entries.values()})
     print(f"wrote {written.path}: {len(written.entries)} kernels in {files} libraries, {size / 2**20:.2f} MiB; "
