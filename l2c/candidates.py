@@ -85,7 +85,7 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
     from .parser import parse_one
     from .validate import validate
 
-    from .tuned_table import TableError, read_table_data
+    from .tuned_table import TableError, entry_from_row, read_table_data
 
     try:
         table = read_table_data(path)
@@ -97,6 +97,7 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
     for i, entry in enumerate(entries):
         where = f"{path}#entries[{i}]"
         try:
+            entry_from_row(entry)   # what the dispatcher would refuse to read is no candidate either
             shape = Shape(int(entry["m"]), int(entry["n"]), int(entry["k"]), int(entry.get("batch", 1)),
                           label="table")
             spec_text, target = entry["spec"], entry["target"]

@@ -34,6 +34,14 @@ class UsageError(Exception):
     """A command-line mistake that is not about a spec (missing file, bad flag combination)."""
 
 
+def seed(text: str) -> int:
+    """An argparse type: a random seed torch's and Python's generators both take (0 to 2^63 - 1)."""
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"a seed is a whole number from 0 to 2^63 - 1, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="l2c", description="GEMM kernel compiler and tuner.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -34,8 +34,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from .epilogue import activate, gate_product, torch_gated, torch_gated_linear
-
-PROTOCOLS = ("kernel", "kernel_apart", "call", "server")
+from .results_file import PROTOCOLS
 
 TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 

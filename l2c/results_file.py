@@ -7,6 +7,7 @@ import datetime
 import importlib.metadata
 import json
 import lzma
+import math
 import os
 import platform
 import re
@@ -19,6 +20,7 @@ from typing import Dict, List, Optional, Set, TextIO, Tuple
 
 from . import settings as l2c_settings
 from .errors import BenchError
+from .ir import knob
 
 CPU_NOTE = ("CPU mode: kernels run in the Triton interpreter and torch on the CPU; these figures exercise the "
             "benchmark machinery only and say nothing about GPU performance")
@@ -86,10 +88,63 @@ def row_key(row: Dict[str, object]) -> Tuple:
             row.get("layout"), row.get("gate", "none"))
 
 
+MAX_DIMENSION = 2**31 - 1
+PROTOCOLS = ("kernel", "kernel_apart", "call", "server")
+RESULT_TARGETS = ("triton", "cutlass", "dispatch", "torch")   # a kernel's target, l2c's dispatcher, torch itself
+RESULT_TEXT_FIELDS = ("kernel", "protocol", "dtype", "layout", "spec", "source", "status", "target", "gate")
+
+
+def checked_row(row, where: str) -> Dict[str, object]:
+    """`row` if it is one every reader of results can take; BenchError naming the line and field otherwise: a JSON
+    object; a result row with its kernel, protocol and shape, M, N, K and batch whole numbers from 1 to 2^31 - 1, text
+    fields text, and a speedup and flops that are numbers (in an `ok` row present, finite and positive)."""
+    if not isinstance(row, dict):
+        raise BenchError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+    if row.get("type") == "env":
+        if row.get("gpu") is not None and not isinstance(row["gpu"], str):
+            raise BenchError(f"{where}: 'gpu' must be text, got {row['gpu']!r}"[:300])
+        if row.get("sm_count") is not None and (type(row["sm_count"]) is not int or row["sm_count"] < 1):
+            raise BenchError(f"{where}: 'sm_count' must be a whole number, got {row['sm_count']!r}"[:300])
+    if row.get("type") != "result":
+        return row
+    for field in ("kernel", "protocol", "m", "n", "k"):
+        if field not in row:
+            raise BenchError(f"{where}: a result row without '{field}'")
+    for field in ("m", "n", "k", "batch"):
+        value = row.get(field, 1)
+        if type(value) is not int or not 1 <= value <= MAX_DIMENSION:
+            raise BenchError(f"{where}: '{field}' must be a whole number from 1 to {MAX_DIMENSION}, got {value!r}")
+    for field in RESULT_TEXT_FIELDS:
+        if row.get(field) is not None and not isinstance(row[field], str):
+            raise BenchError(f"{where}: '{field}' must be text, got {row[field]!r}"[:300])
+    if row["protocol"] not in PROTOCOLS:
+        raise BenchError(f"{where}: 'protocol' must be one of {', '.join(PROTOCOLS)}, got {row['protocol']!r}"[:300])
+    if row.get("target") not in (None, *RESULT_TARGETS):
+        raise BenchError(f"{where}: 'target' must be one of {', '.join(RESULT_TARGETS)}, got {row['target']!r}"[:300])
+    if row.get("served_target") not in (None, "triton", "cutlass"):
+        raise BenchError(f"{where}: 'served_target' must be triton or cutlass, got {row['served_target']!r}"[:300])
+    if row.get("gate") not in (None, *knob("epilogue_gate").choices):
+        raise BenchError(f"{where}: 'gate' must be one of {', '.join(knob('epilogue_gate').choices)}, got "
+                         f"{row['gate']!r}"[:300])
+    if "dtype" in row and row["dtype"] not in knob("types_a").choices:
+        raise BenchError(f"{where}: 'dtype' must be one of {', '.join(knob('types_a').choices)}, got {row['dtype']!r}")
+    if "layout" in row and (not isinstance(row["layout"], str) or len(row["layout"].split(",")) != 3 or
+                            any(w not in knob("layout_a").choices for w in row["layout"].split(","))):
+        raise BenchError(f"{where}: 'layout' must be three of row/col joined by commas, got {row['layout']!r}")
+    ok = row.get("status") == "ok"
+    for field in ("speedup", "flops"):
+        value = row.get(field)
+        if (value is not None or ok) and (
+                type(value) not in (int, float) or (ok and not (math.isfinite(value) and value > 0))):
+            raise BenchError(f"{where}: '{field}' must be a number (finite and positive in an ok row), got {value!r}")
+    return row
+
+
 def read_rows(path: str | Path, repair: bool = False) -> List[Dict[str, object]]:
-    """All complete JSON rows of a results file. A torn last line (a run killed mid-write) is ignored, and
-    with `repair` cut off so that appending continues on a clean line. A bad line elsewhere is an error.
-    A `.xz` file (a large finished results file, compressed to keep the repository small) is read through lzma."""
+    """All complete JSON rows of a results file, each checked (`checked_row`). A torn last line (a run killed
+    mid-write) is ignored, and with `repair` cut off so that appending continues on a clean line. A bad line elsewhere
+    is an error. A `.xz` file (a large finished results file, compressed to keep the repository small) is read
+    through lzma."""
     path = Path(path)
     if path.suffix == ".xz":
         if repair:
@@ -106,12 +161,13 @@ def read_rows(path: str | Path, repair: bool = False) -> List[Dict[str, object]]
         end = pos + len(line) + 1
         if line.strip():
             try:
-                rows.append(json.loads(line))
-                good_end = min(end, len(data))
-            except ValueError:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
                 if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1:]):
                     raise BenchError(f"{path}:{i + 1}: not a JSON row") from None
                 break
+            rows.append(checked_row(row, f"{path}:{i + 1}"))
+            good_end = min(end, len(data))
         else:
             good_end = min(end, len(data))
         pos = end

@@ -472,3 +472,59 @@ def test_roofline_without_rotation_is_refused(tmp_path):
     shapes.write_text("8 8 8\n")
     done = l2c("bench", "torch", "--shapes", shapes, "--roofline", "--no-rotate", "-o", tmp_path / "r.jsonl", *FAST)
     assert done.returncode == 2 and "--no-rotate" in done.stderr and "Traceback" not in done.stderr
+
+
+GOOD_ROW = {"type": "result", "kernel": "k", "target": "triton", "m": 64, "n": 64, "k": 64, "batch": 1,
+            "flops": 524288, "protocol": "kernel", "dtype": "f16", "layout": "row,row,row", "status": "ok",
+            "speedup": 1.1}
+BAD_ROWS = {
+    "a list": [1, 2, 3], "m 0": {"m": 0}, "m -4": {"m": -4}, "m float": {"m": 64.0}, "m list": {"m": [64]},
+    "m bool": {"m": True}, "m 2^31": {"m": 2**31}, "batch -2": {"batch": -2}, "no kernel": {"kernel": None},
+    "spec 5": {"spec": 5}, "source 7": {"source": 7}, "dtype f64": {"dtype": "f64"}, "dtype null": {"dtype": None},
+    "layout row": {"layout": "row"}, "protocol nope": {"protocol": "nope"}, "target path": {"target": "../x"},
+    "gate zz": {"gate": "zz"}, "speedup -1": {"speedup": -1}, "speedup text": {"speedup": "1.1"},
+    "ok without speedup": {"speedup": None}, "flops null": {"flops": None}, "served_target": {"served_target": "x"},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ROWS))
+def test_a_malformed_results_row_is_one_line_naming_file_line_and_field(case, tmp_path, capsys):
+    """Every reader of results (report, table, import, bench --resume) takes rows through one check: a row a reader
+    would trip on is an exit 2 with the file, the line and the field, never a traceback or a table entry."""
+    bad = BAD_ROWS[case]
+    row = bad if isinstance(bad, list) else {k: v for k, v in {**GOOD_ROW, **bad}.items()
+                                            if not (k == "kernel" and v is None)}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"type": "env", "gpu": "X", "device": "cuda"}) + "\n" + json.dumps(row) + "\n"
+                    + json.dumps(GOOD_ROW) + "\n")
+    assert main(["report", str(path), "-o", str(tmp_path / "report")]) == 2
+    assert main(["table", str(path), "-o", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2:" in err and "Traceback" not in err
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_the_committed_results_pass_the_row_check():
+    """The check refuses nothing l2c bench has written: every committed results file reads."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    files = sorted(root.glob("**/*.jsonl*"))
+    assert len(files) > 100
+    assert sum(len(read_rows(f)) for f in files) > 100000
+
+
+def test_bad_numbers_on_the_command_line_are_refused(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(GOOD_ROW) + "\n")
+    assert main(["table", str(path), "--min-speedup", "nan", "-o", str(tmp_path / "t.json")]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", "examples/hgemm_generic.l2", "--seed", str(2**64)])
+    assert exit_.value.code == 2
+    assert "--min-speedup must be a positive number" in capsys.readouterr().err
+
+
+def test_warmup_counts_the_malformed_entries_a_table_read_left_out(tmp_path, capsys):
+    """A table whose entries are malformed is no table warmed up: they are named and the exit status is 1."""
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"arch": "sm_90", "entries": [{"m": -1, "n": 8, "k": 8}]}))
+    assert main(["warmup", str(table), "--device", "cpu"]) == 1
+    assert "1 malformed entries left out" in capsys.readouterr().out

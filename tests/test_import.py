@@ -135,19 +135,24 @@ def test_rows_that_cannot_be_imported_are_a_usage_error(measured, tmp_path, caps
 
 def test_a_win_without_verified_figures_is_not_imported(measured, capsys, tmp_path):
     """An `ok` row is trusted as a win only as `l2c bench` writes it: `verified` true and finite numeric figures. A
-    hand-made or damaged row (no verification, a speedup in text) is skipped and counted, never stored."""
+    hand-made row without verification is skipped and counted, never stored; a damaged one (a speedup in text) makes
+    the file one the reader refuses, naming the line and field."""
     _, _, out = measured
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     results = [r for r in rows if r.get("type") == "result" and r.get("status") == "ok"]
     assert results and all(r.get("verified") is True for r in results)
     forged = dict(results[0], speedup=50.0, candidate_tflops=100.0)
     del forged["verified"]
-    texty = dict(results[1], speedup="9999x")
     bad = tmp_path / "forged.jsonl"
-    bad.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], forged, texty]))
+    bad.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], forged]))
     store = Store(tmp_path / "s.sqlite")
     assert main(["import", str(bad), "--store", str(store.path)]) == 0
-    assert "2 win(s) without verified figures skipped" in capsys.readouterr().out
+    assert "1 win(s) without verified figures skipped" in capsys.readouterr().out
+    assert store.count() == 0
+    texty = tmp_path / "texty.jsonl"
+    texty.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], dict(results[1], speedup="9999x")]))
+    assert main(["import", str(texty), "--store", str(store.path)]) == 2
+    assert f"{texty}:2: 'speedup' must be a number" in capsys.readouterr().err
     assert store.count() == 0
 
 

@@ -5,6 +5,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..cli import seed
+
 DEFAULT_OUTPUT = "l2c_bench.jsonl"
 
 
@@ -47,7 +49,7 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup-seconds", type=float, default=None,
                    help="run large matmuls this long first so GPU clocks settle (default: 3 on cuda, 0 on cpu)")
     p.add_argument("--rate", type=float, default=100.0, help="server protocol: mean calls per second")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--no-graphs", action="store_true", help="kernel protocol: eager launches, no CUDA graphs")
     p.add_argument("--no-rotate", action="store_true",
                    help="kernel protocol: do not rotate buffers for shapes that fit in L2")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from ..cli import seed
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("propose", help="grammar-constrained LLM proposals of kernel specs for one problem")
@@ -26,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--history", help="measured results, JSON lines with spec, tflops, baseline_tflops")
     p.add_argument("-n", dest="count", type=int, default=4, help="number of proposals (default 4)")
     p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="server request timeout in seconds")
     p.add_argument("--retries", type=int, default=3, help="server retries on timeouts and 5xx")
     p.set_defaults(func=run)

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -836,6 +837,8 @@ def run(args) -> int:
         raise UsageError(f"results from GPUs with different SM counts: {sorted(sm_counts)}")
     if args.withdraw and not args.into:
         raise UsageError("--withdraw takes entries out of the table of --into")
+    if not (math.isfinite(args.min_speedup) and args.min_speedup > 0):
+        raise UsageError(f"--min-speedup must be a positive number, got {args.min_speedup}")
     if not args.results and not args.withdraw:
         raise UsageError("name the l2c bench results to make the table from (or --into TABLE --withdraw SHAPE)")
     try:
@@ -918,11 +921,17 @@ def run(args) -> int:
     if args.only_faster is not None and not args.into:
         raise UsageError("--only-faster compares with the table of --into")
     if args.into:
-        from ..tuned_table import TableError, read_table_data
+        from ..tuned_table import TableError, load_table, read_table_data
         try:
-            base = read_table_data(args.into)
+            base, parsed = read_table_data(args.into), load_table(args.into)
         except TableError as err:
             raise UsageError(str(err)) from None
+        if parsed.skipped:   # a merge would carry them on
+            raise UsageError(f"{args.into}: {parsed.skipped} malformed entries (first: {parsed.first_skipped}); "
+                             "fix or remove them before merging into it")
+        if base.get("min_speedup") is not None and (type(base["min_speedup"]) not in (int, float)
+                                                    or not math.isfinite(base["min_speedup"])):
+            raise UsageError(f"{args.into}: min_speedup must be a number, got {base['min_speedup']!r}")
         if args.only_faster is not None:
             table = faster_than_served(base, table, args.only_faster)
             entries = table["entries"]

@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import validated_kernels
+from ..cli import seed
 
 
 def add_parser(sub) -> None:
@@ -21,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--target", choices=["triton", "cutlass", "all"], default="all")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=seed, default=None)
     p.set_defaults(func=run)
 
 
