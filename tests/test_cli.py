@@ -110,6 +110,9 @@ def test_tune_for_an_unknown_arch_is_a_usage_error(tmp_path):
     (["--seed", "-1"], "--seed must be between 0 and"),
     (["--storage", "nosuchdb://host/x"], "--storage nosuchdb://host/x: cannot open it as an Optuna storage"),
     (["--policy", "POLICY"], "not a policy file written by l2c"),
+    (["--policy-fraction", "nan"], "--policy-fraction must be from 0 to 1"),
+    (["--warm-start", "-5"], "--warm-start 0 or more"),
+    (["--compile-workers", "-2"], "--compile-workers 1 or more"),
 ])
 def test_tune_flags_that_cannot_work_are_usage_errors(tmp_path, flags, fragment):
     (tmp_path / "POLICY").write_text("not a policy\n")
@@ -359,3 +362,23 @@ def test_a_results_file_that_is_not_one_is_a_one_line_error(tmp_path):
     bad.write_text("hello\nworld\n")
     result = l2c("table", bad, "-o", tmp_path / "t.json")
     assert result.returncode == 2 and "Traceback" not in result.stderr and result.stderr.startswith("l2c table: error:")
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--rate", "nan"], "--rate must be a positive number"), (["--rate", "-1"], "--rate must be a positive number"),
+    (["--warmup", "-1"], "--warmup must be 0 or more"), (["--limit", "-1"], "--limit 1 or more"),
+    (["--warmup-seconds", "inf"], "--warmup-seconds 0 or more"),
+    (["--seed", str(2 ** 64)], "a seed is a whole number from 0 to 2^63 - 1"),
+])
+def test_bench_flags_that_cannot_work_are_usage_errors(tmp_path, flags, fragment):
+    assert_clean_failure(l2c("bench", REPO / "examples" / "hgemm_generic.l2", "--shape", "16x16x16", "--device",
+                             "cpu", *flags, "-o", tmp_path / "r.jsonl", cwd=tmp_path), fragment)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--server", "notaurl", "--model", "x"], "the server is an http:// or https:// URL"),
+    (["--model-dir", "gpt2"], "gpt2: not a local model directory"),
+])
+def test_propose_reads_only_a_local_model_or_an_http_server(tmp_path, flags, fragment):
+    """A model name that is not a local directory is refused (never a download from the Hugging Face Hub)."""
+    assert_clean_failure(l2c("propose", "--m", "64", "--n", "64", "--k", "64", *flags, cwd=tmp_path), fragment)

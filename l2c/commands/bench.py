@@ -1,6 +1,7 @@
 """`l2c bench KERNELS --shapes SET --protocol P`: measure kernels against torch.matmul, rows to JSON lines."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -95,6 +96,11 @@ def run(args) -> int:
     for name in ("reps", "iters"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1")
+    if args.warmup < 0 or (args.limit is not None and args.limit < 1):
+        raise UsageError("--warmup must be 0 or more, and --limit 1 or more")
+    if not (math.isfinite(args.rate) and args.rate > 0) or (
+            args.warmup_seconds is not None and not (math.isfinite(args.warmup_seconds) and args.warmup_seconds >= 0)):
+        raise UsageError("--rate must be a positive number of calls per second, --warmup-seconds 0 or more")
     device = _device(args.device)
     try:
         layout = args.layout or ("row,col,row" if any(k.split(":")[0] == "linear" for k in args.kernels)

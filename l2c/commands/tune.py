@@ -140,6 +140,9 @@ def run(args) -> int:
         raise UsageError("--confirm must be 0 or more")
     if not args.trial_timeout > 0:
         raise UsageError("--trial-timeout must be a positive number of seconds")
+    if not 0 <= args.policy_fraction <= 1 or args.warm_start < 0 or (
+            args.compile_workers is not None and args.compile_workers < 1):
+        raise UsageError("--policy-fraction must be from 0 to 1, --warm-start 0 or more, --compile-workers 1 or more")
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise UsageError(f"--seed must be between 0 and {MAX_SEED} (each worker and shape adds its own offset)")
     if args.runner == "gpu":

@@ -15,6 +15,8 @@ class HFBackend:
     """A local model directory (transformers), each token masked by an llguidance matcher."""
 
     def __init__(self, model_dir: str, device: Optional[str] = None, dtype: Optional[str] = None):
+        if not Path(model_dir).is_dir():   # a hub name would be downloaded: l2c reads only a local model
+            raise ValueError(f"{model_dir}: not a local model directory")
         import torch
         import llguidance
         import llguidance.hf
@@ -23,9 +25,10 @@ class HFBackend:
         self.torch, self.llguidance = torch, llguidance
         self.name = Path(model_dir).name or str(model_dir)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, **kwargs)
+        self.model = model.to(self.device).eval()
         eos = self.tokenizer.eos_token_id
         self.ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, eos_token=eos if eos is not None else 0)
         self._token_bytes: Dict[int, bytes] = {}

@@ -32,6 +32,8 @@ class OpenAIBackend:
 
     def __init__(self, url: str, model: str, api_key: Optional[str] = None, timeout_s: float = 120.0,
                  retries: int = 3, backoff_s: float = 1.0, max_tokens: int = 512, guided_grammar: bool = True):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"the server is an http:// or https:// URL, got {url!r}")
         self.url = _endpoint(url)
         self.model = model
         self.name = model
