@@ -239,7 +239,7 @@ def _check_swappable(mlp: torch.nn.Module) -> None:
     if any(set(part._parameters) - {"weight", "bias"} or part._buffers or part._modules for part in parts):
         raise ValueError(f"{type(mlp).__name__}: a projection holds more than a weight and a bias")
     own = {id(p) for part in parts for p in part.parameters()}
-    if any(id(p) not in own for p in mlp.parameters()) or any(True for _ in mlp.buffers()):
+    if any(id(p) not in own for p in mlp.parameters()) or next(mlp.buffers(), None) is not None:
         raise ValueError(f"{type(mlp).__name__}: it holds parameters or buffers besides its projections'")
 
 
@@ -353,7 +353,7 @@ def _sharing_gate_or_up(root: torch.nn.Module) -> List[torch.nn.Module]:
     each module once, however many places reach it)."""
     holders: Dict[int, set] = {}
     for owner in root.modules():   # each module once
-        for name, child in owner._modules.items():
+        for child in owner._modules.values():
             if child is not None:
                 holders.setdefault(id(child), set()).add(id(owner))
         for parameter in owner._parameters.values():
