@@ -44,12 +44,17 @@ COMMON_RULES = declare({
     "name-length": f"a kernel name has at most {MAX_NAME_LENGTH} characters: it names cache and output files, "
                    "which with the hash, suffix and temporary parts added must stay under the 255-byte file-name "
                    "limit (143 on encrypted home folders)",
+    "name-module": "a kernel name is not the name of a package the generated code imports (torch, triton, l2c): "
+                   "`l2c compile` writes NAME.py, which would shadow that package when imported from its folder",
 })
+SHADOWED_MODULES = ("torch", "triton", "l2c")
 
 
 def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
     if len(spec.name) > MAX_NAME_LENGTH:
         raise fail(spec, None, "name-length", f"kernel name of {len(spec.name)} characters")
+    if spec.name in SHADOWED_MODULES:
+        raise fail(spec, None, "name-module", f"kernel name {spec.name!r}")
     for field in ("epilogue_alpha", "epilogue_beta"):
         value = float(getattr(spec, field))
         if not (value == 0.0 or FP32_MIN_NORMAL <= abs(value) <= FP32_MAX):

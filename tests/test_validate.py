@@ -310,3 +310,10 @@ def test_a_direct_store_kernel_with_stages_only_it_fits_gets_the_tma_store_with_
     fused = direct.with_epilogue("col", "none")
     assert fused.epilogue_store == "tma" and fused.pipeline_stages == AUTO
     assert validate(fused, "cutlass").stages == 6
+
+
+@pytest.mark.parametrize("name", ["torch", "triton", "l2c"])
+@pytest.mark.parametrize("target", ["triton", "cutlass"])
+def test_a_kernel_named_after_a_package_the_generated_code_imports_is_refused(name, target):
+    """`l2c compile` writes NAME.py: a kernel named torch or triton would shadow the package it imports."""
+    rejects(f"kernel {name} {{ }}", target, "name-module")
