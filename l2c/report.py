@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, TextIO, Tuple
 
+from .errors import BenchError
 from .shapes import BUCKET_LABELS, GRID_DIMS, bucket
 
 BEST_OF = "best-of"
@@ -119,6 +120,9 @@ def load_results(*paths) -> Results:
         rows = read_rows(path)
         envs += [r for r in rows if r.get("type") == "env"]
         for r in rows:
+            if r.get("type") == "result" and r.get("status") == "ok" and r.get("flops") is None:
+                raise BenchError(f"{path}: an ok result row without 'flops' (kernel {r['kernel']}, "
+                                 f"{r['m']}x{r['n']}x{r['k']}): not a row l2c bench wrote")
             if r.get("type") == "result":
                 key = (table_or_kernel(r), r["protocol"], r["m"], r["n"], r["k"], r.get("batch", 1), r.get("dtype"),
                        r.get("layout"), r.get("gate", "none"))
