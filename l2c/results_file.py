@@ -107,7 +107,7 @@ def checked_row(row, where: str) -> Dict[str, object]:
             raise BenchError(f"{where}: 'sm_count' must be a whole number, got {row['sm_count']!r}"[:300])
     if row.get("type") != "result":
         return row
-    for field in ("kernel", "protocol", "m", "n", "k"):
+    for field in ("m", "n", "k"):   # (a script's own rows may name no kernel or protocol)
         if field not in row:
             raise BenchError(f"{where}: a result row without '{field}'")
     for field in ("m", "n", "k", "batch"):
@@ -117,7 +117,7 @@ def checked_row(row, where: str) -> Dict[str, object]:
     for field in RESULT_TEXT_FIELDS:
         if row.get(field) is not None and not isinstance(row[field], str):
             raise BenchError(f"{where}: '{field}' must be text, got {row[field]!r}"[:300])
-    if row["protocol"] not in PROTOCOLS:
+    if row.get("protocol", PROTOCOLS[0]) not in PROTOCOLS:
         raise BenchError(f"{where}: 'protocol' must be one of {', '.join(PROTOCOLS)}, got {row['protocol']!r}"[:300])
     if row.get("target") not in (None, *RESULT_TARGETS):
         raise BenchError(f"{where}: 'target' must be one of {', '.join(RESULT_TARGETS)}, got {row['target']!r}"[:300])

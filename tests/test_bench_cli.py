@@ -479,7 +479,7 @@ GOOD_ROW = {"type": "result", "kernel": "k", "target": "triton", "m": 64, "n": 6
             "speedup": 1.1}
 BAD_ROWS = {
     "a list": [1, 2, 3], "m 0": {"m": 0}, "m -4": {"m": -4}, "m float": {"m": 64.0}, "m list": {"m": [64]},
-    "m bool": {"m": True}, "m 2^31": {"m": 2**31}, "batch -2": {"batch": -2}, "no kernel": {"kernel": None},
+    "m bool": {"m": True}, "m 2^31": {"m": 2**31}, "batch -2": {"batch": -2}, "no m": {"m": None},
     "spec 5": {"spec": 5}, "source 7": {"source": 7}, "dtype f64": {"dtype": "f64"}, "dtype null": {"dtype": None},
     "layout row": {"layout": "row"}, "protocol nope": {"protocol": "nope"}, "target path": {"target": "../x"},
     "gate zz": {"gate": "zz"}, "speedup -1": {"speedup": -1}, "speedup text": {"speedup": "1.1"},
