@@ -96,8 +96,9 @@ RESULT_TEXT_FIELDS = ("kernel", "protocol", "dtype", "layout", "spec", "source",
 
 def checked_row(row, where: str) -> Dict[str, object]:
     """`row` if it is one every reader of results can take; BenchError naming the line and field otherwise: a JSON
-    object; a result row with its kernel, protocol and shape, M, N, K and batch whole numbers from 1 to 2^31 - 1, text
-    fields text, and a speedup and flops that are numbers (in an `ok` row finite and positive, the speedup present)."""
+    object; a result row with its shape, M, N, K and batch whole numbers from 1 to 2^31 - 1, a known protocol where
+    named, text fields text, and a speedup and flops that are numbers (in an `ok` row finite and positive, the speedup
+    present)."""
     if not isinstance(row, dict):
         raise BenchError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
     if row.get("type") == "env":
@@ -134,7 +135,8 @@ def checked_row(row, where: str) -> Dict[str, object]:
     ok = row.get("status") == "ok"
     for field in ("speedup", "flops"):
         value = row.get(field)
-        if (value is not None or (ok and field in row) or (ok and field == "speedup")) and (
+        required = ok and (field == "speedup" or field in row)   # an ok row's speedup, and its flops if named
+        if (value is not None or required) and (
                 type(value) not in (int, float) or (ok and not (math.isfinite(value) and value > 0))):
             raise BenchError(f"{where}: '{field}' must be a number (finite and positive in an ok row), got {value!r}")
     return row
