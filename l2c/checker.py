@@ -13,7 +13,8 @@ the product and of its spread, `verify.element_bound` at every output and the re
 `verify.tolerance`; the operands and guards compared with what was written there (a kernel writes nothing else);
 then operands with padded leading dimensions, inputs of -1, 0 and 1 where the result must be exact
 (`verify.exact_density`), the same shape with partial tiles (`verify.edge_shape`) and two calls that allocate their
-output. Problems
+output. `l2c.verify`'s NaN row is not checked here: it catches activations that drop NaN, and these epilogues have
+none. Problems
 larger than `MAX_MACS` multiply-adds or whose operands exceed `MAX_OPERAND_BYTES` are left to the worker: the
 checker's naive float32 product would cost too long on a caller's thread, and its inputs too much of its memory.
 

@@ -12,6 +12,7 @@ wrong edge column through. A shape-generic kernel checked at a shape that fills 
 checked at a shape with partial tiles in every open dimension (`edge_shape`), where masking bugs live. Then the
 call is made again on inputs of -1, 0 and 1 (`exact_density`), where every correct kernel is exact: a product term
 left out or added twice fails there however loose the tolerance of normal inputs (an f16 accumulator at large K).
+Last, one NaN in A must turn exactly its row of the output into NaN, as in torch (`_check_nan_rows`).
 
 A gated spec (`epilogue gate`) reads a B of K x 2N (the gate's columns, then the up projection's) and a bias of 2N
 values; its reference is act(gate) * up of the float reference of both halves, and its elementwise bound carries
@@ -445,6 +446,8 @@ def _verify_shape(kernel, m: int, n: int, k: int, batch: int, device: torch.devi
         result = _check_padded_operands(kernel, a, b, c, bias, out, tol, check, device) or result
     if result.ok:
         result = _check_exact(kernel, m, n, k, batch, device, gen, tol) or result
+    if result.ok and allocating_calls:
+        result = _check_nan_rows(kernel, m, n, k, batch, device, gen, tol) or result
     if result.ok and c is None and allocating_calls:
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         result = check_allocating_calls(kernel, a, b, bias, out, tol, check, sync) or result
@@ -489,6 +492,39 @@ def _check_exact(kernel, m: int, n: int, k: int, batch: int, device: torch.devic
            torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
     return VerifyResult(False, rel, tol, f"{count} of {ref.numel()} outputs are not exact, the first at {index}: "
                         f"{got[index].item():.6g}, expected {ref[index].item():.6g}{what}")
+
+
+def _check_nan_rows(kernel, m: int, n: int, k: int, batch: int, device: torch.device, gen, tol: float
+                    ) -> Optional[VerifyResult]:
+    """The call again with one NaN in A: as in torch, exactly that row of the output must be NaN, whatever the
+    epilogue (an activation, split-K reduction or gate that drops NaN, as fmaxf does, would hide a diverging model
+    behind finite outputs). The first failure, or None (also where there is no memory for the inputs)."""
+    spec = kernel.valid.spec
+    try:
+        a, b, c, bias, out = make_inputs(spec, m, n, k, batch, device, gen)
+    except (MemoryError, RuntimeError) as err:   # torch's allocators report failure as RuntimeError
+        if isinstance(err, RuntimeError) and "alloc" not in str(err).lower() and "memory" not in str(err).lower():
+            raise
+        return None
+    row, col = m // 2, k // 3
+    where = (batch - 1, row, col) if a.dim() == 3 else (row, col)
+    a[where] = float("nan")
+    what = f" (a NaN in A at {where}, which torch carries to that whole row of the output)"
+    try:
+        kernel(a, b, c=c, bias=bias, out=out)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as err:  # noqa: BLE001 - a kernel that raises is a failed candidate
+        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+    expected = torch.zeros(out.shape, dtype=torch.bool, device=out.device)
+    expected[where[:-1]] = True
+    got = torch.isnan(out)
+    if torch.equal(got, expected):
+        return None
+    index = tuple(int(i) for i in torch.nonzero(got != expected)[0])
+    state = "NaN" if got[index] else f"{out[index].item():.6g}, not NaN"
+    return VerifyResult(False, math.nan, tol, f"{int((got != expected).sum())} of {out.numel()} outputs differ from "
+                        f"torch in being NaN, the first at {index}: {state}{what}")
 
 
 def _padded(t: torch.Tensor) -> torch.Tensor:

@@ -140,6 +140,34 @@ def test_unwritten_element_is_named():
     assert not result.ok and "unwritten output (NaN) at element (3, 4)" in result.reason
 
 
+def nan_to_zero(out):
+    """What fmaxf(x, 0) does to a NaN that reaches a ReLU: returns 0."""
+    out.nan_to_num_(nan=0.0)
+
+
+@pytest.mark.parametrize("text", [
+    "types a=f16 b=f16 c=f16 epilogue activation=relu",
+    "types a=bf16 b=bf16 c=f32 layout a=col c=col split_k slices=2 epilogue bias=row activation=relu",
+])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_relu_that_drops_nan_fails_and_one_that_keeps_it_passes(text, batch):
+    """A ReLU written as fmaxf turns a NaN product into 0: every check on finite inputs passes it, the NaN row fails
+    it (torch.relu keeps NaN)."""
+    valid = _valid(f"kernel r {{ {text} problem batch=any }}")
+    assert verify(TorchKernel(valid), 48, 40, 56, batch=batch, seed=1).ok
+    result = verify(TorchKernel(valid, nan_to_zero), 48, 40, 56, batch=batch, seed=1)
+    assert not result.ok and "a NaN in A at" in result.reason and "not NaN" in result.reason, result
+    assert f"({batch - 1}, 24, 18)" in result.reason if batch > 1 else "(24, 18)" in result.reason
+
+
+def test_a_real_relu_kernel_keeps_nan():
+    """The Triton template's ReLU (tl.maximum with NaN propagation), run by the interpreter."""
+    kernel = build(_valid("kernel r { types a=f16 b=f16 c=f16 tile m=16 n=16 k=16 epilogue bias=col "
+                          "activation=relu }"))
+    result = verify(kernel, 33, 20, 24, seed=2)
+    assert result.ok, result
+
+
 @pytest.mark.parametrize("text", [
     "types a=f16 b=f16 c=f16 acc=f16",
     "types a=f16 b=f16 c=bf16",
