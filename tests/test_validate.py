@@ -48,6 +48,10 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
     ("kernel a { tile m=256 n=64 launch schedule=pingpong }", "cutlass", "pingpong-tile-m", "tile.m"),
     ("kernel a { tile m=256 n=64 launch schedule=basic }", "cutlass", "basic-tile-m", "tile.m"),
     ("kernel a { tile m=64 n=48 }", "triton", "triton-tile-pow2", "tile.n"),
+    ("kernel a { problem m=65536 n=64 k=32769 }", "triton", "triton-offsets", "problem.k"),
+    ("kernel a { problem m=64 n=65536 k=32769 }", "triton", "triton-offsets", "problem.n"),
+    ("kernel a { problem m=64 n=32768 k=65537 launch family=gemv tile m=1 n=64 k=64 }", "triton", "triton-offsets",
+     "problem.n"),
     ("kernel a { tile m=64 n=192 }", "triton", "triton-tile-pow2", "tile.n"),
     ("kernel a { tile m=256 n=256 }", "cutlass", "accumulator-registers", "tile.n"),
     ("kernel a { tile m=64 n=8 launch swap=yes }", "cutlass", "wgmma-tile-m", "tile.n"),
@@ -317,3 +321,13 @@ def test_a_direct_store_kernel_with_stages_only_it_fits_gets_the_tma_store_with_
 def test_a_kernel_named_after_a_package_the_generated_code_imports_is_refused(name, target):
     """`l2c compile` writes NAME.py: a kernel named torch or triton would shadow the package it imports."""
     rejects(f"kernel {name} {{ }}", target, "name-module")
+
+
+def test_triton_matrices_of_2_31_elements_are_accepted_and_larger_refused():
+    """The Triton kernels' 32-bit offsets reach 2^31 - 1: a fixed shape whose operands hold at most 2^31 elements
+    passes, one element row more is refused, and a gated B counts its 2N columns. Open extents are not judged."""
+    validate(parse_one("kernel a { problem m=65536 n=64 k=32768 }"), "triton")
+    validate(parse_one("kernel a { problem m=any n=64 k=65536 }"), "triton")
+    gated = "kernel a {{ problem m=16 n={n} k=65536 tile m=16 n=16 k=32 epilogue gate=silu }}"
+    validate(parse_one(gated.format(n=16384)), "triton")
+    rejects(gated.format(n=16392), "triton", "triton-offsets", "problem.n")

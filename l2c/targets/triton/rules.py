@@ -40,7 +40,13 @@ RULES = declare({
     "gemv-acc": "a gemv kernel accumulates in f32 (its CUDA-core multiply-adds cost the same in f32)",
     "gated-split-k": "a gated Triton kernel runs its K loop in one program (split_k slices=1): its slices would "
                      "reduce two partial tiles, and its 2N weight columns already give the SMs many programs",
+    "triton-offsets": "a Triton kernel indexes inside one matrix in 32-bit arithmetic: at a fixed problem shape, A (M x "
+                      "K), B (K x N; K x 2N gated) and C (M x N) each hold at most 2^31 elements (the kernel "
+                      "refuses larger operands at every call)",
 })
+
+# Elements one matrix may hold for the Triton kernels' 32-bit offsets (templates/triton/common.j2, `_check_offsets`).
+MAX_MATRIX_ELEMENTS = 2 ** 31
 
 
 def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
@@ -56,6 +62,7 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
                     f"reduce={spec.split_k_reduce} with split_k slices={spec.split_k_slices} mode={spec.split_k_mode}")
     if gated(spec):
         _check_gated(spec)
+    _check_offsets(spec)
     if spec.launch_family == "gemv":
         return _validate_triton_gemv(spec, arch)
     if spec.launch_reduce != "step":
@@ -78,6 +85,16 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
                     f"over {warps} warps {'are' if gated(spec) else 'is'} {per_thread} values per thread")
     stages, smem = _triton_stages(spec, arch)
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
+
+
+def _check_offsets(spec: KernelSpec) -> None:
+    """Rule `triton-offsets`, for the operands whose both extents the spec fixes."""
+    b_cols = spec.problem_n * 2 if gated(spec) and spec.problem_n != ANY else spec.problem_n
+    for name, rows, cols, field in (("A", spec.problem_m, spec.problem_k, "problem_k"),
+                                    ("B", spec.problem_k, b_cols, "problem_n"),
+                                    ("C", spec.problem_m, spec.problem_n, "problem_n")):
+        if rows != ANY and cols != ANY and rows * cols > MAX_MATRIX_ELEMENTS:
+            raise fail(spec, field, "triton-offsets", f"{name} of {rows} x {cols} = {rows * cols} elements")
 
 
 def _check_gated(spec: KernelSpec) -> None:
