@@ -120,10 +120,13 @@ def load_results(*paths) -> Results:
         rows = read_rows(path)
         envs += [r for r in rows if r.get("type") == "env"]
         for r in rows:
-            if r.get("type") == "result" and r.get("status") == "ok" and r.get("flops") is None:
-                raise BenchError(f"{path}: an ok result row without 'flops' (kernel {r['kernel']}, "
-                                 f"{r['m']}x{r['n']}x{r['k']}): not a row l2c bench wrote")
             if r.get("type") == "result":
+                missing = [f for f in ("kernel", "protocol") if r.get(f) is None]
+                if r.get("status") == "ok" and r.get("flops") is None:   # the plots' x axis
+                    missing.append("flops")
+                if missing:
+                    raise BenchError(f"{path}: a result row ({r['m']}x{r['n']}x{r['k']}) without "
+                                     f"{', '.join(repr(f) for f in missing)}: not a row l2c bench wrote")
                 key = (table_or_kernel(r), r["protocol"], r["m"], r["n"], r["k"], r.get("batch", 1), r.get("dtype"),
                        r.get("layout"), r.get("gate", "none"))
                 by_key.pop(key, None)      # re-inserted: the row keeps the later file's position

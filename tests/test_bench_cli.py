@@ -504,6 +504,17 @@ def test_a_malformed_results_row_is_one_line_naming_file_line_and_field(case, tm
     assert not (tmp_path / "t.json").exists()
 
 
+@pytest.mark.parametrize("field", ["kernel", "protocol", "flops"])
+def test_report_refuses_a_row_without_what_it_groups_and_plots_by(field, tmp_path, capsys):
+    """Scripts write rows of their own without a kernel or protocol, which the row check lets through; the report
+    groups by both and plots by flops, so it names the missing field instead of a KeyError."""
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({k: v for k, v in GOOD_ROW.items() if k != field}) + "\n")
+    assert main(["report", str(path), "-o", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert f"without '{field}'" in err and "64x64x64" in err and "Traceback" not in err
+
+
 def test_the_committed_results_pass_the_row_check():
     """The check refuses nothing l2c bench has written: every committed results file reads."""
     root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
