@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Set, TextIO, Tuple
 from . import settings as l2c_settings
 from .errors import BenchError
 from .ir import knob
+from .tuned_table import LAYOUTS
 
 CPU_NOTE = ("CPU mode: kernels run in the Triton interpreter and torch on the CPU; these figures exercise the "
             "benchmark machinery only and say nothing about GPU performance")
@@ -129,8 +130,7 @@ def checked_row(row, where: str) -> Dict[str, object]:
                          f"{row['gate']!r}"[:300])
     if "dtype" in row and row["dtype"] not in knob("types_a").choices:
         raise BenchError(f"{where}: 'dtype' must be one of {', '.join(knob('types_a').choices)}, got {row['dtype']!r}")
-    if "layout" in row and (not isinstance(row["layout"], str) or len(row["layout"].split(",")) != 3 or
-                            any(w not in knob("layout_a").choices for w in row["layout"].split(","))):
+    if "layout" in row and (not isinstance(row["layout"], str) or row["layout"] not in LAYOUTS):
         raise BenchError(f"{where}: 'layout' must be three of row/col joined by commas, got {row['layout']!r}")
     ok = row.get("status") == "ok"
     for field in ("speedup", "flops"):

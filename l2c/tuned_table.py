@@ -125,7 +125,8 @@ def _rate(value, what: str) -> float:
     return float(value)
 
 
-_LAYOUTS = frozenset(f"{a},{b},{c}" for a in LAYOUT_WORDS for b in LAYOUT_WORDS for c in LAYOUT_WORDS)
+# Every `layout` value of an entry or results row: A, B and C each row or col, joined by commas.
+LAYOUTS = frozenset(f"{a},{b},{c}" for a in LAYOUT_WORDS for b in LAYOUT_WORDS for c in LAYOUT_WORDS)
 _BIG = 2**31
 
 
@@ -145,7 +146,7 @@ def _quick_entry(row: dict) -> Optional[TunedEntry]:
     m_range, n_range, k_range = row.get("m_range"), row.get("n_range"), row.get("k_range")
     if not (type(m) is int and type(n) is int and type(k) is int and type(batch) is int
             and 0 < m < _BIG and 0 < n < _BIG and 0 < k < _BIG and 0 < batch < _BIG
-            and type(dtype) is str and dtype in DTYPES and type(layout) is str and layout in _LAYOUTS
+            and type(dtype) is str and dtype in DTYPES and type(layout) is str and layout in LAYOUTS
             and type(target) is str and target in TARGETS and type(spec) is str and spec.strip()
             and type(tflops) is float and type(base) is float and 0.0 <= tflops < math.inf and 0.0 <= base < math.inf
             and (speedup is None or (type(speedup) is float and 0.0 <= speedup < math.inf))
@@ -180,8 +181,7 @@ def entry_from_row(row) -> TunedEntry:
     dtype, layout, target, spec = row["dtype"], row["layout"], row["target"], row["spec"]
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if not isinstance(layout, str) or len(layout.split(",")) != 3 or \
-            any(w not in LAYOUT_WORDS for w in layout.split(",")):
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout must be three of row/col joined by commas, got {layout!r}")
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
