@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import os
+import struct
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -70,18 +71,61 @@ def locked(path: Union[str, Path], timeout: float = -1) -> Iterator[None]:
 
 
 def write_atomic(path: Union[str, Path], data: Union[str, bytes]) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over `path`: readers see all or nothing."""
+    """Write `data` to a temporary file beside `path`, flush it to disk, then rename it over `path`: readers see all
+    or nothing, also after a crash (without the flush a rename can reach the disk before the data)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)   # as a file open() creates (mkstemp's 0600 hid it from other users of a shared cache)
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+# ELF64 little-endian (x86-64, aarch64): the header's table offsets and entry sizes, and a program header's extent.
+_ELF_HEADER = struct.Struct("<16xHHIQQQIHHHHHH")
+_PROGRAM_HEADER = struct.Struct("<IIQQQQQQ")
+
+
+def intact_library(path: Union[str, Path]) -> bool:
+    """Whether `path` is a whole shared library: an ELF64 file holding every byte its program headers load and its
+    section header table. dlopen maps a truncated library (a copy cut short, a disk full) and the process dies of
+    SIGBUS on first touching the missing pages; a cached library that fails this is rebuilt or installed again,
+    never loaded. Reads the headers only (microseconds)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(_ELF_HEADER.size)
+            if len(head) < _ELF_HEADER.size or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return False
+            (_, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = _ELF_HEADER.unpack(head)
+            if phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+                return False
+            if phnum and phentsize < _PROGRAM_HEADER.size:
+                return False
+            f.seek(phoff)
+            table = f.read(phnum * phentsize)
+    except OSError:
+        return False
+    for i in range(phnum):
+        _, _, offset, _, _, filesz, _, _ = _PROGRAM_HEADER.unpack_from(table, i * phentsize)
+        if offset + filesz > size:
+            return False
+    return True
+
+
+def load_library(path: Union[str, Path]):
+    """`ctypes.CDLL(path)` for an `intact_library`; OSError (as dlopen's own failures) for any other file."""
+    import ctypes
+    if not intact_library(path):
+        raise OSError(f"{path} is not a whole shared library (truncated or damaged): not loaded")
+    return ctypes.CDLL(str(path))
 
 
 class KeyedRecords:

@@ -36,6 +36,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import cache
 from .errors import BuildError
 from .verify import (ELEMENT_SAFETY, GUARD_ELEMENTS, TORCH_DTYPES, UNIT_ROUNDOFF, VerifyResult,
                      check_allocating_calls, exact_density, tolerance, verdict, with_edge_shape)
@@ -108,7 +109,7 @@ def prepare(compile_if_needed: bool = True) -> bool:
 def _load(path) -> bool:
     global _library
     try:
-        library = ctypes.CDLL(str(path))
+        library = cache.load_library(path)
         _bind(library)
     except (OSError, AttributeError) as err:
         log.debug("l2c's checker cannot be loaded: %s", err)

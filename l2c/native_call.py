@@ -516,9 +516,9 @@ def _load() -> None:
         name = f"l2c_call_table_{digest}"
         library = cache.cache_dir("native") / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
         with cache.locked(library):
-            if not library.exists():
+            if not cache.intact_library(library):
                 _compile(compiler, library.parent, name)
-        ctypes.CDLL(str(library))   # dlopen with the GIL released (an import holds it): the import then finds it loaded
+        cache.load_library(library)   # dlopen with the GIL released (an import holds it): the import then finds it loaded
         spec = importlib.util.spec_from_file_location(name, library)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

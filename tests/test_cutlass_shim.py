@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
+from l2c import cache
 from l2c.targets.cutlass import shim as cutlass_shim
 
 pytestmark = pytest.mark.skipif(cutlass_shim.find_c_compiler() is None, reason="no host C compiler")
@@ -144,6 +148,23 @@ def test_the_shim_is_cached_and_rebuilt_from_its_source(tmp_path, monkeypatch):
         assert len(built) == 1
     finally:
         cutlass_shim.shim_library.cache_clear()
+
+
+def test_a_truncated_shim_is_rebuilt_not_loaded(tmp_path):
+    """A cached shim cut short used to be dlopen'ed at l2c.dispatch's start-up, and every process importing l2c died
+    of SIGBUS. In a child process, so that a crash fails this test rather than ending the run."""
+    script = ("import sys; from l2c.targets.cutlass import shim; lib = shim.shim_library(); "
+              "print(lib is not None, sorted(p.stat().st_size for p in (shim.cache.cache_dir('native')).glob('*.so')))")
+    env = {**os.environ, "L2C_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and first.stdout.startswith("True"), first.stderr
+    (library,) = (tmp_path / "native").glob("cutlass_call_plan_*.so")
+    whole = library.read_bytes()
+    library.write_bytes(whole[:len(whole) // 2])
+    again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, (again.returncode, again.stderr)
+    assert again.stdout.startswith("True") and library.read_bytes() != whole[:len(whole) // 2]
+    assert cache.intact_library(library)
 
 
 def test_without_a_compiler_kernels_keep_the_direct_call(tmp_path, monkeypatch):

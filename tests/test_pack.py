@@ -208,6 +208,26 @@ def test_without_nvcc_a_cache_miss_installs_from_the_pack(built, monkeypatch, tm
 
 
 @needs_nvcc
+def test_a_truncated_cached_library_is_installed_again_never_loaded(built, monkeypatch, tmp_path):
+    """dlopen maps a truncated library and the process dies of SIGBUS on its missing pages: a cached library cut
+    short (a copy interrupted, a disk full) is not a cache hit, and the pack installs it again whole."""
+    root, _, pack_path, kernels = built
+    _install_from(pack_path, monkeypatch, tmp_path)
+    library = compile_source(kernels[0].source, kernels[0].name)
+    whole = library.read_bytes()
+    for size in (0, 4000, len(whole) // 2, len(whole) - 1):
+        library.write_bytes(whole[:size])
+        assert not cache.intact_library(library)
+        assert compile_source(kernels[0].source, kernels[0].name) == library
+        assert library.read_bytes() == whole
+    library.write_bytes(whole[:len(whole) // 2])
+    assert install_pack() >= 1 and library.read_bytes() == whole
+    with pytest.raises(OSError, match="not a whole shared library"):
+        library.write_bytes(whole[:len(whole) // 2])
+        cache.load_library(library)
+
+
+@needs_nvcc
 def test_many_cache_misses_read_the_pack_once(built, monkeypatch, tmp_path):
     """The archive is opened once for all of them, and a library two kernels share is decompressed once."""
     root, _, pack_path, kernels = built

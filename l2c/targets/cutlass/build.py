@@ -100,8 +100,10 @@ def _pack_entry(job: _Job, nvcc: Optional[str]) -> Optional[pack.PackEntry]:
 def _settled(job: _Job, nvcc: Optional[str], no_nvcc: str) -> Optional[Outcome]:
     """With the job's lock held: its library if the cache has it or the pack installs it, its cached failure, or
     None when nvcc has to build it."""
-    if job.library.exists():
+    if cache.intact_library(job.library):
         return job.library
+    with contextlib.suppress(FileNotFoundError):
+        job.library.unlink()   # a damaged library (truncated): installed again or rebuilt, never loaded
     prebuilt = _pack_entry(job, nvcc)
     if prebuilt is not None:
         try:
@@ -131,7 +133,7 @@ def _install_from_pack(jobs: Sequence[_Job], nvcc: Optional[str]) -> int:
         for entry, data in pack.read_libraries(path, [e for e, _ in members.values()]):
             job = members[entry.key][1]
             with cache.locked(job.library):
-                if job.library.exists():
+                if cache.intact_library(job.library):
                     continue
                 if entry.sha256 in first:
                     _place(first[entry.sha256], job.library,
@@ -182,7 +184,7 @@ def install_pack() -> int:
         if compiler is not None and entry.nvcc_version != compiler:
             continue
         job = _job_of("", entry.name, entry.key, compiler or entry.nvcc_version, entry)
-        if not job.library.exists():
+        if not cache.intact_library(job.library):
             jobs.append(job)
     return _install_from_pack(jobs, nvcc) if jobs else 0
 
@@ -343,7 +345,7 @@ def compile_many(sources: Sequence[Tuple[str, str]], workers: Optional[int] = No
             outcomes[i] = err
             report(i, err, 0)
             continue
-        if jobs[i].library.exists():
+        if cache.intact_library(jobs[i].library):
             outcomes[i] = jobs[i].library
             report(i, jobs[i].library, 0)
         else:
@@ -417,7 +419,7 @@ def loads_without_compiler(source: str, name: str) -> bool:
         job = _job(source, name, nvcc, no_nvcc)
     except BuildError:
         return False
-    return job.library.exists() or _pack_entry(job, nvcc) is not None
+    return cache.intact_library(job.library) or _pack_entry(job, nvcc) is not None
 
 
 # ---- build --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
 
-from ... import settings
+from ... import cache, settings
 from ...errors import BuildError, LaunchError, SignatureDeclined
 from ...kernel import Kernel, call_signature, cuda_accessors, output_template
 from ...knobs import ANY
@@ -73,7 +73,7 @@ class CutlassKernel(Kernel):
     def __init__(self, valid: ValidSpec, source: str, library_path: Union[str, Path]):
         super().__init__(valid, source)
         self.path = Path(library_path)
-        self.library = ctypes.CDLL(str(self.path))
+        self.library = cache.load_library(self.path)
         prefix = f"l2c_{valid.name}_"
         self._run = getattr(self.library, prefix + "run")
         self._run.argtypes = _RUN_ARGTYPES

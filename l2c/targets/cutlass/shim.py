@@ -180,7 +180,7 @@ def shim_library() -> Optional[ctypes.CDLL]:
     library = folder / f"cutlass_call_plan_{digest}.so"
     try:
         with cache.locked(library):
-            if not library.exists():
+            if not cache.intact_library(library):
                 with tempfile.TemporaryDirectory(dir=folder, prefix=".cutlass_call_plan.") as work:
                     c, so = Path(work) / "shim.c", Path(work) / "shim.so"
                     c.write_text(SOURCE)
@@ -190,7 +190,7 @@ def shim_library() -> Optional[ctypes.CDLL]:
                     if done.returncode != 0:
                         raise OSError(f"{compiler} failed: {(done.stdout + done.stderr).strip()[:500]}")
                     os.replace(so, library)
-        lib = ctypes.CDLL(str(library))
+        lib = cache.load_library(library)
     except OSError as err:
         import warnings
         warnings.warn(f"l2c: CUTLASS kernels keep the 20-argument call (the call-plan shim did not build: {err})")
