@@ -95,6 +95,14 @@ RESULT_TARGETS = ("triton", "cutlass", "dispatch", "torch")   # a kernel's targe
 RESULT_TEXT_FIELDS = ("kernel", "protocol", "dtype", "layout", "spec", "source", "status", "target", "gate")
 
 
+def _positive_finite(value) -> bool:
+    """A number above 0 that a float holds (a JSON integer past 1e308 does not: float() overflows)."""
+    try:
+        return 0 < float(value) < math.inf
+    except OverflowError:
+        return False
+
+
 def checked_row(row, where: str) -> Dict[str, object]:
     """`row` if it is one every reader of results can take; BenchError naming the line and field otherwise: a JSON
     object; a result row with its shape, M, N, K and batch whole numbers from 1 to 2^31 - 1, a known protocol where
@@ -137,8 +145,8 @@ def checked_row(row, where: str) -> Dict[str, object]:
         value = row.get(field)
         required = ok and (field == "speedup" or field in row)   # an ok row's speedup, and its flops if named
         if (value is not None or required) and (
-                type(value) not in (int, float) or (ok and not (math.isfinite(value) and value > 0))):
-            raise BenchError(f"{where}: '{field}' must be a number (finite and positive in an ok row), got {value!r}")
+                type(value) not in (int, float) or (ok and not _positive_finite(value))):
+            raise BenchError(f"{where}: '{field}' must be a number (finite and positive in an ok row), got {value!r}"[:300])
     return row
 
 

@@ -120,9 +120,13 @@ def _whole(value, what: str, lo: int = 1) -> int:
 
 
 def _rate(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a finite non-negative number, got {value!r}")
-    return float(value)
+    try:   # float(): a JSON integer past 1e308 overflows here (math.isfinite would raise OverflowError)
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{what} must be a finite non-negative number, got {value!r}"[:300])
+    return number
 
 
 # Every `layout` value of an entry or results row: A, B and C each row or col, joined by commas.
@@ -499,18 +503,24 @@ def served_problem_shapes(table: "TunedTable", dtype: str, layout: str) -> List[
     return sorted(shapes)
 
 
-def served_kernels(table: "TunedTable", epilogues=PLAIN_EPILOGUES) -> List[ServedKernel]:
+def served_kernels(table: "TunedTable", epilogues=PLAIN_EPILOGUES) -> Tuple[List[ServedKernel], List[str]]:
     """Every distinct kernel the dispatcher builds for `table`'s entries with these call epilogues (each at one M
-    it serves). Raises L2Error for an entry whose spec does not parse."""
+    it serves), and a message for each entry whose spec does not parse (the dispatcher sends its calls to torch;
+    the other entries' kernels are still listed)."""
     kernels: Dict[Tuple[str, str], ServedKernel] = {}
+    unusable: List[str] = []
     for entry in served_entries(table):
-        for m in served_ms(entry):
-            for has_bias, activation in epilogues:
-                text = served_spec(entry, m, has_bias, activation).to_l2()
-                label = (f"{entry.dtype} {entry.layout} {m}x{entry.n}x{entry.k} bias={'col' if has_bias else 'none'}"
-                         f" activation={activation}")
-                kernels.setdefault((text, entry.target), ServedKernel(text, entry.target, m, entry.n, entry.k, label))
-    return list(kernels.values())
+        try:
+            for m in served_ms(entry):
+                for has_bias, activation in epilogues:
+                    text = served_spec(entry, m, has_bias, activation).to_l2()
+                    label = (f"{entry.dtype} {entry.layout} {m}x{entry.n}x{entry.k} bias="
+                             f"{'col' if has_bias else 'none'} activation={activation}")
+                    kernels.setdefault((text, entry.target),
+                                       ServedKernel(text, entry.target, m, entry.n, entry.k, label))
+        except L2Error as err:
+            unusable.append(f"the entry {entry.dtype} {entry.layout} {entry.m}x{entry.n}x{entry.k}: {err}")
+    return list(kernels.values()), unusable
 
 
 def read_table_data(path) -> dict:
@@ -537,7 +547,7 @@ def load_table(path) -> TunedTable:
     path = Path(path)
     data = read_table_data(path)
     arch = data.get("arch", "sm_90")
-    if arch not in ARCHS:   # it names files (the pack's); only a known architecture may
+    if not isinstance(arch, str) or arch not in ARCHS:   # it names files (the pack's); only a known architecture may
         raise TableError(f"{path}: 'arch' must be one of {', '.join(sorted(ARCHS))}, got {arch!r}")
     entries, skipped, first = [], 0, ""
     for i, row in enumerate(data["entries"]):

@@ -65,6 +65,33 @@ def test_warmup_names_a_kernel_it_cannot_build_and_fails(tmp_path, no_nvcc_env):
     assert "0 ready, 2 failed" in done.stderr
 
 
+def test_warmup_names_an_entry_whose_spec_does_not_parse_and_builds_the_others(tmp_path, no_nvcc_env):
+    """One entry's bad spec fails that entry (the dispatcher sends its calls to torch), not the whole table."""
+    good = {"m": 64, "n": 64, "k": 64, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "triton",
+            "spec": KernelSpec(name="w", target="triton", tile_m=32, tile_n=32, tile_k=32).to_l2(),
+            "tflops": 2.0, "baseline_tflops": 1.0}
+    table = _table(tmp_path / "t.json", [dict(good, spec="kernel bad {", m=8, n=16, k=24), good])
+    done = _warmup(table, "--device", "cpu", env=no_nvcc_env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "FAILED" in done.stdout and "the entry f16 row,row,row 8x16x24" in done.stdout, done.stdout
+    assert "2 ready, 1 failed" in done.stderr
+
+
+@pytest.mark.parametrize("table", [{"arch": ["sm_90"], "entries": []},
+                                   {"arch": "sm_90", "entries": [{"m": 8, "n": 8, "k": 8, "dtype": "f16",
+                                                                  "layout": "row,row,row", "target": "triton",
+                                                                  "spec": "kernel w { }", "baseline_tflops": 1.0,
+                                                                  "tflops": int("1" + "0" * 400)}]}])
+def test_warmup_of_a_table_with_values_json_holds_but_python_chokes_on_is_one_line(table, tmp_path, no_nvcc_env):
+    """An unhashable arch and an integer past float's range: a one-line error or a malformed entry counted,
+    never a TypeError or OverflowError traceback (the default dispatcher reads tables through the same code)."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    done = _warmup(path, "--device", "cpu", env=no_nvcc_env)
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    assert "t.json" in done.stdout + done.stderr and (done.stdout + done.stderr).count("t.json: t.json") == 0
+
+
 def test_warmup_of_a_file_that_is_not_a_table_is_one_line(tmp_path, no_nvcc_env):
     bad = tmp_path / "bad.json"
     bad.write_text("{")
@@ -92,7 +119,7 @@ def test_warmup_records_each_verified_kernel_so_a_later_process_serves_it_from_i
         {"m": 32, "n": 48, "k": 40, "batch": 1, "dtype": "f16", "layout": "row,col,row", "target": "triton",
          "spec": spec.to_l2(), "tflops": 2.0, "baseline_tflops": 1.0}]}))
     table = load_table(path)
-    built = [(k, validate(parse_one(k.spec_text), k.target, "sm_90")) for k in served_kernels(table)]
+    built = [(k, validate(parse_one(k.spec_text), k.target, "sm_90")) for k in served_kernels(table)[0]]
     for _, valid in built:
         build(valid)
     assert len(built) == 2 and verify_served(built, "cpu") == 0        # with and without a bias
