@@ -442,3 +442,22 @@ def test_a_compiler_run_killed_for_want_of_memory_is_not_a_cached_verdict(tmp_pa
     with pytest.raises(BuildError, match="no_such_name"):
         compile_source(_TINY.format(name="wrong", value="no_such_name"), "wrong")
     assert list((tmp_path / "cache").glob("cutlass/wrong_*.failed.txt"))
+
+
+@needs_nvcc
+def test_a_compiler_run_failed_by_the_environment_is_not_a_cached_verdict(tmp_path, monkeypatch):
+    """With no host compiler on PATH nvcc exits 1 ('nvcc fatal: Failed to preprocess host compiler properties'):
+    the setup's failure, not the kernel's, so nothing is cached and the kernel builds once the setup is fixed."""
+    from l2c.targets.cutlass.toolchain import find_nvcc
+    real = os.path.realpath(find_nvcc())
+    if open(real, "rb").read(2) == b"#!":   # a wrapper script: the compiler it runs
+        real = next(line.split()[1] for line in open(real) if line.startswith("exec "))
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("L2C_PACK", str(tmp_path / "no-pack.zip"))
+    monkeypatch.setenv("L2C_NVCC", real)
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(BuildError, match="nvcc fatal"):
+        compile_source(_TINY.format(name="nogcc", value=1), "nogcc")
+    assert not list((tmp_path / "cache").glob("cutlass/nogcc_*.failed.txt"))

@@ -138,6 +138,20 @@ def test_verify_fails_without_a_pack(tmp_path, capsys):
     assert "cannot read the pack" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("manifest", ["[" * 200000, "{", "[]", '{"entries": 5}'])
+def test_verify_of_a_pack_whose_manifest_is_not_one_fails_in_one_line(manifest, tmp_path, capsys):
+    """A manifest nested past Python's recursion limit read as a RecursionError traceback (and failed builds that
+    should have warned and used nvcc); every unreadable manifest is a failed verify that says why."""
+    import zipfile
+    bad = tmp_path / "sm_90.zip"
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("manifest.json", manifest)
+    table = _write_table(tmp_path / "t.json", [_row(_example("small_basic_64x16"), 64)])
+    assert main(["pack", "verify", "--table", str(table), "--pack", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and ("cannot read the pack" in out or "not a format-2 pack manifest" in out), out
+
+
 # ---- with real builds
 
 @pytest.fixture(scope="module")

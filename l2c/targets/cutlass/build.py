@@ -205,7 +205,7 @@ def _compile_alone(job: _Job, nvcc: str) -> Outcome:
         command, returncode, output = _run_nvcc(nvcc, cu, so)
         if returncode != 0:
             message = clip(f"nvcc failed (exit {returncode}) building {job.name}:\n{' '.join(command)}\n{output}")
-            if returncode > 0 and not _transient(output):   # the compiler's verdict, not a signal or a full disk
+            if returncode > 0 and not _not_the_source(output):   # the compiler's verdict on the source
                 cache.write_atomic(job.failure, message)
             return BuildError(message)
         bad = forbidden_ptxas_warnings(output)
@@ -218,13 +218,16 @@ def _compile_alone(job: _Job, nvcc: str) -> Outcome:
     return job.library
 
 
-# What a compiler run says when it failed for want of resources, not for its source: such a failure is not cached
-# (nvcc exits 255 when the kernel's out-of-memory killer takes its front end).
-_TRANSIENT = re.compile(r"died due to signal|No space left on device|Cannot allocate memory|std::bad_alloc")
+# What a compiler run says when it failed for a reason other than its source, which a later run may not meet: the
+# machine (a signal, a full disk, no memory: nvcc exits 255 when the out-of-memory killer takes its front end) or
+# the toolchain's setup (nvcc's own fatal errors, such as no host compiler on PATH; a header or program not found).
+# Such a failure is not cached, so the kernel builds once the environment is fixed.
+_NOT_THE_SOURCE = re.compile(r"died due to signal|No space left on device|Cannot allocate memory|std::bad_alloc|"
+                             r"nvcc fatal|No such file or directory|command not found|Permission denied")
 
 
-def _transient(output: str) -> bool:
-    return bool(_TRANSIENT.search(output))
+def _not_the_source(output: str) -> bool:
+    return bool(_NOT_THE_SOURCE.search(output))
 
 
 _INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"][^>\"]+[>\"]", re.MULTILINE)

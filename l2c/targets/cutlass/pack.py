@@ -122,7 +122,7 @@ def _open_archive(path: str) -> zipfile.ZipFile:
 
 
 _READ_ERRORS = (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, lzma.LZMAError, zlib.error,
-                NotImplementedError, UnicodeDecodeError, ValueError, KeyError)
+                NotImplementedError, UnicodeDecodeError, ValueError, KeyError, RecursionError)
 
 
 # A zip local file header: signature, versions, flags, method, time, date, CRC, sizes, name and extra lengths.
