@@ -928,8 +928,8 @@ def default_dispatcher() -> Dispatcher:
                 try:
                     online = tune_mode() == "online"
                     if online:
-                        from .online import tuned_targets
-                        tuned_targets()   # a malformed L2C_TUNE_TARGETS is reported here, once
+                        from .online import eager_margin, margin, tuned_targets
+                        tuned_targets(), margin(), eager_margin()   # malformed settings are reported here, once
                 except ValueError as err:
                     log.warning("l2c: %s; online tuning off", err)
                     online = False
@@ -1003,7 +1003,10 @@ def _start_up() -> None:
     GPU, the pack's install. Measured on H100 machines (benchmarks/NOTES.md, "#19"): behind the imports, the first
     call waited 150-220 ms for its steps; beside them, up to 60 ms; with the imports running during the first call,
     that call's load took 40-55 ms instead of 31-38."""
-    _prepare_first_call()
+    try:
+        _prepare_first_call()
+    except Exception as err:  # noqa: BLE001 - a start-up step that fails leaves it to the first call, never a traceback
+        log.warning("l2c: start-up stopped (%s: %s); first calls prepare themselves", type(err).__name__, err)
     if not background.after_first_call(BUILDERS_AFTER_S):
         return
     _query_toolchains()

@@ -45,11 +45,16 @@ GEMM_16 = ((64, 64, 6), (64, 128, 4), (128, 64, 4))
 
 
 def _ratio(name: str, default: float) -> float:
-    value = settings.value(name) or ""
+    """The speed ratio `name` sets (unset or empty: `default`); ValueError unless a finite number >= 0 (below 1 it
+    lets a kernel slower than torch serve: for tests on the CPU interpreter, never for use)."""
+    text = settings.value(name) or ""
     try:
-        return float(value) if value else default
+        value = float(text) if text else default
     except ValueError:
-        return default
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise ValueError(f"{name}={text!r}: expected a finite number >= 0 (how many times faster than torch)")
+    return value
 
 
 def margin() -> float:

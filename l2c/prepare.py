@@ -13,8 +13,10 @@ The worker starts on the first request and exits after `IDLE_EXIT_S` without wor
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import math
 import os
 import queue
 import subprocess
@@ -33,13 +35,26 @@ JOB_TIMEOUT_S = 900.0   # L2C_PREPARE_TIMEOUT_S: one job's limit; a CUTLASS buil
 
 
 def job_timeout_s() -> float:
-    """How long the worker may spend on one job (L2C_PREPARE_TIMEOUT_S, default JOB_TIMEOUT_S)."""
+    """How long the worker may spend on one job (L2C_PREPARE_TIMEOUT_S, default JOB_TIMEOUT_S); a value that is not
+    a number of seconds a timer can wait (positive, at most threading.TIMEOUT_MAX) is warned of once and the
+    default used."""
     text = settings.value("L2C_PREPARE_TIMEOUT_S")
+    if text is None:
+        return JOB_TIMEOUT_S
     try:
-        value = float(text) if text is not None else JOB_TIMEOUT_S
+        value = float(text)
     except ValueError:
-        value = JOB_TIMEOUT_S
-    return value if value > 0 else JOB_TIMEOUT_S
+        value = math.nan
+    if 0 < value <= threading.TIMEOUT_MAX:
+        return value
+    _warn_timeout(text)
+    return JOB_TIMEOUT_S
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_timeout(text: str) -> None:
+    log.warning("l2c: L2C_PREPARE_TIMEOUT_S=%r is not a number of seconds (positive, finite); using %g", text,
+                JOB_TIMEOUT_S)
 
 
 QUEUED, READY, FAILED = "queued", "ready", "failed"

@@ -176,9 +176,9 @@ def shim_library() -> Optional[ctypes.CDLL]:
     if compiler is None:
         return None
     digest = cache.content_hash(SOURCE, compiler)[:24]
-    folder = cache.cache_dir("native")
-    library = folder / f"cutlass_call_plan_{digest}.so"
     try:
+        folder = cache.cache_dir("native")   # an unusable cache folder (a file, no permission) is a failed build
+        library = folder / f"cutlass_call_plan_{digest}.so"
         with cache.locked(library):
             if not cache.intact_library(library):
                 with tempfile.TemporaryDirectory(dir=folder, prefix=".cutlass_call_plan.") as work:
