@@ -1,5 +1,6 @@
 """The build cache: location override, content hashing, the inter-process lock and atomic writes."""
 import threading
+from pathlib import Path
 
 import filelock
 import pytest
@@ -76,6 +77,27 @@ def test_an_edited_cached_triton_module_is_rewritten_before_import(tmp_path, mon
         del sys.modules[name]   # a fresh process: nothing imported yet
     module, again = load_module(source, "edited")
     assert again == path and module.launch() == "generated" and path.read_text() == source
+
+
+def test_a_cached_triton_module_already_right_is_imported_without_the_lock(tmp_path, monkeypatch):
+    """A read-only cache (an image's, a shared mount) cannot create lock files: a module whose content is right is
+    served from it; here the lock cannot be taken (its path is a folder), as on a read-only mount."""
+    import sys
+    monkeypatch.setenv(cache.ENV_VAR, str(tmp_path))
+    from l2c.targets.triton.build import load_module
+    source = "def launch(*a):\n    return 'cached'\n\n\ndef prepare(*a):\n    return None\n"
+    _, path = load_module(source, "readonly")
+    Path(f"{path}.lock").unlink(missing_ok=True)
+    Path(f"{path}.lock").mkdir()
+    for name in [n for n in sys.modules if n.startswith("l2c_triton_readonly_")]:
+        del sys.modules[name]   # a fresh process: nothing imported yet
+    module, again = load_module(source, "readonly")
+    assert again == path and module.launch() == "cached"
+    path.write_text("damaged")   # a file that must be rewritten still takes the lock (and fails here without it)
+    for name in [n for n in sys.modules if n.startswith("l2c_triton_readonly_")]:
+        del sys.modules[name]
+    with pytest.raises(OSError):
+        load_module(source, "readonly")
 
 
 def test_out_of_the_wrong_dtype_raises_as_torch_does():

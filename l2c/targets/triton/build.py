@@ -234,10 +234,12 @@ def load_module(source: str, name: str):
         compile(source, str(path), "exec")
     except SyntaxError as err:
         raise BuildError(f"generated Triton module for {name} does not compile: {err}") from err
-    with cache.locked(path):
-        # The file is imported only with the content its name hashes: one edited or damaged on disk is rewritten.
-        if _read_or_none(path) != source:
-            cache.write_atomic(path, source)
+    # The file is imported only with the content its name hashes: one edited or damaged on disk is rewritten. A file
+    # already right is read without the lock (writes are atomic renames), so a read-only cache serves its modules.
+    if _read_or_none(path) != source:
+        with cache.locked(path):
+            if _read_or_none(path) != source:
+                cache.write_atomic(path, source)
     module_name = f"l2c_triton_{name}_{digest}"
     if module_name in sys.modules:
         return sys.modules[module_name], path
