@@ -466,18 +466,13 @@ def _check_exact(kernel, m: int, n: int, k: int, batch: int, device: torch.devic
     if density is None:
         return None
     what = " (inputs of -1, 0 and 1, where a correct kernel is exact)"
-    try:
-        a, b, c, bias, out = make_inputs(spec, m, n, k, batch, device, gen, density=density)
-    except (MemoryError, RuntimeError) as err:   # torch's allocators report failure as RuntimeError
-        if isinstance(err, RuntimeError) and "alloc" not in str(err).lower() and "memory" not in str(err).lower():
-            raise
+    inputs = _inputs_if_memory(spec, m, n, k, batch, device, gen, density)
+    if inputs is None:
         return None
-    try:
-        kernel(a, b, c=c, bias=bias, out=out)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as err:  # noqa: BLE001 - a kernel that raises is a failed candidate
-        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+    a, b, c, bias, out = inputs
+    raised = _called(kernel, inputs, device, tol, what)
+    if raised is not None:
+        return raised
     # integers below 2^24: float32 sums them exactly in any order (no TF32), as float64 does on the CPU
     dtype = torch.float32 if device.type == "cuda" else torch.float64
     with _exact_fp32_matmul():
@@ -499,23 +494,17 @@ def _check_nan_rows(kernel, m: int, n: int, k: int, batch: int, device: torch.de
     """The call again with one NaN in A: as in torch, exactly that row of the output must be NaN, whatever the
     epilogue (an activation, split-K reduction or gate that drops NaN, as fmaxf does, would hide a diverging model
     behind finite outputs). The first failure, or None (also where there is no memory for the inputs)."""
-    spec = kernel.valid.spec
-    try:
-        a, b, c, bias, out = make_inputs(spec, m, n, k, batch, device, gen)
-    except (MemoryError, RuntimeError) as err:   # torch's allocators report failure as RuntimeError
-        if isinstance(err, RuntimeError) and "alloc" not in str(err).lower() and "memory" not in str(err).lower():
-            raise
+    inputs = _inputs_if_memory(kernel.valid.spec, m, n, k, batch, device, gen)
+    if inputs is None:
         return None
+    a, out = inputs[0], inputs[-1]
     row, col = m // 2, k // 3
     where = (batch - 1, row, col) if a.dim() == 3 else (row, col)
     a[where] = float("nan")
     what = f" (a NaN in A at {where}, which torch carries to that whole row of the output)"
-    try:
-        kernel(a, b, c=c, bias=bias, out=out)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as err:  # noqa: BLE001 - a kernel that raises is a failed candidate
-        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+    raised = _called(kernel, inputs, device, tol, what)
+    if raised is not None:
+        return raised
     expected = torch.zeros(out.shape, dtype=torch.bool, device=out.device)
     expected[where[:-1]] = True
     got = torch.isnan(out)
@@ -525,6 +514,29 @@ def _check_nan_rows(kernel, m: int, n: int, k: int, batch: int, device: torch.de
     state = "NaN" if got[index] else f"{out[index].item():.6g}, not NaN"
     return VerifyResult(False, math.nan, tol, f"{int((got != expected).sum())} of {out.numel()} outputs differ from "
                         f"torch in being NaN, the first at {index}: {state}{what}")
+
+
+def _inputs_if_memory(spec, m: int, n: int, k: int, batch: int, device: torch.device, gen,
+                      density: Optional[float] = None):
+    """`make_inputs`, or None where the device has no memory for them (a further check is then not made)."""
+    try:
+        return make_inputs(spec, m, n, k, batch, device, gen, density=density)
+    except (MemoryError, RuntimeError) as err:   # torch's allocators report failure as RuntimeError
+        if isinstance(err, RuntimeError) and "alloc" not in str(err).lower() and "memory" not in str(err).lower():
+            raise
+        return None
+
+
+def _called(kernel, inputs, device: torch.device, tol: float, what: str) -> Optional[VerifyResult]:
+    """The kernel called on (a, b, c, bias, out) and finished: None, or the failure of a kernel that raised."""
+    a, b, c, bias, out = inputs
+    try:
+        kernel(a, b, c=c, bias=bias, out=out)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as err:  # noqa: BLE001 - a kernel that raises is a failed candidate
+        return VerifyResult(False, math.inf, tol, f"kernel raised {type(err).__name__}: {err}{what}")
+    return None
 
 
 def _padded(t: torch.Tensor) -> torch.Tensor:
