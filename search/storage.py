@@ -17,7 +17,9 @@ def parse_storage(arg: Optional[str], default_dir: Path):
         return optuna.storages.InMemoryStorage()
     if arg and arg.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
-        path = arg[len("journal:"):]
+        # absolute: Optuna's lock is a symlink to this path made beside it, and a relative target dangles there, so a
+        # lock left by a killed writer was never released (the stale-lock check could not stat it: a busy wait)
+        path = str(Path(arg[len("journal:"):]).expanduser().resolve())
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         check_journal(Path(path))
         return JournalStorage(JournalFileBackend(path))

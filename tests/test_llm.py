@@ -319,6 +319,23 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(200, b"<html>gateway hiccup</html>", "text/html")
         if action == "nochoices":
             return self._reply(200, json.dumps({"object": "error", "message": "nope"}).encode())
+        if action == "nothttp":   # a reply that is not HTTP at all
+            self.wfile.write(b"hello there\r\n\r\n")
+            self.close_connection = True
+            return None
+        if action == "cutshort":   # the connection closed before the body it announced
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b'{"choices":')
+            self.close_connection = True
+            return None
+        if action == "offproblem":   # a valid spec, but not one of the grammar's: another problem and epilogue
+            text = ("kernel llm0 {\n  target cutlass\n  problem m=4096 n=4096 k=4096 batch=1\n"
+                    "  types a=bf16 b=bf16 c=bf16 acc=f32\n  layout a=col b=col c=row\n  tile m=128 n=128 k=64\n"
+                    "  epilogue alpha=2.0 activation=relu\n}")
+            choices = [{"index": 0, "message": {"role": "assistant", "content": text}}]
+            return self._reply(200, json.dumps({"choices": choices}).encode())
         if action == "garbage":
             choices = [{"index": 0, "message": {"role": "assistant", "content": "kernel oops {"}},
                        {"index": 1, "message": {"role": "assistant", "content": None}}]
@@ -403,6 +420,27 @@ def test_malformed_replies_are_dropped_with_reasons(server):
     assert reasons[0].startswith("reply: not JSON") and reasons[1].startswith("reply: no choices")
     assert reasons[2].startswith("parse: <llm>:1:") and reasons[3] == "reply: choice 1 has no text"
     assert proposer.dropped[2].text == "kernel oops {"
+
+
+def test_a_reply_that_is_not_http_or_is_cut_short_is_a_drop(server):
+    server.script = ["nothttp", "cutshort"]
+    proposer = LLMProposer(OpenAIBackend(_url(server), "tiny", retries=0), max_rounds=1)
+    assert proposer.propose(PROBLEMS[0], [], 1) == []
+    assert proposer.counts["server"] == 1 and "BadStatusLine" in proposer.dropped[0].reason
+    assert proposer.propose(PROBLEMS[0], [], 1) == []
+    assert "IncompleteRead" in proposer.dropped[1].reason
+
+
+def test_a_valid_spec_outside_the_grammar_is_dropped(server):
+    """A server need not obey the grammar it is sent: a spec that validates but pins another problem, dtype,
+    layout or epilogue computes another function, and must not be taken as a proposal for this one."""
+    server.script = ["offproblem"]
+    problem = PROBLEMS[0]
+    proposer = LLMProposer(OpenAIBackend(_url(server), "tiny", retries=0), target="cutlass", max_rounds=1)
+    assert proposer.propose(problem, [], 1) == []
+    (dropped,) = proposer.dropped
+    assert dropped.reason.startswith("grammar: ") and "the grammar allows" in dropped.reason, dropped.reason
+    assert proposer.counts == {"grammar": 1}
 
 
 def test_cli_propose_against_server(server, capsys):

@@ -6,12 +6,12 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ...errors import L2ValidationError
 from ...grammar import grammar_text
 from ...ir import KernelSpec
-from ...knobs import AUTO, KNOBS_BY_FIELD, TARGETS, Knob
+from ...knobs import AUTO, KNOBS, KNOBS_BY_FIELD, TARGETS, Knob
 from ...validate import validate
 from ..space import NEW_KERNEL_STORE, PARAMS_BY_NAME, Problem
 
@@ -81,6 +81,26 @@ def pinned_values(problem: Problem, target: str) -> Dict[str, object]:
         if target == "cutlass":
             pins["epilogue_store"] = NEW_KERNEL_STORE
     return pins
+
+
+def outside_grammar(spec: KernelSpec, pins: Dict[str, object], legal: Dict[str, Tuple[object, ...]]) -> Optional[str]:
+    """Why `spec` is not a sentence of the proposal grammar made from `pins` and `legal` (`proposal_grammar`), or
+    None: a pinned knob at another value (another problem, dtype or layout), a searched one at a value the grammar
+    does not offer, or one the grammar leaves out not at its default (an epilogue the problem did not ask for). A
+    server is sent the grammar but need not obey it; what it returns is checked against the same terms."""
+    default = KernelSpec(name=spec.name)
+    for knob in KNOBS:
+        value = getattr(spec, knob.field)
+        if knob.field in pins:
+            wanted: Tuple[object, ...] = (pins[knob.field],)
+        elif knob.field in legal:
+            wanted = legal[knob.field]
+        else:
+            wanted = (getattr(default, knob.field),)
+        if value not in wanted:
+            expected = "one of " + ", ".join(map(str, wanted)) if len(wanted) > 1 else str(wanted[0])
+            return f"{knob.key}={value}, the grammar allows {expected}"
+    return None
 
 
 def _value_of(knob: Knob, spelled: str) -> object:

@@ -15,7 +15,7 @@ from ...knobs import TARGETS
 from ...parser import parse_one
 from ..space import Problem
 from .check import check_text
-from .grammar import proposal_grammar
+from .grammar import legal_values, outside_grammar, pinned_values, proposal_grammar
 from .prompt import Hardware, HistoryItem, build_messages
 
 log = logging.getLogger("l2c.search.llm")
@@ -70,6 +70,7 @@ class LLMProposer:
         self._calls += 1
         name = f"llm{call}"
         grammar = proposal_grammar(problem, target, name=name)
+        pins, legal = pinned_values(problem, target), legal_values(problem, target)
         messages = build_messages(problem, target, history, self.hardware, self.n_best, self.n_worst)
         seen = {_key(s.replace(name=name)) for s, _, _ in history}
         measured = set(seen)
@@ -90,7 +91,10 @@ class LLMProposer:
                     self._drop(s.reason, None)
                     continue
                 spec, reason, _ = check_text(s.text, target, problem.arch)
-                if spec is None:
+                if spec is not None:   # a server is sent the grammar but need not keep to it
+                    outside = outside_grammar(spec, pins, legal)
+                    reason = f"grammar: {outside}" if outside else None
+                if reason is not None:
                     self._drop(reason, s.text)
                     continue
                 key = _key(spec)

@@ -2,6 +2,7 @@
 checked on the client (check.py)."""
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -65,6 +66,8 @@ class OpenAIBackend:
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
                 reason = getattr(err, "reason", err)
                 last = f"timed out after {self.timeout_s:g}s" if "timed out" in str(reason) else f"{reason}"
+            except http.client.HTTPException as err:   # not HTTP, or cut short: urllib passes these through
+                last = f"{type(err).__name__}: {err}"
         raise ServerError(f"{last} (after {self.retries + 1} attempts)")
 
     def sample(self, messages, grammar: str, n: int, temperature: float, seed: int,
