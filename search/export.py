@@ -5,9 +5,46 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ..errors import DataFileError
 from ..parser import parse_one
+from ..tuned_table import TableError, entry_from_row, read_table_data
 from .space import Problem
 from .store import Store
+
+
+def existing_entries(out_dir: Path, arch: str, gpu: str, protocol: str) -> List[dict]:
+    """The entries of `out_dir`'s table for `arch`, which an export merges with (none where there is no table);
+    DataFileError for one it must not touch: a file that is not a tuned table, one with malformed entries, or a table
+    of another GPU or protocol (the export would replace it). `l2c tune` asks this before it tunes."""
+    path = Path(out_dir) / f"{arch}.json"
+    if not path.exists():
+        return []
+    try:
+        old = read_table_data(path)
+    except TableError as err:
+        raise DataFileError(f"--export: {err}; move it away or export into another folder") from None
+    if (old.get("gpu"), old.get("protocol")) != (gpu, protocol):
+        raise DataFileError(f"--export: {path} is a table of {old.get('gpu')!r} measured by {old.get('protocol')!r}; "
+                            f"this tune's is {gpu!r} by {protocol!r}: export into another folder (an export "
+                            f"replaces a table of another GPU or protocol)")
+    for i, row in enumerate(old["entries"]):
+        try:
+            entry_from_row(row)
+        except (ValueError, TypeError) as err:
+            raise DataFileError(f"--export: {path}: entries[{i}] is malformed ({err}); fix it or export into "
+                                f"another folder") from None
+    return old["entries"]
+
+
+def check_export(out_dir: Path, problems: Sequence[Problem], gpu: str, protocol: str) -> None:
+    """What `export` needs of `out_dir`, checked before a tune spends its time: the specs folder can be made, and
+    each architecture's table there is one the export may merge into (`existing_entries`)."""
+    try:
+        (Path(out_dir) / "specs").mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataFileError(f"--export {out_dir}: cannot make its specs folder ({err.strerror or err})") from None
+    for arch in sorted({p.arch for p in problems}):
+        existing_entries(out_dir, arch, gpu, protocol)
 
 
 def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, out_dir: Path,
@@ -37,11 +74,8 @@ def export(store: Store, problems: Sequence[Problem], gpu: str, protocol: str, o
     written = {}
     for arch, entries in by_arch.items():
         path = out_dir / f"{arch}.json"
-        table = {"format": 1, "arch": arch, "gpu": gpu, "protocol": protocol, "entries": []}
-        if path.exists():
-            old = json.loads(path.read_text())
-            if old.get("protocol") == protocol and old.get("gpu") == gpu:
-                table["entries"] = old.get("entries", [])
+        table = {"format": 1, "arch": arch, "gpu": gpu, "protocol": protocol,
+                 "entries": existing_entries(out_dir, arch, gpu, protocol)}
         key = lambda e: (e["m"], e["n"], e["k"], e.get("batch", 1), e["dtype"], e["layout"],
                          e.get("gate", "none"))
         merged = {key(e): e for e in table["entries"]}

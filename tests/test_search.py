@@ -401,6 +401,35 @@ def test_a_plain_and_a_gated_export_of_one_shape_keep_each_other(tmp_path):
     assert sorted(f.name.split("_")[0] for f in (tmp_path / "out" / "specs").iterdir()) == ["gated", "gemm"]
 
 
+@pytest.mark.parametrize("existing", [
+    {"format": 1, "arch": "sm_90", "gpu": "NVIDIA H200", "protocol": "kernel,call", "entries": []},
+    {"format": 1, "arch": "sm_90", "gpu": "g", "protocol": "call", "entries": []},
+    {"format": 1, "arch": "sm_90", "gpu": "g", "protocol": "kernel", "entries": [{"m": 1}]},
+    "{", [1, 2]], ids=["other-gpu", "other-protocol", "malformed-entry", "not-json", "not-a-table"])
+def test_an_export_never_replaces_a_table_it_cannot_merge_with(existing, tmp_path):
+    """An export merged with a table of its own GPU and protocol and silently replaced any other (3,339 shipped
+    entries became 1); one that did not read raised after the whole tune. Both are refused, before tuning
+    (`check_export`) and at the export, and the file is left as it was."""
+    from l2c.errors import DataFileError
+    from l2c.search.export import check_export
+    from l2c.search.space import spec_from_params
+    out = tmp_path / "out"
+    out.mkdir()
+    text = existing if isinstance(existing, str) else json.dumps(existing)
+    (out / "sm_90.json").write_text(text)
+    store = Store(tmp_path / "r.sqlite")
+    problem = Problem(64, 128, 256)
+    params = {"target": "triton", **{p.name: p.choices[0] for p in params_for("triton")}, "split_k_slices": 1}
+    store.record(Result(problem=problem.key(), spec=spec_from_params(params, problem, generic=True).to_l2(),
+                        target="triton", gpu="g", protocol="kernel", status="ok", tflops=2.0, baseline_tflops=1.0,
+                        speedup=2.0))
+    with pytest.raises(DataFileError, match="export into another folder|move it away"):
+        check_export(out, [problem], "g", "kernel")
+    with pytest.raises(DataFileError):
+        export(store, [problem], "g", "kernel", out)
+    assert (out / "sm_90.json").read_text() == text
+
+
 def test_tune_command_tunes_a_gated_projection_with_interpreter_kernels(tmp_path):
     """`l2c tune --gate silu`: the search measures gated Triton kernels against torch's gated projection, and the
     export's entry carries the gate, so only gated calls meet it."""

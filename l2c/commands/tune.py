@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from ..errors import DataFileError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("tune", help="search for the fastest correct kernel per shape and export a tuned table")
@@ -116,7 +118,7 @@ def run(args) -> int:
     from ..cli import UsageError
     from l2c.search.confirm import confirm
     from l2c.search.driver import tune
-    from l2c.search.export import export
+    from l2c.search.export import check_export, export
     from ..parser import parse_file
     from l2c.search.space import check_targets, problems, shapes_from_arg
     from l2c.search.store import Store
@@ -177,6 +179,11 @@ def run(args) -> int:
         gpu = torch.cuda.get_device_name(0)
     else:
         gpu = runner.gpu
+    if args.export:   # before the search: a table the export must not replace, or a folder it cannot write
+        try:
+            check_export(Path(args.export), probs, gpu, args.protocol)
+        except DataFileError as err:
+            raise UsageError(str(err)) from None
 
     # policy_path: the file the policy is read from (worker processes load it); save_path: where the policy
     # trained on this store is written, after the run as well
