@@ -150,7 +150,10 @@ class Policy:
         change shifts a little, while what serves and what is exported reads the current build's figures only."""
         samples = []
         for r in store.results(gpu=gpu, protocol=protocol, stale=True):
-            problem = Problem.from_key(r.problem)
+            try:
+                problem = Problem.from_key(r.problem)
+            except (ValueError, IndexError):   # a key no l2c wrote (an old import's): one row, not every tune
+                continue
             if not r.params or problem.gated:   # the features do not tell a gated problem from a plain one
                 continue
             reward = math.log(r.speedup) if r.status == "ok" and r.speedup else FAIL_REWARD

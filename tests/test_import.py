@@ -147,13 +147,38 @@ def test_a_win_without_verified_figures_is_not_imported(measured, capsys, tmp_pa
     bad.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], forged]))
     store = Store(tmp_path / "s.sqlite")
     assert main(["import", str(bad), "--store", str(store.path)]) == 0
-    assert "1 win(s) without verified figures skipped" in capsys.readouterr().out
+    assert "1 win(s) without verified figures and 0 row(s)" in capsys.readouterr().out
     assert store.count() == 0
     texty = tmp_path / "texty.jsonl"
     texty.write_text("".join(json.dumps(r) + "\n" for r in [rows[0], dict(results[1], speedup="9999x")]))
     assert main(["import", str(texty), "--store", str(store.path)]) == 2
     assert f"{texty}:2: 'speedup' must be a number" in capsys.readouterr().err
     assert store.count() == 0
+
+
+def test_rows_of_a_table_measured_through_a_call_are_skipped_and_counted(measured, capsys, tmp_path):
+    """`l2c bench` files often hold `dispatch:`/`linear:` rows (a table measured through l2c.matmul): they carry no
+    spec and are no search point. They used to refuse the whole file; they are skipped and counted."""
+    _, _, out = measured
+    rows = read_rows(out)
+    dispatch = {k: v for k, v in rows[1].items() if k not in ("spec", "source")} | {
+        "target": "dispatch", "kernel": "dispatch:t.json", "name": "user_call", "served_by": "torch"}
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in rows + [dispatch]))
+    store = Store(tmp_path / "s.sqlite")
+    assert main(["import", str(mixed), "--store", str(store.path)]) == 0
+    assert "1 row(s) of a table or torch measured through a call skipped" in capsys.readouterr().out
+    assert store.count() == len(rows) - 1
+
+
+@pytest.mark.parametrize("arch", ["sm_90:x", "sm_xx"])
+def test_an_arch_l2c_does_not_know_is_refused_before_anything_is_stored(arch, measured, capsys, tmp_path):
+    """The arch is the last field of every stored problem's key: `sm_90:x` made every later tune on the store die
+    (IndexError) after its search, and an unknown one was stored where no tune reads it."""
+    _, _, out = measured
+    store = Store(tmp_path / "s.sqlite")
+    assert main(["import", str(out), "--store", str(store.path), "--arch", arch]) == 2
+    assert "--arch" in capsys.readouterr().err and store.count() == 0
 
 
 def test_a_cutlass_row_imports_as_its_point_with_either_epilogue_store(measured):

@@ -16,6 +16,10 @@ from datetime import datetime
 from typing import Dict, Iterable, List, Tuple
 
 
+# What an import counts per file: rows recorded, and those left out or kept as measurements only.
+COUNTS = ("imported", "outside_space", "not_a_verdict", "stale", "unverified", "not_a_kernel")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("import", help="record `l2c bench` results in the tuner's results store")
     p.add_argument("results", nargs="+", help="JSON-lines files written by l2c bench (.jsonl or .jsonl.xz)")
@@ -37,7 +41,7 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
     from l2c.search.space import Problem, params_from_spec, spec_from_params
     from l2c.search.store import STATUSES, Result
 
-    results, counts = [], {"imported": 0, "outside_space": 0, "not_a_verdict": 0, "stale": 0, "unverified": 0}
+    results, counts = [], dict.fromkeys(COUNTS, 0)
     points: Dict[tuple, Tuple[dict, str]] = {}   # (spec text, target, dtype, layout, batch) -> (point, stored text)
     gpu, when = None, 0.0
     for row in rows:
@@ -50,6 +54,13 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
             continue
         if row.get("type") != "result" or row.get("kernel") == "torch":
             continue
+        if row.get("target") in ("dispatch", "torch"):   # a table or torch measured through a call, not a kernel
+            counts["not_a_kernel"] += 1
+            continue
+        missing = [f for f in ("target", "dtype", "layout", "protocol") if not isinstance(row.get(f), str)]
+        if missing:
+            raise ValueError(f"a result row ({row.get('m')}x{row.get('n')}x{row.get('k')}) without "
+                             f"{', '.join(repr(f) for f in missing)}: not a row l2c bench wrote")
         # bench statuses the store knows are verdicts on the kernel; `error` (an exception while timing, e.g. out
         # of memory) is not
         status = str(row.get("status"))
@@ -73,7 +84,7 @@ def results_from_rows(rows: Iterable[dict], arch: str, spec_cache: dict) -> Tupl
         target = str(row["target"])
         memo_key = (text, target, problem.dtype, problem.layout, problem.batch, problem.gate)   # all the point needs
         if memo_key not in points:
-            spec = parse_one(text)
+            spec = parse_one(text, file=f"the spec of {row.get('name') or row.get('kernel')}")
             generic = spec.replace(name="_", problem_m=ANY, problem_n=ANY, problem_k=ANY)
             points[memo_key] = ({}, generic.replace(name=spec.name).to_l2())
             try:
@@ -109,11 +120,14 @@ def _verified_figures(row) -> bool:
 
 
 def run(args) -> int:
-    from ..errors import BenchError
+    from ..errors import BenchError, L2Error
     from ..results_file import read_rows
     from ..cli import UsageError
     from l2c.search.store import Store, default_store_path
 
+    from ..arch import ARCHS
+    if args.arch not in ARCHS:   # it is part of every stored problem's key: a tune of that arch reads them
+        raise UsageError(f"--arch {args.arch!r}: l2c knows {', '.join(sorted(ARCHS))}")
     wanted = None
     if args.shapes:
         from l2c.shapes import load_shapes
@@ -129,19 +143,21 @@ def run(args) -> int:
 
     store = Store(args.store or default_store_path())
     cache: dict = {}
-    total = {"imported": 0, "outside_space": 0, "not_a_verdict": 0, "stale": 0, "unverified": 0}
+    total = dict.fromkeys(COUNTS, 0)
     for path in args.results:
         try:
             results, counts = results_from_rows(rows_of(path), args.arch, cache)
         except (BenchError, OSError) as err:
             raise UsageError(str(err)) from None
+        except L2Error as err:   # a row's spec that does not parse
+            raise UsageError(f"{path}: {err.render() if hasattr(err, 'render') else err}") from None
         except (ValueError, KeyError, TypeError) as err:   # a row whose fields are not what l2c bench writes
             raise UsageError(f"{path}: {err}") from None
         store.record_many(results)
         print(f"{path}: {counts['imported']} result(s) recorded ({counts['outside_space']} outside the search space, "
               f"kept as measurements only; {counts['stale']} of another build than l2c makes now, kept but not "
-              f"used); {counts['not_a_verdict']} error row(s) and {counts['unverified']} win(s) without verified "
-              f"figures skipped")
+              f"used); {counts['not_a_verdict']} error row(s), {counts['unverified']} win(s) without verified "
+              f"figures and {counts['not_a_kernel']} row(s) of a table or torch measured through a call skipped")
         for key in total:
             total[key] += counts[key]
     print(f"{store.path}: {total['imported']} result(s) imported; the store holds {store.count()}", file=sys.stderr)
