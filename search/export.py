@@ -37,12 +37,15 @@ def existing_entries(out_dir: Path, arch: str, gpu: str, protocol: str) -> List[
 
 
 def check_export(out_dir: Path, problems: Sequence[Problem], gpu: str, protocol: str) -> None:
-    """What `export` needs of `out_dir`, checked before a tune spends its time: the specs folder can be made, and
-    each architecture's table there is one the export may merge into (`existing_entries`)."""
-    try:
-        (Path(out_dir) / "specs").mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DataFileError(f"--export {out_dir}: cannot make its specs folder ({err.strerror or err})") from None
+    """What `export` needs of `out_dir`, checked before a tune spends its time (and without making anything): its
+    specs folder is a folder or can be made (no file in the way), and each architecture's table there is one the
+    export may merge into (`existing_entries`)."""
+    specs = Path(out_dir).absolute() / "specs"
+    for folder in (specs, *specs.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise DataFileError(f"--export {out_dir}: {folder} is not a folder; the specs go in {specs}")
+            break
     for arch in sorted({p.arch for p in problems}):
         existing_entries(out_dir, arch, gpu, protocol)
 

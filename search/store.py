@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -109,6 +110,14 @@ class Store:
         """SQLite's errors (a damaged file, a lock held too long) as one DataFileError naming the store."""
         try:
             yield
+        except sqlite3.OperationalError as err:
+            if not re.search(r"unable to open|readonly|locked|disk I/O|permission", str(err)):
+                raise DataFileError(f"results store {self.path}: {err} (SQLite); restore it from a copy, or move it "
+                                    f"away and start a new store") from None
+            # the file may be whole: where it lies cannot be written or locked
+            raise DataFileError(f"results store {self.path}: {err} (SQLite); check that it and its folder can be "
+                                f"written (SQLite keeps -wal and -shm files beside it) and that no process holds it "
+                                f"locked") from None
         except sqlite3.DatabaseError as err:
             raise DataFileError(f"results store {self.path}: {err} (SQLite); restore it from a copy, or move it "
                                 f"away and start a new store") from None

@@ -121,6 +121,45 @@ def test_history_jsonl_filters_other_problems(tmp_path):
         history_from_jsonl(str(path), p)
 
 
+@pytest.mark.parametrize("extra", [["--timeout", "nan"], ["--timeout", "-1"], ["--retries", "-1"],
+                                   ["--temperature", "nan"], ["--m", "0"], ["--batch", "0"], ["--k", str(2 ** 31)],
+                                   ["--arch", "sm_xx"]])
+def test_propose_option_edges_are_one_line(extra, capsys):
+    """NaN or negative timeouts raised from urllib, -1 retries sent no request, a NaN temperature was sent as
+    invalid JSON, and M = 0 was pinned in the grammar: each is refused before any request."""
+    args = ["propose", "--m", "32", "--n", "32", "--k", "32", "--server", "http://127.0.0.1:1/v1", "--model", "x"]
+    assert cli_main(args + extra) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("figures", [{"tflops": "fast", "baseline_tflops": 1}, {"tflops": 5, "baseline_tflops": "x"},
+                                     {"tflops": -1.0, "baseline_tflops": 1.0}])
+def test_a_history_line_whose_figures_are_not_numbers_is_named(figures, tmp_path, capsys):
+    spec = "kernel h {\n  target triton\n  problem m=32 n=32 k=32\n}\n"
+    history = tmp_path / "h.jsonl"
+    history.write_text(json.dumps({"spec": spec, **figures}) + "\n")
+    rc = cli_main(["propose", "--m", "32", "--n", "32", "--k", "32", "--target", "triton", "--server",
+                   "http://127.0.0.1:1/v1", "--model", "x", "--retries", "0", "--history", str(history)])
+    assert rc == 2 and f"{history}:1: not a result line" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("llm", [["--llm-server", "http://127.0.0.1:1/v1"], ["--llm-server", "ftp://x", "--llm-model",
+                                                                             "m"], ["--llm-model-dir", "/nonexistent"]])
+def test_tune_with_a_bad_llm_configuration_is_one_line(llm, tmp_path, capsys):
+    rc = cli_main(["tune", "--runner", "model", "--shapes", "64x64x64", "--trials", "1", "--policy", "off",
+                   "--store", str(tmp_path / "s.sqlite"), "--storage", ":memory:", *llm])
+    assert rc == 2 and "LLM: " in capsys.readouterr().err
+
+
+def test_a_model_folder_that_holds_no_model_is_one_line(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    assert cli_main(["propose", "--m", "32", "--n", "32", "--k", "32", "--model-dir", str(folder)]) == 2
+    assert "cannot load a model from it" in capsys.readouterr().err
+
+
 def test_prompt_is_contrastive():
     p = PROBLEMS[0]
     base = KernelSpec(name="s", **_problem_pins(p, "cutlass"))

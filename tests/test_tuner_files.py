@@ -135,3 +135,21 @@ def test_an_emptied_store_under_a_finished_study_is_refused(finished, tmp_path):
 def test_a_journal_path_that_is_a_directory_is_one_line(tmp_path):
     (tmp_path / "j.log").mkdir()
     assert_one_line(tune(tmp_path), "j.log", "is a directory")
+
+
+def test_a_store_held_locked_is_not_called_damaged(tmp_path):
+    """A whole store that cannot be written (held by another process, a read-only folder) was reported with the
+    advice for a damaged file, "move it away and start a new store"; the advice now says what to check."""
+    path = tmp_path / "s.sqlite"
+    Store(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(DataFileError) as info:
+            Store(path, timeout_s=0.2).record(Result(problem="p", spec="kernel k { }\n", target="triton", gpu="g",
+                                                     protocol="kernel", status="ok", speedup=1.0))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "locked" in str(info.value) and "no process holds it" in str(info.value)
+    assert "start a new store" not in str(info.value)

@@ -6,6 +6,7 @@ configured model it says how to configure one and exits 2.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 
 from ..cli import seed
@@ -47,6 +48,16 @@ def run(args) -> int:
         raise UsageError(f"--layout must be three of row/col separated by commas, not {args.layout!r}")
     if args.count < 1:
         raise UsageError("-n must be at least 1")
+    from ..arch import ARCHS
+    from ..knobs import MAX_DIM
+    if args.arch not in ARCHS:
+        raise UsageError(f"--arch {args.arch!r}: l2c knows {', '.join(sorted(ARCHS))}")
+    for name in ("m", "n", "k", "batch"):
+        if not 1 <= getattr(args, name) <= MAX_DIM:
+            raise UsageError(f"--{name} must be from 1 to {MAX_DIM}")
+    if not 0 < args.timeout < math.inf or args.retries < 0 or not 0 <= args.temperature < math.inf:
+        raise UsageError("--timeout must be a positive number of seconds, --retries 0 or more, --temperature a "
+                         "finite number 0 or more")
     problem = Problem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype, layout_a=layouts[0],
                       layout_b=layouts[1], layout_c=layouts[2], arch=args.arch)
     try:

@@ -105,7 +105,13 @@ def _llm(args, targets, log):
     if args.no_llm:
         return None
     from l2c.search.llm import LLMProposer, backend_from_config
-    backend = backend_from_config(args.llm_model_dir, args.llm_server, args.llm_model)
+    from ..cli import UsageError
+    try:
+        backend = backend_from_config(args.llm_model_dir, args.llm_server, args.llm_model)
+    except ImportError as err:
+        raise UsageError(f"a local model needs the llm extra (pip install 'l2c[llm]'): {err}") from None
+    except (ValueError, OSError) as err:   # no model name, not an http(s) URL, not a model folder
+        raise UsageError(f"LLM: {err}") from None
     if backend is None:
         log("no LLM configured; searching without LLM proposals")
         return None

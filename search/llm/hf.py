@@ -25,9 +25,13 @@ class HFBackend:
         self.torch, self.llguidance = torch, llguidance
         self.name = Path(model_dir).name or str(model_dir)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
-        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, **kwargs)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
+            model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, **kwargs)
+        except Exception as err:  # noqa: BLE001 - transformers raises many kinds for a folder that holds no model
+            reason = (str(err).strip().splitlines() or [""])[0][:200]
+            raise ValueError(f"{model_dir}: cannot load a model from it ({type(err).__name__}: {reason})") from None
         self.model = model.to(self.device).eval()
         eos = self.tokenizer.eos_token_id
         self.ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, eos_token=eos if eos is not None else 0)

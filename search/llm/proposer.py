@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +119,11 @@ def history_from_jsonl(path: str, problem: Problem, target: Optional[str] = None
     """Measured results, one JSON object a line (the store's Result fields: spec, tflops, baseline_tflops,
     optionally problem and target); lines for other problems or targets are skipped."""
     items: List[HistoryItem] = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -126,6 +131,10 @@ def history_from_jsonl(path: str, problem: Problem, target: Optional[str] = None
             if row.get("problem") not in (None, problem.key()) or row.get("target") not in (None, target):
                 continue
             spec = parse_one(row["spec"], file=f"{path}:{i}")
+            for field in ("tflops", "baseline_tflops"):   # the prompt ranks by them and divides one by the other
+                value = row.get(field)
+                if value is not None and not (type(value) in (int, float) and 0 <= value < math.inf):
+                    raise ValueError(f"'{field}' must be a finite number 0 or more, got {value!r}"[:200])
         except (ValueError, KeyError, TypeError, AttributeError, L2SyntaxError) as err:
             raise ValueError(f"{path}:{i}: not a result line: {err}") from None
         items.append((spec, row.get("tflops"), row.get("baseline_tflops")))
