@@ -3,6 +3,8 @@ reads it (Optuna's own errors for a damaged journal name no line)."""
 from __future__ import annotations
 
 import json
+import random
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -28,12 +30,34 @@ def parse_storage(arg: Optional[str], default_dir: Path):
     kwargs = {"connect_args": {"timeout": 120}} if arg.startswith("sqlite") else {}
     heartbeat = {} if arg.startswith("sqlite") else {"heartbeat_interval": 60, "grace_period": 300}
     import sqlalchemy.exc
-    try:
-        return optuna.storages.RDBStorage(arg, engine_kwargs=kwargs, **heartbeat)
-    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as err:   # an unknown scheme, a missing driver, no server
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DataFileError(f"--storage {arg}: cannot open it as an Optuna storage ({reason}); expected an RDB URL "
-                            f"(sqlite:///PATH, postgresql://...), journal:PATH or :memory:") from None
+    for attempt in range(SCHEMA_RACE_TRIES):
+        try:
+            return optuna.storages.RDBStorage(arg, engine_kwargs=kwargs, **heartbeat)
+        except sqlalchemy.exc.SQLAlchemyError as err:
+            # Tunes started together on a new database race to create its tables: the loser's DDL fails on what the
+            # winner made, and once the winner is done the schema is there to open.
+            if attempt + 1 < SCHEMA_RACE_TRIES and _lost_schema_race(err):
+                time.sleep(random.uniform(0.2, 1.0))
+                continue
+            _cannot_open(arg, err)
+        except ImportError as err:   # a missing driver
+            _cannot_open(arg, err)
+
+
+# How many times a tune opens a new RDB storage whose tables another tune is creating at the same moment.
+SCHEMA_RACE_TRIES = 6
+
+
+def _lost_schema_race(err: Exception) -> bool:
+    text = str(err)
+    return any(s in text for s in ("already exists", "UNIQUE constraint failed", "UniqueViolation", "duplicate key"))
+
+
+def _cannot_open(arg: str, err: Exception) -> None:
+    """An unknown scheme, a missing driver, no server: DataFileError saying what `--storage` accepts."""
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    raise DataFileError(f"--storage {arg}: cannot open it as an Optuna storage ({reason}); expected an RDB URL "
+                        f"(sqlite:///PATH, postgresql://...), journal:PATH or :memory:") from None
 
 
 def check_journal(path: Path) -> None:

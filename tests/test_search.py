@@ -699,6 +699,33 @@ def test_processes_opening_a_new_store_at_once_all_open_it(tmp_path):
         assert Store(path).count() == 1
 
 
+def _open_storage(url: str, ready, results) -> None:
+    ready.wait(60)   # all at once: the race the first tunes on a new database run
+    try:
+        parse_storage(url, Path("."))
+        results.put("ok")
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        results.put(f"{type(err).__name__}: {err}")
+
+
+def test_tunes_opening_a_new_database_together_all_open_it(tmp_path):
+    """Tunes started together on a new RDB storage race to create its tables; the losers died ('UNIQUE constraint
+    failed', 'table ... already exists': 4 of 8 pairs on SQLite). Each now opens it once the winner is done."""
+    ctx = mp.get_context("spawn")
+    for round_ in range(3):
+        url = f"sqlite:///{tmp_path / f'fresh{round_}.db'}"
+        ready, results = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_open_storage, args=(url, ready, results)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        time.sleep(3)   # every process has imported optuna and waits
+        ready.set()
+        outcomes = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+        assert outcomes == ["ok"] * 4, outcomes
+
+
 def test_two_workers_share_one_sqlite_study(tmp_path):
     url = f"sqlite:///{tmp_path / 'studies.sqlite'}"
     store_path = str(tmp_path / "r.sqlite")
