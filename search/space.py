@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import L2ValidationError
 from ..ir import KernelSpec, config_name
-from ..knobs import ANY, AUTO, KNOBS, TARGETS, Knob
+from ..knobs import ANY, AUTO, KNOBS, MAX_DIM, TARGETS, Knob
 from ..rules import ValidSpec
 from ..validate import validate
 
@@ -257,8 +257,8 @@ def parse_shape(text: str) -> Tuple[int, int, int, int]:
     if not m:
         raise ValueError(f"bad shape {text!r}; expected MxNxK, e.g. 4096x4096x4096")
     dims = tuple(int(g) if g else 1 for g in m.groups())
-    if min(dims) < 1:
-        raise ValueError(f"bad shape {text!r}: dimensions must be positive")
+    if min(dims) < 1 or max(dims) > MAX_DIM:   # the kernels take each as a 32-bit int, as `l2c bench` checks
+        raise ValueError(f"bad shape {text!r}: dimensions must be from 1 to {MAX_DIM}")
     return dims  # type: ignore[return-value]
 
 

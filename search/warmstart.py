@@ -32,6 +32,9 @@ def warm_start(study: optuna.Study, problem: Problem, cfg: TuneConfig, policy=No
     tried = {trial_point(t) for t in trials}
     for spec in cfg.seed_specs:
         targets = cfg.targets if spec.target == "any" else (spec.target,)
+        if not any(t in cfg.targets for t in targets):
+            log(f"seed spec {spec.name} is for {spec.target}, which this tune does not search "
+                f"(--target {','.join(cfg.targets)}), skipped")
         for target in (t for t in targets if t in cfg.targets):
             try:
                 params = params_from_spec(spec, target)

@@ -25,7 +25,7 @@ from l2c.parser import parse_one
 from l2c.search.driver import tune
 from l2c.search.export import export
 from l2c.search.runners import FunctionRunner, InterpreterRunner, ModelRunner
-from l2c.search.space import (KNOB_PARAMS, Problem, check_point, params_from_spec, params_for, problems,
+from l2c.search.space import (KNOB_PARAMS, Problem, check_point, params_from_spec, params_for, parse_shape, problems,
                               shapes_from_arg, spec_from_params, suggest_params)
 from l2c.search.storage import parse_storage
 from l2c.search.store import Result, Store
@@ -1130,6 +1130,23 @@ def test_seed_specs_enter_a_resumed_study_once():
     assert warm_start(study, p, cfg)["seed"] == 0
     run_studies([StudyWorker(study, p, ModelRunner(), Store(":memory:"), cfg)])
     assert study.trials[first_new].params == params_from_spec(seed_b, "triton")
+
+
+def test_a_seed_spec_for_a_target_not_searched_is_named_not_dropped_silently():
+    from l2c.search.warmstart import warm_start
+    seed = parse_one("kernel mine { target cutlass tile m=128 n=128 k=64 }")
+    study = optuna.create_study(direction="maximize")
+    said = []
+    cfg = TuneConfig(targets=("triton",), n_trials=1, seed_specs=(seed,))
+    assert warm_start(study, Problem(64, 64, 64), cfg, log=said.append)["seed"] == 0
+    assert any("seed spec mine is for cutlass" in s and "--target triton" in s for s in said), said
+
+
+@pytest.mark.parametrize("shape", ["99999999999x1x1", "1x2147483648x1", "0x1x1"])
+def test_a_tune_shape_past_32_bits_is_refused_at_once(shape):
+    """It ran minutes of invalid trials before saying 'no verified kernel'; `l2c bench` caps dimensions alike."""
+    with pytest.raises(ValueError, match="from 1 to 2147483647"):
+        parse_shape(shape)
 
 
 def test_policy_pool_script_writes_buildable_generic_specs(tmp_path):
