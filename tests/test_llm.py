@@ -22,6 +22,7 @@ from l2c.knobs import KNOBS, TARGETS
 from l2c.parser import parse_one
 from l2c.search.llm import (LLMProposer, OpenAIBackend, build_messages, check_text, history_from_jsonl,
                             legal_values, proposal_grammar, render_for_prompt, Hardware)
+from l2c.search.llm.grammar import outside_grammar, pinned_values
 from l2c.search.space import Problem
 from l2c.validate import validate
 from tests.strategies import valid_specs
@@ -104,6 +105,28 @@ def test_a_gated_problem_s_grammar_pins_the_gate_and_prunes_what_it_forbids(targ
     if target == "cutlass":
         pins.update(epilogue_store="staged", tile_n=64)
     Lark(grammar, parser="lalr").parse(render_for_prompt(KernelSpec(name="ex", **pins), p, target))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_gated_problem_s_grammar_requires_the_gate_it_pins(target):
+    """The epilogue statement was optional, so a sentence without it (a plain GEMM: gate=none) fit the grammar and
+    the proposer's check dropped it: half of the grammar's sentences for gated problems. The statement holding a
+    pinned knob is required, and every sentence the grammar accepts here passes the proposer's check."""
+    from lark import Lark
+    from lark.exceptions import LarkError
+    p = Problem(512, 14336, 4096, layout_b="col", gate="silu")
+    grammar = Lark(proposal_grammar(p, target, name="ex"), parser="lalr")
+    pins = dict(_problem_pins(p, target), epilogue_gate="silu")
+    if target == "cutlass":
+        pins.update(epilogue_store="staged", tile_n=64)
+    gated = render_for_prompt(KernelSpec(name="ex", **pins), p, target)
+    grammar.parse(gated)
+    plain = "\n".join(line for line in gated.splitlines() if not line.strip().startswith("epilogue")) + "\n"
+    assert plain != gated
+    with pytest.raises(LarkError):
+        grammar.parse(plain)
+    spec = parse_one(gated)
+    assert outside_grammar(spec, pinned_values(p, target), legal_values(p, target)) is None
 
 
 def test_history_jsonl_filters_other_problems(tmp_path):

@@ -202,6 +202,9 @@ def proposal_grammar(problem: Problem, target: str, name: str = "proposal") -> s
         if section in PINNED_SECTIONS:
             body = " ".join(kept)
             stmts.append(f"{section}_stmt")
+        elif any(f in pins for f in kept):   # a pinned knob here (a gated problem's gate): the statement and it, always
+            body = " ".join(f if f in pins else f"{f}?" for f in kept)
+            stmts.append(f"{section}_stmt")
         else:
             body = _ordered_nonempty(kept)
             stmts.append(f"{section}_stmt?")
