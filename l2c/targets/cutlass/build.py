@@ -102,8 +102,13 @@ def _settled(job: _Job, nvcc: Optional[str], no_nvcc: str) -> Optional[Outcome]:
     None when nvcc has to build it."""
     if cache.intact_library(job.library):
         return job.library
-    with contextlib.suppress(FileNotFoundError):
-        job.library.unlink()   # a damaged library (truncated): installed again or rebuilt, never loaded
+    try:
+        job.library.unlink()   # a damaged library (truncated) or one this user cannot read: replaced, never loaded
+    except FileNotFoundError:
+        pass
+    except OSError as err:   # a shared cache's file this user may not replace: the kernel fails, calls go to torch
+        return BuildError(f"{job.name}: the cached library {job.library} cannot be loaded (damaged or unreadable) "
+                          f"nor replaced ({err.strerror or err})")
     prebuilt = _pack_entry(job, nvcc)
     if prebuilt is not None:
         try:
