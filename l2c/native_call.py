@@ -518,7 +518,8 @@ def _load() -> None:
         with cache.locked(library):
             if not cache.intact_library(library):
                 _compile(compiler, library.parent, name)
-        cache.load_library(library)   # dlopen with the GIL released (an import holds it): the import then finds it loaded
+        # dlopen with the GIL released (an import holds it): the import then finds it loaded
+        cache.load_library(library)
         spec = importlib.util.spec_from_file_location(name, library)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

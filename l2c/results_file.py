@@ -146,7 +146,8 @@ def checked_row(row, where: str) -> Dict[str, object]:
         required = ok and (field == "speedup" or field in row)   # an ok row's speedup, and its flops if named
         if (value is not None or required) and (
                 type(value) not in (int, float) or (ok and not _positive_finite(value))):
-            raise BenchError(f"{where}: '{field}' must be a number (finite and positive in an ok row), got {value!r}"[:300])
+            raise BenchError(f"{where}: '{field}' must be a number (finite and positive in an ok row), got "
+                             f"{value!r}"[:300])
     return row
 
 

@@ -40,9 +40,9 @@ RULES = declare({
     "gemv-acc": "a gemv kernel accumulates in f32 (its CUDA-core multiply-adds cost the same in f32)",
     "gated-split-k": "a gated Triton kernel runs its K loop in one program (split_k slices=1): its slices would "
                      "reduce two partial tiles, and its 2N weight columns already give the SMs many programs",
-    "triton-offsets": "a Triton kernel indexes inside one matrix in 32-bit arithmetic: at a fixed problem shape, A (M x "
-                      "K), B (K x N; K x 2N gated) and C (M x N) each hold at most 2^31 elements (the kernel "
-                      "refuses larger operands at every call)",
+    "triton-offsets": "a Triton kernel indexes inside one matrix in 32-bit arithmetic: at a fixed problem shape, "
+                      "A (M x K), B (K x N; K x 2N gated) and C (M x N) each hold at most 2^31 elements (the "
+                      "kernel refuses larger operands at every call)",
 })
 
 # Elements one matrix may hold for the Triton kernels' 32-bit offsets (templates/triton/common.j2, `_check_offsets`).
