@@ -97,12 +97,15 @@ class StudyWorker:
                 t.set_user_attr("baseline_tflops", r.baseline_tflops)
         except optuna.exceptions.UpdateFinishedTrialError:
             return
-        if r.status == "ok":
-            self.study.tell(t, r.speedup, skip_if_finished=True)
-        elif r.status in ("invalid", "duplicate", "deferred"):
-            self.study.tell(t, state=TrialState.PRUNED, skip_if_finished=True)
-        else:
-            self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
+        try:   # skip_if_finished reads the state before it writes: another worker can finish the trial in between
+            if r.status == "ok":
+                self.study.tell(t, r.speedup, skip_if_finished=True)
+            elif r.status in ("invalid", "duplicate", "deferred"):
+                self.study.tell(t, state=TrialState.PRUNED, skip_if_finished=True)
+            else:
+                self.study.tell(t, state=TrialState.FAIL, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return
         if self.on_result:
             self.on_result(self, r)
 
