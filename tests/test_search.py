@@ -699,6 +699,23 @@ def test_processes_opening_a_new_store_at_once_all_open_it(tmp_path):
         assert Store(path).count() == 1
 
 
+def test_a_relative_journal_path_gives_a_lock_whose_target_resolves(tmp_path, monkeypatch):
+    """Optuna's journal lock is a symlink to the journal made beside it: with a relative path (`--store DIR/s.sqlite`
+    from the default journal, or `journal:DIR/j.log`) its target dangled, Optuna's stale-lock check could not stat
+    it, and a lock a killed tune left made every resume spin forever. The path is made absolute first."""
+    import os
+    monkeypatch.chdir(tmp_path)
+    storage = parse_storage("journal:sub/j.log", tmp_path)
+    optuna.create_study(storage=storage, study_name="s")
+    lock = storage._backend._lock   # the lock Optuna takes around each write (no public handle)
+    assert lock.acquire()
+    try:
+        target = os.readlink(tmp_path / "sub" / "j.log.lock")
+        assert os.path.isabs(target) and (tmp_path / "sub" / "j.log.lock").resolve() == tmp_path / "sub" / "j.log"
+    finally:
+        lock.release()
+
+
 def _open_storage(url: str, ready, results) -> None:
     ready.wait(60)   # all at once: the race the first tunes on a new database run
     try:
