@@ -25,8 +25,8 @@ def existing_entries(out_dir: Path, arch: str, gpu: str, protocol: str) -> List[
         raise DataFileError(f"--export: {err}; move it away or export into another folder") from None
     if (old.get("gpu"), old.get("protocol")) != (gpu, protocol):
         raise DataFileError(f"--export: {path} is a table of {old.get('gpu')!r} measured by {old.get('protocol')!r}; "
-                            f"this tune's is {gpu!r} by {protocol!r}: export into another folder (an export "
-                            f"replaces a table of another GPU or protocol)")
+                            f"this tune's is {gpu!r} by {protocol!r}: export into another folder (merging would "
+                            f"replace it)")
     for i, row in enumerate(old["entries"]):
         try:
             entry_from_row(row)

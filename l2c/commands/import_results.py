@@ -150,7 +150,7 @@ def run(args) -> int:
         except (BenchError, OSError) as err:
             raise UsageError(str(err)) from None
         except L2Error as err:   # a row's spec that does not parse
-            raise UsageError(f"{path}: {err.render() if hasattr(err, 'render') else err}") from None
+            raise UsageError(f"{path}: {err.render()}") from None
         except (ValueError, KeyError, TypeError) as err:   # a row whose fields are not what l2c bench writes
             raise UsageError(f"{path}: {err}") from None
         store.record_many(results)
