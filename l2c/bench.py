@@ -68,6 +68,10 @@ def _hms(seconds: float) -> str:
 
 # --------------------------------------------------------------------------------------------- running
 
+# The settings that change what a row measures (not only how precisely): rows of one file must share them.
+SAME_METHOD = ("graphs", "rotate", "roofline")
+
+
 @dataclass
 class Settings:
     protocols: List[str]
@@ -104,6 +108,8 @@ def _base_row(cand: Candidate, shape: Shape, protocol: str, device) -> Dict[str,
     }
     if cand.build_id:
         row["build_id"] = cand.build_id
+    if cand.table_served is not None:
+        row["table_served"] = cand.table_served
     if spec is not None and spec.epilogue_gate != "none":   # a gated problem: B has 2N columns, twice the FLOPs
         row.update(gate=spec.epilogue_gate, flops=2 * shape.flops, bucket=bucket(2 * shape.flops))
     if spec is not None and cand.target in ("triton", "cutlass"):

@@ -21,6 +21,7 @@ class Candidate:
     shapes: Optional[List[Shape]] = None
     failure: Optional[Tuple[str, str]] = None   # (status, reason) when it cannot run at all
     serves: Optional[str] = None            # `serving:` candidates: the spec text every call is served by
+    table_served: Optional[bool] = None     # table entries: whether the dispatcher serves this entry at its shape
     _kernel: object = field(default=None, repr=False)
 
     def accepts(self, shape: Shape) -> bool:
@@ -85,7 +86,7 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
     from .parser import parse_one
     from .validate import validate
 
-    from .tuned_table import TableError, entry_from_row, read_table_data
+    from .tuned_table import TableError, entry_from_row, load_table, read_table_data
 
     try:
         table = read_table_data(path)
@@ -93,11 +94,15 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
         raise BenchError(str(err)) from None
     entries = table["entries"]
     table_arch = table.get("arch", arch)
+    try:
+        served = load_table(path)
+    except TableError as err:
+        raise BenchError(str(err)) from None
     out = []
     for i, entry in enumerate(entries):
         where = f"{path}#entries[{i}]"
         try:
-            entry_from_row(entry)   # what the dispatcher would refuse to read is no candidate either
+            as_read = entry_from_row(entry)   # what the dispatcher would refuse to read is no candidate either
             shape = Shape(int(entry["m"]), int(entry["n"]), int(entry["k"]), int(entry.get("batch", 1)),
                           label="table")
             spec_text, target = entry["spec"], entry["target"]
@@ -105,7 +110,9 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
             raise BenchError(f"{where}: malformed entry ({err!r})") from None
         spec = parse_one(spec_text, file=where)
         cand = Candidate(id=f"{path}#{i}:{spec.name}@{target}", source=path, target=target, spec=spec,
-                         shapes=[shape])
+                         shapes=[shape], table_served=served.lookup(as_read.dtype, as_read.layout, as_read.m,
+                                                                    as_read.n, as_read.k, as_read.batch,
+                                                                    as_read.gate) == as_read)
         try:
             cand.valid = validate(spec, target, table_arch)
         except L2Error as err:
@@ -236,7 +243,10 @@ def load_candidates(paths: Iterable[str], target: str = "all", arch: str = "sm_9
     for p in paths:
         via = p.split(":", 1)[0]
         if p == "torch":
-            spec = None if (dtype, layout) == ("f16", "row,row,row") else _user_spec(dtype, layout)
+            from .knobs import ANY
+            # torch takes any batch, in every dtype and layout alike
+            spec = None if (dtype, layout) == ("f16", "row,row,row") else _user_spec(dtype, layout).replace(
+                problem_batch=ANY)
             out.append(Candidate(id="torch", source="torch", target="torch", spec=spec))
         elif via in ("dispatch", "linear"):
             table = p.split(":", 1)[1] if ":" in p else None
@@ -285,13 +295,14 @@ def _serving_candidates(path: str, target: str, arch: str, dtype: str, layout: s
     return out
 
 
-def plan(candidates: List[Candidate], shape_set: Optional[List[Shape]]) -> Tuple[List[Shape], Dict, int]:
+def plan(candidates: List[Candidate], shape_set: Optional[List[Shape]]) -> Tuple[List[Shape], Dict, int, int]:
     """Shapes in measuring order and, per shape key, the candidates to run there; plus how many fixed-shape
-    candidates were left out because their shape is not in the given set."""
+    candidates were left out because their shape is not in the given set, and how many (candidate, shape) pairs of
+    the set a shape-generic candidate does not take (a batch its spec does not hold)."""
     in_set = None if shape_set is None else {s.key for s in shape_set}
     jobs: Dict[Tuple[int, int, int, int], List[Candidate]] = {}
     shapes: Dict[Tuple[int, int, int, int], Shape] = {}
-    skipped = 0
+    skipped = declined = 0
     if shape_set is not None:
         for s in shape_set:
             shapes.setdefault(s.key, s)
@@ -300,6 +311,7 @@ def plan(candidates: List[Candidate], shape_set: Optional[List[Shape]]) -> Tuple
             if shape_set is None:
                 raise BenchError(f"{cand.id} is shape-generic (problem m/n/k = any): give --shapes")
             targets = [s for s in shape_set if cand.accepts(s)]
+            declined += len(shape_set) - len(targets)
         else:
             targets = [s for s in cand.shapes if in_set is None or s.key in in_set]
             skipped += len(cand.shapes) - len(targets)
@@ -307,4 +319,4 @@ def plan(candidates: List[Candidate], shape_set: Optional[List[Shape]]) -> Tuple
             shapes.setdefault(s.key, s)
             jobs.setdefault(s.key, []).append(cand)
     ordered = [shapes[k] for k in shapes if k in jobs]
-    return ordered, jobs, skipped
+    return ordered, jobs, skipped, declined

@@ -443,10 +443,3 @@ def measure(protocol: str, candidate: KernelFn, baseline: KernelFn, problem: Pro
     raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
 
 
-def parse_protocols(text: str) -> List[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in PROTOCOLS]
-    if bad or not names:
-        raise ValueError(f"unknown protocol(s) {', '.join(bad) or repr(text)}; expected a comma-separated "
-                         f"subset of {', '.join(PROTOCOLS)}")
-    return list(dict.fromkeys(names))

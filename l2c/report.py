@@ -14,6 +14,7 @@ speedup over (M, N), one panel per K, and for roofline rows the fraction of roof
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import statistics
@@ -97,12 +98,30 @@ class Results:
     rows: List[dict]
 
     def groups(self) -> Dict[Tuple[str, str], List[dict]]:
-        """Result rows per (kernel, protocol), in first-seen order. The entries of one tuned table are one
-        group (the table is what a user deploys: one kernel per shape)."""
-        out: Dict[Tuple[str, str], List[dict]] = {}
+        """Result rows per (kernel, protocol, problem kind), in first-seen order; the title names the dtype, layouts
+        or gate where the rows hold more than one of it. The entries of one tuned table are one group holding, per
+        shape, the row of the entry the dispatcher serves there (the table is what a user deploys: one kernel per
+        shape); an entry another one shadows at its own shape (`table_served` false) is left out."""
+        kinds = {problem_kind(r) for r in self.rows}
+        varies = [i for i in range(3) if len({kind[i] for kind in kinds}) > 1]   # dtype, layouts, gate
+        out: Dict[Tuple[str, str], Dict[Tuple, dict]] = {}
         for r in self.rows:
-            out.setdefault((table_or_kernel(r), r["protocol"]), []).append(r)
-        return out
+            if r.get("table_served") is False:
+                continue
+            name = table_or_kernel(r)
+            if varies:
+                name = f"{name} ({' '.join(problem_kind(r)[i] for i in varies)})"
+            out.setdefault((name, r["protocol"]), {})[r["m"], r["n"], r["k"], r.get("batch", 1)] = r
+        return {key: list(rows.values()) for key, rows in out.items()}
+
+    def shadowed(self) -> int:
+        """Rows of table entries measured at a shape another entry of their table serves."""
+        return sum(1 for r in self.rows if r.get("table_served") is False)
+
+
+def problem_kind(row: dict) -> Tuple[str, str, str]:
+    """(dtype, layouts, gate) of a result row: rows of different kinds are different problems."""
+    return str(row.get("dtype")), str(row.get("layout")), str(row.get("gate", "none"))
 
 
 def table_or_kernel(row: dict) -> str:
@@ -127,10 +146,14 @@ def load_results(*paths) -> Results:
                 if missing:
                     raise BenchError(f"{path}: a result row ({r['m']}x{r['n']}x{r['k']}) without "
                                      f"{', '.join(repr(f) for f in missing)}: not a row l2c bench wrote")
-                key = (table_or_kernel(r), r["protocol"], r["m"], r["n"], r["k"], r.get("batch", 1), r.get("dtype"),
+                key = (r["kernel"], r["protocol"], r["m"], r["n"], r["k"], r.get("batch", 1), r.get("dtype"),
                        r.get("layout"), r.get("gate", "none"))
                 by_key.pop(key, None)      # re-inserted: the row keeps the later file's position
                 by_key[key] = r
+    machines = {(e.get("device"), e.get("gpu")) for e in envs}
+    if len(machines) > 1:   # one summary of two GPUs' speedups describes neither
+        shown = ", ".join(sorted(f"{gpu or 'no GPU'} ({device})" for device, gpu in machines))
+        raise BenchError(f"results from different machines: {shown}; report each GPU's files on their own")
     return Results(envs, list(by_key.values()))
 
 
@@ -191,6 +214,9 @@ def print_summary(results: Results, out: TextIO, with_best_of: bool = True, only
         print(f"({len(results.envs)} sessions appended to this file; environment of the last shown)", file=out)
     print("speedup = torch.matmul time / candidate time (kernel: medians; call/server: ratio of mean TFLOPS)",
           file=out)
+    if results.shadowed():
+        print(f"({results.shadowed()} row(s) of table entries that another entry shadows at their own shape left "
+              f"out of the tables' summaries: the dispatcher never serves them there)", file=out)
     for (kernel, protocol), rows in ({} if only_best_of else results.groups()).items():
         failed: Dict[str, int] = {}
         for r in rows:
@@ -200,9 +226,12 @@ def print_summary(results: Results, out: TextIO, with_best_of: bool = True, only
         _print_summary_block(f"{kernel} [{protocol}]", points_of(rows), failed, out)
         _print_roofline_and_serving(rows, out)
     if with_best_of or only_best_of:
-        for protocol, points in best_of(results).items():
+        combined = best_of(results)
+        for protocol, points in combined.items():
             print(file=out)
             _print_summary_block(f"{BEST_OF} [{protocol}] — {BEST_OF_LABEL}", points, {}, out)
+        if only_best_of and not combined:
+            print("\nno best-of: no shape was measured with two or more candidates under one protocol", file=out)
 
 
 def _print_roofline_and_serving(rows: Sequence[dict], out: TextIO) -> None:
@@ -221,7 +250,12 @@ def _print_roofline_and_serving(rows: Sequence[dict], out: TextIO) -> None:
 # --------------------------------------------------------------------------------------------- plots
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[:120]
+    """A file-name stem for a plot: the name's safe characters, and where it is too long its last 100 of them and a
+    hash of the whole name (the kernel and protocol are at its end; two long names must not share a file)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+    if len(stem) <= 120:
+        return stem
+    return f"{hashlib.sha256(name.encode()).hexdigest()[:12]}_{stem[-100:].lstrip('._-')}"
 
 
 def is_grid(points: Sequence[Point]) -> bool:

@@ -91,6 +91,18 @@ def row_key(row: Dict[str, object]) -> Tuple:
 
 MAX_DIMENSION = 2**31 - 1
 PROTOCOLS = ("kernel", "kernel_apart", "call", "server")
+
+
+def parse_protocols(text: str) -> List[str]:
+    """The protocols a comma-separated list names, each once; ValueError for an unknown one."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in PROTOCOLS]
+    if bad or not names:
+        raise ValueError(f"unknown protocol(s) {', '.join(bad) or repr(text)}; expected a comma-separated "
+                         f"subset of {', '.join(PROTOCOLS)}")
+    return list(dict.fromkeys(names))
+
+
 RESULT_TARGETS = ("triton", "cutlass", "dispatch", "torch")   # a kernel's target, l2c's dispatcher, torch itself
 RESULT_TEXT_FIELDS = ("kernel", "protocol", "dtype", "layout", "spec", "source", "status", "target", "gate")
 
@@ -192,9 +204,11 @@ def read_rows(path: str | Path, repair: bool = False) -> List[Dict[str, object]]
 
 
 class ResultsWriter:
-    """Appends JSON rows, each written whole and flushed at once."""
+    """Appends JSON rows, each written whole and flushed at once. A resumed file must have been measured as this run
+    measures (`measured_as`: the device, the GPU and the settings that change what a row means, each compared with
+    every environment row of the file): its rows are one population."""
 
-    def __init__(self, path: Path, resume: bool):
+    def __init__(self, path: Path, resume: bool, measured_as: Optional[Dict[str, object]] = None):
         self.path = path
         self.done: Set[Tuple] = set()
         if path.suffix == ".xz":
@@ -202,7 +216,11 @@ class ResultsWriter:
         if path.exists() and path.stat().st_size > 0:
             if not resume:
                 raise BenchError(f"{path} already exists: pass --resume to continue it, or choose another -o")
-            self.done = {row_key(r) for r in read_rows(path, repair=True) if r.get("type") == "result"}
+            rows = read_rows(path, repair=True)
+            envs = [r for r in rows if r.get("type") == "env"]
+            for env in envs if measured_as else ():
+                _same_measurement(path, env, measured_as)
+            self.done = {row_key(r) for r in rows if r.get("type") == "result"}
         path.parent.mkdir(parents=True, exist_ok=True)
         self.f: TextIO = open(path, "a")
 
@@ -212,6 +230,16 @@ class ResultsWriter:
 
     def close(self) -> None:
         self.f.close()
+
+
+def _same_measurement(path: Path, env: Dict[str, object], measured_as: Dict[str, object]) -> None:
+    """BenchError naming what differs between a file's last environment row and this run."""
+    recorded = dict(env.get("settings") or {}, device=env.get("device"), gpu=env.get("gpu"))
+    differ = [f"{name} {recorded.get(name)!r} there, {value!r} now" for name, value in measured_as.items()
+              if name in recorded and recorded[name] != value]
+    if differ:
+        raise BenchError(f"{path} was measured otherwise ({'; '.join(differ)}): --resume continues a file only "
+                         f"with the same machine and method; write another -o")
 
 
 def command_line(argv: Optional[List[str]] = None) -> str:

@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from .knobs import MAX_DIM
+
 GRID_DIMS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
 LLM_TOKENS = (1, 16, 128, 512, 2048, 8192)
 SQUARE_EXTRA = (1000, 3000, 5000)
@@ -294,6 +296,8 @@ def read_shape_file(path: str | Path) -> List[Shape]:
             raise ShapeFileError(f"{where}: dimensions must be whole numbers, got {raw.strip()!r}") from None
         if any(d < 1 for d in dims):
             raise ShapeFileError(f"{where}: dimensions must be positive, got {raw.strip()!r}")
+        if any(d > MAX_DIM for d in dims):   # the kernels, and every reader of results, take 32-bit dimensions
+            raise ShapeFileError(f"{where}: dimensions must be at most {MAX_DIM}, got {raw.strip()!r}")
         shapes.append(Shape(*dims, label=where))
     if not shapes:
         raise ShapeFileError(f"{path}: no shapes in file")

@@ -106,13 +106,13 @@ def test_bench_specs_end_to_end(tmp_path, capsys):
     for r in by[k + "f32_any_target@cutlass"]:
         assert r["status"] == "invalid" and "cutlass-dtypes" in r["reason"] and "speedup" not in r
     assert len({row_key(r) for r in res}) == len(res)
-    assert "tiny_fixed@triton [kernel]: 1 shape(s) measured" in captured.out
+    assert "tiny_fixed@triton (f16) [kernel]: 1 shape(s) measured" in captured.out   # f16 and f32 rows: titles say which
 
     # l2c report on the same file: summary on stdout, plots written (one scatter per kernel and protocol)
     plots = tmp_path / "plots"
     assert main(["report", str(out), "-o", str(plots)]) == 0
     rep = capsys.readouterr().out
-    assert "f32_any_target@cutlass [kernel]: 0 shape(s) measured; 2 invalid" in rep
+    assert "f32_any_target@cutlass (f32) [kernel]: 0 shape(s) measured; 2 invalid" in rep
     assert "best-of [kernel]" in rep and "NOTE: CPU mode" in rep
     pngs = sorted(plots.glob("*.png"))
     assert len(pngs) == 8 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
@@ -539,3 +539,87 @@ def test_warmup_counts_the_malformed_entries_a_table_read_left_out(tmp_path, cap
     table.write_text(json.dumps({"arch": "sm_90", "entries": [{"m": -1, "n": 8, "k": 8}]}))
     assert main(["warmup", str(table), "--device", "cpu"]) == 1
     assert "1 malformed entries left out" in capsys.readouterr().out
+
+
+def test_bench_of_a_table_marks_the_entries_the_dispatcher_does_not_serve_at_their_shape(tmp_path, capsys):
+    """An exact entry and a token-range entry at one shape: both are measured, the row of the range (which the
+    exact entry shadows there) says so, and the report's table summary holds the exact entry's row."""
+    from l2c.parser import parse
+    tiny = parse(SPECS)[0].to_l2()
+    entry = {"m": 16, "n": 32, "k": 32, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "triton",
+             "spec": tiny, "tflops": 2.0, "baseline_tflops": 1.0, "speedup": 2.0}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
+        entry, dict(entry, speedup=1.2, m_range=[16, 64], range_min_speedup=1.2)]}))
+    out = tmp_path / "r.jsonl"
+    assert main(["bench", str(path), *FAST, "-o", str(out)]) == 0
+    assert [(r["kernel"], r["table_served"]) for r in results(out)] == [(f"{path}#0:tiny@triton", True),
+                                                                        (f"{path}#1:tiny@triton", False)]
+    assert "1 row(s) of table entries that another entry shadows" in capsys.readouterr().out
+
+
+def test_resume_refuses_a_file_measured_on_another_machine_or_method(tmp_path, capsys):
+    shapes = tmp_path / "s.txt"
+    shapes.write_text("8 8 8\n")
+    out = tmp_path / "r.jsonl"
+    out.write_text(json.dumps({"type": "env", "device": "cuda", "gpu": "NVIDIA H200"}) + "\n")
+    assert main(["bench", "torch", "--shapes", str(shapes), *FAST, "--resume", "-o", str(out)]) == 2
+    assert "measured otherwise (device 'cuda' there, 'cpu' now" in capsys.readouterr().err
+    out.unlink()
+    assert main(["bench", "torch", "--shapes", str(shapes), *FAST, "-o", str(out)]) == 0
+    assert main(["bench", "torch", "--shapes", str(shapes), *FAST, "--no-graphs", "--resume", "-o", str(out)]) == 2
+    assert "graphs True there, False now" in capsys.readouterr().err
+
+
+def test_batched_shapes_go_to_torch_in_every_dtype_and_a_plan_of_nothing_is_an_error(tmp_path, capsys):
+    shapes = tmp_path / "s.txt"
+    shapes.write_text("16 32 32 4\n")
+    for dtype in ("f16", "bf16"):
+        out = tmp_path / f"{dtype}.jsonl"
+        assert main(["bench", "torch", "--shapes", str(shapes), "--dtype", dtype, *FAST, "-o", str(out)]) == 0
+        assert [(r["batch"], r["status"]) for r in results(out)] == [(4, "ok")]
+    spec = tmp_path / "k.l2"
+    spec.write_text(SPECS)
+    assert main(["bench", str(spec), "--shapes", str(shapes), *FAST, "-o", str(tmp_path / "k.jsonl")]) == 2
+    assert "nothing to measure: no kernel takes any shape" in capsys.readouterr().err
+    assert not (tmp_path / "k.jsonl").exists()
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--protocol", "kernl"], "unknown protocol(s) kernl"),
+    (["--only-faster", "nan", "--into", "t.json"], "--only-faster must be a positive number"),
+])
+def test_table_refuses_bad_options_before_writing(extra, fragment, tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(GOOD_ROW) + "\n")
+    assert main(["table", str(path), *extra, "-o", str(tmp_path / "t.json")]) == 2
+    assert fragment in capsys.readouterr().err and not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"dtype": None}, "no 'dtype'"),
+    ({"candidate_tflops": None}, "no 'candidate_tflops'"),
+    ({"candidate_s": "fast"}, "'candidate_s' must be a positive finite number"),
+])
+def test_table_names_a_measured_row_it_cannot_make_an_entry_of(change, fragment, tmp_path, capsys):
+    row = {**GOOD_ROW, "spec": parse_spec_text(), "candidate_tflops": 2.0, "baseline_tflops": 1.0,
+           "candidate_s": 1e-5, "baseline_s": 2e-5, **change}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({k: v for k, v in row.items() if v is not None}) + "\n")
+    assert main(["table", str(path), "-o", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: row 1 (64x64x64): {fragment}" in err and "Traceback" not in err
+
+
+def test_table_leaves_out_rows_of_a_dtype_no_table_serves(tmp_path, capsys):
+    row = {**GOOD_ROW, "spec": parse_spec_text(), "candidate_tflops": 2.0, "baseline_tflops": 1.0, "speedup": 2.0}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "m": 128, "dtype": "f32"}) + "\n")
+    assert main(["table", str(path), "-o", str(tmp_path / "t.json")]) == 0
+    assert [e["m"] for e in json.loads((tmp_path / "t.json").read_text())["entries"]] == [64]
+    assert "1 measured row(s) of a dtype a table does not serve" in capsys.readouterr().err
+
+
+def parse_spec_text():
+    from l2c.parser import parse
+    return parse(SPECS)[0].to_l2()

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from l2c.build import build
-from l2c.measure import (Problem, TorchMatmul, balanced_orders, measure, measure_call, measure_kernel, paired_speedup,
-                         parse_protocols)
+from l2c.measure import Problem, TorchMatmul, balanced_orders, measure, measure_call, measure_kernel, paired_speedup
+from l2c.results_file import parse_protocols
 from l2c.devices import CpuDevice
 from l2c.parser import parse_one
 from l2c.validate import validate

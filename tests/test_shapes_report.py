@@ -63,6 +63,7 @@ def test_shape_file(tmp_path):
     ("# c\n64 x 64\n", 2, "whole numbers"),
     ("1 2 3\n\n1 0 3\n", 3, "positive"),
     ("1 2 3 4 5\n", 1, "expected 'M N K'"),
+    ("1 1 3000000000\n", 1, "at most 2147483647"),   # every reader of results takes 32-bit dimensions
 ])
 def test_shape_file_errors_name_file_and_line(tmp_path, text, lineno, fragment):
     f = tmp_path / "bad.txt"
@@ -258,10 +259,54 @@ def test_rows_of_one_kernel_in_two_dtypes_or_layouts_are_two_points(tmp_path):
     """One candidate id (`dispatch:TABLE`) is measured in several dtypes and layouts: a bf16 row never replaces the
     f16 row of the same shape, in one file or across files, nor does another layout's."""
     from l2c.results_file import row_key
-    f16, bf16 = _row("dispatch:t", 64, 64, 64, 1.2), {**_row("dispatch:t", 64, 64, 64, 0.9), "dtype": "bf16"}
-    nn = {**_row("dispatch:t", 64, 64, 64, 1.1), "layout": "row,col,row"}
+    kind = {"dtype": "f16", "layout": "row,row,row"}
+    f16, bf16 = {**_row("dispatch:t", 64, 64, 64, 1.2), **kind}, {**_row("dispatch:t", 64, 64, 64, 0.9), **kind,
+                                                                   "dtype": "bf16"}
+    nn = {**_row("dispatch:t", 64, 64, 64, 1.1), **kind, "layout": "row,col,row"}
     assert len({row_key(r) for r in (f16, bf16, nn)}) == 3
     one, other = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     _write(one, [f16, nn])
     _write(other, [bf16])
     assert sorted(r["speedup"] for r in load_results(one, other).rows) == [0.9, 1.1, 1.2]
+    groups = load_results(one, other).groups()   # one summary per problem kind, its title saying which
+    assert sorted(groups) == [("dispatch:t (bf16 row,row,row)", "kernel"), ("dispatch:t (f16 row,col,row)", "kernel"),
+                              ("dispatch:t (f16 row,row,row)", "kernel")]
+
+
+def test_a_tables_summary_holds_the_entry_the_dispatcher_serves_at_each_shape(tmp_path, capsys):
+    """`l2c bench TABLE.json` measures every entry at its own shape; where two entries share a shape, the table's
+    summary is what a user gets there: the served entry's row, the shadowed one left out and counted."""
+    table = {"type": "result", "source": "t.json", "target": "triton", "dtype": "f16", "layout": "row,row,row"}
+    served = {**_row("t.json#0:exact@triton", 16, 32, 32, 0.5), **table, "table_served": True}
+    shadowed = {**_row("t.json#1:wide@triton", 16, 32, 32, 3.0), **table, "table_served": False}
+    _write(tmp_path / "r.jsonl", [served, shadowed])
+    results = load_results(tmp_path / "r.jsonl")
+    assert [[r["kernel"] for r in rows] for rows in results.groups().values()] == [["t.json#0:exact@triton"]]
+    print_summary(results, sys.stdout, with_best_of=False)
+    out = capsys.readouterr().out
+    assert "tuned table t.json [kernel]: 1 shape(s)" in out and "geomean speedup 0.500x" in out
+    assert "1 row(s) of table entries that another entry shadows" in out
+
+
+def test_results_of_two_gpus_are_not_one_summary(tmp_path):
+    from l2c.errors import BenchError
+    _write(tmp_path / "a.jsonl", [_row("a", 64, 64, 64, 2.0)])
+    (tmp_path / "b.jsonl").write_text(json.dumps({"type": "env", "device": "cuda", "gpu": "NVIDIA H100"}) + "\n"
+                                      + json.dumps(_row("a", 64, 64, 64, 1.0)) + "\n")
+    with pytest.raises(BenchError, match="different machines.*H100.*H200"):
+        load_results(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
+
+
+def test_only_best_of_without_two_candidates_says_so(tmp_path, capsys):
+    _write(tmp_path / "r.jsonl", [_row("a", 64, 64, 64, 2.0)])
+    print_summary(load_results(tmp_path / "r.jsonl"), sys.stdout, only_best_of=True)
+    assert "no best-of: no shape was measured with two or more candidates" in capsys.readouterr().out
+
+
+def test_long_kernel_names_give_distinct_plot_files(tmp_path):
+    long = "/very/long/folder/" * 8
+    rows = [_row(f"{long}pool.l2:{name}@cutlass", 64, 64, 64, 1.5) for name in ("aaaa", "bbbb")]
+    _write(tmp_path / "r.jsonl", rows)
+    written = write_plots(load_results(tmp_path / "r.jsonl"), tmp_path / "plots", with_best_of=False)
+    assert len(written) == 2 and len({p.name for p in written}) == 2
+    assert all(len(p.stem) < 160 and "cutlass_kernel" in p.stem for p in written)

@@ -81,12 +81,12 @@ def _device(kind: str):
 
 
 def run(args) -> int:
-    from ..bench import Progress, Settings, remaining_shapes, run_bench
+    from ..bench import SAME_METHOD, Progress, Settings, remaining_shapes, run_bench
     from ..candidates import load_candidates, plan
     from ..errors import BenchError
     from ..results_file import CPU_NOTE, ResultsWriter, command_line, environment
     from ..cli import UsageError
-    from ..measure import parse_protocols
+    from ..results_file import parse_protocols
     from ..shapes import ShapeFileError, load_shapes
 
     try:
@@ -101,6 +101,9 @@ def run(args) -> int:
     if not (math.isfinite(args.rate) and args.rate > 0) or (
             args.warmup_seconds is not None and not (math.isfinite(args.warmup_seconds) and args.warmup_seconds >= 0)):
         raise UsageError("--rate must be a positive number of calls per second, --warmup-seconds 0 or more")
+    if args.roofline and args.no_rotate:
+        raise UsageError("--roofline measures each call against HBM: it needs the rotated operands that keep them "
+                         "out of L2 (drop --no-rotate)")
     device = _device(args.device)
     try:
         layout = args.layout or ("row,col,row" if any(k.split(":")[0] == "linear" for k in args.kernels)
@@ -120,25 +123,31 @@ def run(args) -> int:
             shape_set = [s for s in shape_set if table.lookup(args.dtype, layout, s.m, s.n, s.k, s.batch) is not None]
             if not shape_set:
                 raise UsageError(f"{path} serves none of --shapes {args.shapes} in {args.dtype}, layout {layout}")
-        shapes, jobs, skipped = plan(candidates, shape_set)
+        shapes, jobs, skipped, declined = plan(candidates, shape_set)
+        if not shapes:
+            raise UsageError("nothing to measure: no kernel takes any shape of --shapes "
+                             f"{args.shapes} (a fixed-shape kernel's shape must be in the set; batched shapes need a "
+                             "spec with problem batch=any)")
         if args.limit is not None:
             shapes = shapes[: args.limit]
-        writer = ResultsWriter(Path(args.output), resume=args.resume)
+        warmup_s = args.warmup_seconds if args.warmup_seconds is not None else (3.0 if device.kind == "cuda" else 0.0)
+        settings = Settings(protocols, reps=args.reps, iters=args.iters, warmup=args.warmup, rate=args.rate,
+                            seed=args.seed, graphs=not args.no_graphs, rotate=not args.no_rotate, warmup_s=warmup_s,
+                            roofline=args.roofline)
+        writer = ResultsWriter(Path(args.output), resume=args.resume,
+                               measured_as={"device": device.kind, "gpu": device.name,
+                                            **{name: getattr(settings, name) for name in SAME_METHOD}})
     except (ShapeFileError, BenchError) as err:
         raise UsageError(str(err)) from None
 
-    if args.roofline and args.no_rotate:
-        raise UsageError("--roofline measures each call against HBM: it needs the rotated operands that keep them "
-                         "out of L2 (drop --no-rotate)")
-    warmup_s = args.warmup_seconds if args.warmup_seconds is not None else (3.0 if device.kind == "cuda" else 0.0)
-    settings = Settings(protocols, reps=args.reps, iters=args.iters, warmup=args.warmup, rate=args.rate,
-                        seed=args.seed, graphs=not args.no_graphs, rotate=not args.no_rotate, warmup_s=warmup_s,
-                        roofline=args.roofline)
     if device.kind == "cpu":
         print(f"l2c bench: {CPU_NOTE}", file=sys.stderr)
     if skipped:
         print(f"l2c bench: {skipped} fixed-shape kernel(s)/table entries skipped: their shape is not in "
               f"--shapes {args.shapes}", file=sys.stderr)
+    if declined:
+        print(f"l2c bench: {declined} (kernel, shape) pair(s) left out: a shape-generic kernel does not take the "
+              f"shape's batch", file=sys.stderr)
     n_rows = sum(len(jobs[s.key]) for s in shapes) * len(protocols)
     print(f"l2c bench: {len(candidates)} kernel(s), {len(shapes)} shape(s), protocol(s) {','.join(protocols)}: "
           f"{n_rows} rows ({len(writer.done)} already in {args.output}) on {device.name}", file=sys.stderr)

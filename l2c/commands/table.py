@@ -62,6 +62,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -150,6 +151,19 @@ def launches(spec_text: str) -> int:
 def _problem_m(spec_text: str):
     """A spec text's problem M (`any` for a kernel generic in M)."""
     return _spec(spec_text).problem_m
+
+
+def unusable_row(row) -> str:
+    """What keeps a measured kernel's result row (ok, not torch's) out of a table, or '' (`checked_row` has checked
+    what every reader needs; a table also needs the problem's kind and both sides' rates)."""
+    missing = [f for f in ("dtype", "layout", "candidate_tflops", "baseline_tflops") if row.get(f) is None]
+    if missing:
+        return f"no {', '.join(repr(f) for f in missing)}"
+    for field in ("candidate_tflops", "baseline_tflops", "candidate_s", "baseline_s"):
+        value = row.get(field)
+        if value is not None and (type(value) not in (int, float) or not 0 < value < math.inf):
+            return f"{field!r} must be a positive finite number, got {value!r}"[:200]
+    return ""
 
 
 def charged_speedup(row, charges) -> float:
@@ -820,12 +834,31 @@ def merged(base: dict, new: dict, error, lost_rows=(), withdrawn=None) -> dict:
 
 
 def run(args) -> int:
-    from ..results_file import read_rows
+    from ..results_file import parse_protocols, read_rows
     from ..cli import UsageError
+    from ..tuned_table import DTYPES
+    try:
+        protocols = parse_protocols(args.protocol)
+    except ValueError as err:
+        raise UsageError(f"--protocol {args.protocol!r}: {err}") from None
+    args.protocol = ",".join(protocols)
+    if not (math.isfinite(args.min_speedup) and args.min_speedup > 0):
+        raise UsageError(f"--min-speedup must be a positive number, got {args.min_speedup}")
+    if args.only_faster is not None and not (math.isfinite(args.only_faster) and args.only_faster > 0):
+        raise UsageError(f"--only-faster must be a positive number, got {args.only_faster}")
     rows, gpus, sm_counts = [], set(), set()
     near_points = []   # rows of neighbourhood cells only: among the sources, ragged shapes would cut the cells' boxes
+    other_dtypes = 0
     for path in [*args.results, *args.near]:
-        for r in read_rows(path):
+        for i, r in enumerate(read_rows(path)):
+            if r.get("type") == "result" and r.get("status") == "ok" and r.get("kernel") != "torch":
+                problem = unusable_row(r)
+                if problem:
+                    raise UsageError(f"{path}: row {i + 1} ({r['m']}x{r['n']}x{r['k']}): {problem}; not a row "
+                                     f"l2c bench wrote")
+                if r["dtype"] not in DTYPES:   # a table serves f16 and bf16 calls only
+                    other_dtypes += 1
+                    continue
             (rows if path in args.results or r.get("type") != "result" else near_points).append(r)
             if r.get("type") == "env" and r.get("gpu"):
                 gpus.add(r["gpu"])
@@ -837,8 +870,9 @@ def run(args) -> int:
         raise UsageError(f"results from GPUs with different SM counts: {sorted(sm_counts)}")
     if args.withdraw and not args.into:
         raise UsageError("--withdraw takes entries out of the table of --into")
-    if not (math.isfinite(args.min_speedup) and args.min_speedup > 0):
-        raise UsageError(f"--min-speedup must be a positive number, got {args.min_speedup}")
+    if other_dtypes:
+        print(f"l2c table: {other_dtypes} measured row(s) of a dtype a table does not serve (only "
+              f"{', '.join(DTYPES)}) left out", file=sys.stderr)
     if not args.results and not args.withdraw:
         raise UsageError("name the l2c bench results to make the table from (or --into TABLE --withdraw SHAPE)")
     try:
@@ -848,9 +882,6 @@ def run(args) -> int:
         raise UsageError(str(err)) from None
     cache = {}
     rows, near_points = as_candidates(rows, cache), as_candidates(near_points, cache)
-    protocols = [p for p in args.protocol.split(",") if p]
-    if not protocols or len(set(protocols)) != len(protocols):
-        raise UsageError(f"--protocol {args.protocol!r}: name each protocol once, e.g. kernel or kernel,call")
     if APART in protocols:
         raise UsageError(f"--protocol {args.protocol!r}: {APART} rows count as kernel rows; name kernel")
     if "kernel" in protocols:
