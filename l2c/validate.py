@@ -30,10 +30,10 @@ COMMON_RULES = declare({
     "same-input-types": "A and B must have the same element type",
     "acc-type": "an f16 accumulator needs f16 inputs; f32 inputs need an f32 accumulator",
     "split-k-slices": "split-K slices may not exceed the number of K tiles of a fixed K",
-    "shared-memory": "stages x (tile_m x tile_k + tile_k x tile_n) x element bytes (+ epilogue) must fit the "
+    "shared-memory": "stages x (tile_m x tile_k + tile_k x tile_n) x element bytes (+ epilogue; Triton: also the tile it stores, fp32 under split-K) must fit the "
                      "architecture's shared memory per block (a gated kernel loads two B tiles per stage)",
     "accumulator-registers": "the fp32 accumulator tile spread over the threads must fit in registers "
-                             "(<= 256 values per thread for Triton, <= 128 per consumer thread for CUTLASS; a gated "
+                             "(<= 256 values per thread for Triton, above 256 threads 3/4 of a thread's share of the 64K registers; <= 128 per consumer thread for CUTLASS; a gated "
                              "kernel keeps two tiles)",
     "fp32-scalar": "epilogue alpha and beta are fp32 in the kernels: each must be finite in fp32 (|x| < 3.4e38) "
                    "and, unless 0, a normal fp32 number (|x| >= 1.18e-38), so that it neither overflows nor "
@@ -44,8 +44,10 @@ COMMON_RULES = declare({
     "name-length": f"a kernel name has at most {MAX_NAME_LENGTH} characters: it names cache and output files, "
                    "which with the hash, suffix and temporary parts added must stay under the 255-byte file-name "
                    "limit (143 on encrypted home folders)",
-    "name-module": "a kernel name is not the name of a package the generated code imports (torch, triton, l2c): "
-                   "`l2c compile` writes NAME.py, which would shadow that package when imported from its folder",
+    "name-module": "a kernel name is not the name of a package the generated code imports (torch, triton, l2c), "
+                   "nor a Python special name such as `__init__`: `l2c compile` writes NAME.py into a folder "
+                   "`triton/`, where a package's name would shadow that package and `__init__.py` would make the "
+                   "folder itself shadow `triton`",
 })
 SHADOWED_MODULES = ("torch", "triton", "l2c")
 
@@ -53,7 +55,7 @@ SHADOWED_MODULES = ("torch", "triton", "l2c")
 def _common_rules(spec: KernelSpec, target: str, arch: Arch) -> None:
     if len(spec.name) > MAX_NAME_LENGTH:
         raise fail(spec, None, "name-length", f"kernel name of {len(spec.name)} characters")
-    if spec.name in SHADOWED_MODULES:
+    if spec.name in SHADOWED_MODULES or (spec.name.startswith("__") and spec.name.endswith("__")):
         raise fail(spec, None, "name-module", f"kernel name {spec.name!r}")
     for field in ("epilogue_alpha", "epilogue_beta"):
         value = float(getattr(spec, field))

@@ -83,6 +83,17 @@ def test_verify_runs_a_generated_kernel_on_the_interpreter(tmp_path):
     assert "skip bf [triton]: bf16 tl.dot is wrong in the Triton interpreter" in result.stdout
 
 
+def test_verify_takes_the_dimensions_a_spec_fixes_from_the_spec_and_the_rest_from_shape(tmp_path):
+    spec = tmp_path / "k.l2"
+    spec.write_text("kernel rows { problem m=64 tile m=16 n=16 k=16 }\n"
+                    "kernel weight { problem n=96 k=64 tile m=16 n=16 k=16 }\n")
+    result = l2c("verify", spec, "--target", "triton", "--shape", "5x100x64,127x65x33", "--device", "cpu")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [line.split(" on ")[0] for line in result.stdout.splitlines()] == [
+        "ok   rows [triton] 64x100x64", "ok   rows [triton] 64x65x33", "ok   weight [triton] 5x96x64",
+        "ok   weight [triton] 127x96x64"]
+
+
 def test_verify_rejects_bad_shapes(tmp_path):
     spec = tmp_path / "k.l2"
     spec.write_text("kernel small { }\n")
@@ -141,6 +152,9 @@ def _hostile_output(tmp_path, kind):
     if kind == "dangling-symlink":
         (tmp_path / "a").symlink_to(tmp_path / "nowhere")
         return tmp_path / "a", "which does not exist"
+    if kind == "under-a-dangling-symlink":   # the message names the link in the way, not the path asked for
+        (tmp_path / "a").symlink_to(tmp_path / "nowhere")
+        return tmp_path / "a" / "sub", f"{tmp_path / 'a'}: a symbolic link to {tmp_path / 'nowhere'}, which does not"
     if kind == "output-is-a-directory":
         (tmp_path / "o" / "triton" / "hgemm_4096.py").mkdir(parents=True)
         return tmp_path / "o", "hgemm_4096.py: Is a directory"
@@ -150,7 +164,7 @@ def _hostile_output(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", ["existing-file", "under-a-file", "symlink-loop", "dangling-symlink",
-                                  "output-is-a-directory", "not-permitted"])
+                                  "under-a-dangling-symlink", "output-is-a-directory", "not-permitted"])
 def test_compile_output_errors_are_one_line(tmp_path, kind):
     out, fragment = _hostile_output(tmp_path, kind)
     result = l2c("compile", HGEMM, "-o", out)

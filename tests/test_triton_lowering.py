@@ -490,3 +490,42 @@ def test_a_planned_call_allocates_a_contiguous_output_of_its_shape(shape, dtype)
     assert tuple(out.shape) == tuple(shape) and out.dtype == dtype and out.is_contiguous()
     assert out.untyped_storage().nbytes() == out.numel() * out.element_size()
     assert out.data_ptr() != template.data_ptr()
+
+
+def test_compiling_ahead_refuses_what_the_gpu_would_and_keeps_tritons_ptx_dump_off_stdout(tmp_path):
+    """Past the rules (a spec made valid by hand), compiling ahead is the last check before a GPU: a kernel whose
+    compiled shared memory exceeds the arch's block limit (Triton would refuse every launch) and one ptxas refuses are
+    BuildErrors naming why, and the PTX Triton prints when ptxas fails does not reach stdout."""
+    import subprocess
+    import sys
+    code = """
+import dataclasses
+from l2c.arch import ARCHS
+from l2c.errors import BuildError
+from l2c.ir import KernelSpec
+from l2c.rules import ValidSpec
+from l2c.targets.triton.build import build_triton, compile_ahead, interpreting
+assert not interpreting()
+def ahead(spec, warps, arch):
+    try:
+        compile_ahead(build_triton(ValidSpec(spec, "triton", arch, stages=2, warps=warps, schedule="none",
+                                             smem_bytes=0)))
+    except BuildError as err:
+        return str(err)
+small = KernelSpec(name="small", target="triton", tile_m=64, tile_n=64, tile_k=32, pipeline_stages=2)
+tiny_smem = dataclasses.replace(ARCHS["sm_90"], smem_per_block=1024)
+print("SHARED", ahead(small, 4, tiny_smem))
+print("FITS", ahead(small, 4, ARCHS["sm_90"]))
+crowded = KernelSpec(name="crowded", target="triton", tile_m=256, tile_n=256, tile_k=64, pipeline_stages=2,
+                     launch_warps=16)
+print("REGISTERS", ahead(crowded, 16, ARCHS["sm_90"]).splitlines()[0])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["L2C_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("SHARED small: small_kernel needs ") and "more than the 1024" in line for line in lines)
+    assert "FITS None" in lines
+    assert any(line.startswith("REGISTERS crowded: Triton cannot compile crowded_kernel") for line in lines)
+    assert "reproducer" not in done.stdout and len(lines) == 3, done.stdout[:2000]

@@ -38,9 +38,22 @@ def rejects(text: str, target: str, rule: str, knob: str = None, arch: str = "sm
     ("kernel a { types a=bf16 b=bf16 acc=f16 }", "triton", "acc-type", "types.acc"),
     ("kernel a { problem k=256 tile k=64 split_k slices=8 }", "triton", "split-k-slices", "split_k.slices"),
     ("kernel a { split_k mode=stream_k }", "triton", "stream-k-target", "split_k.mode"),
-    ("kernel a { tile m=256 n=256 k=128 pipeline stages=4 launch warps=16 }", "triton", "shared-memory",
+    ("kernel a { tile m=256 n=256 k=128 pipeline stages=4 launch warps=8 }", "triton", "shared-memory",
      "pipeline.stages"),
     ("kernel a { tile m=256 n=256 launch warps=4 }", "triton", "accumulator-registers", "launch.warps"),
+    # 512 threads share the register file: 128 registers a thread, all of them the accumulators' (ptxas refuses)
+    ("kernel a { tile m=256 n=256 k=64 pipeline stages=2 launch warps=16 }", "triton", "accumulator-registers",
+     "launch.warps"),
+    # the epilogue converts the stored tile through shared memory: 256 x 256 fp32 values are 256 KB
+    ("kernel a { types a=f16 b=f16 c=f32 tile m=256 n=256 k=32 launch warps=8 }", "triton", "shared-memory",
+     "tile.n"),
+    ("kernel a { tile m=256 n=256 k=32 launch warps=8 split_k slices=2 }", "triton", "shared-memory", "tile.n"),
+    ("kernel a { problem m=1 n=4096 k=100 layout b=col tile m=1 n=64 k=256 launch family=gemv }", "cutlass",
+     "gemv-cuda-shape", "problem.k"),
+    ("kernel a { problem m=1 n=100 k=4096 layout b=col tile m=1 n=64 k=256 launch family=gemv }", "cutlass",
+     "gemv-cuda-shape", "problem.n"),
+    ("kernel a { problem m=70000 n=4096 k=4096 layout b=col tile m=1 n=64 k=256 launch family=gemv }", "cutlass",
+     "gemv-cuda-shape", "problem.m"),
     ("kernel a { types a=f32 b=f32 c=f32 }", "cutlass", "cutlass-dtypes", "types.a"),
     ("kernel a { tile m=32 }", "cutlass", "wgmma-tile-m", "tile.m"),
     ("kernel a { tile k=16 }", "cutlass", "cutlass-tile-k", "tile.k"),
@@ -163,7 +176,15 @@ def test_valid_cutlass_specs_fit_shared_memory_and_registers(spec):
 def test_valid_triton_specs_fit(spec):
     v = validate(spec, "triton")
     assert v.smem_bytes <= v.arch.smem_per_block
-    assert spec.tile_m * spec.tile_n // (32 * v.warps) <= 256
+    assert spec.tile_m * spec.tile_n * (4 if spec.types_c == "f32" or spec.split_k_slices > 1 else 2) <= v.smem_bytes
+    assert spec.tile_m * spec.tile_n // (32 * v.warps) <= (256 if v.warps <= 8 else 65536 // (32 * v.warps) * 3 // 4)
+
+
+def test_triton_tiles_just_inside_the_epilogue_and_register_limits_are_accepted():
+    assert validate(parse_one("kernel a { types a=f16 b=f16 c=f32 tile m=256 n=128 k=32 launch warps=8 }"),
+                    "triton").smem_bytes == 256 * 128 * 4
+    assert validate(parse_one("kernel a { tile m=256 n=128 k=64 pipeline stages=2 launch warps=16 }"),
+                    "triton").warps == 16
 
 
 def _stored(matrix, layout):
@@ -316,10 +337,11 @@ def test_a_direct_store_kernel_with_stages_only_it_fits_gets_the_tma_store_with_
     assert validate(fused, "cutlass").stages == 6
 
 
-@pytest.mark.parametrize("name", ["torch", "triton", "l2c"])
+@pytest.mark.parametrize("name", ["torch", "triton", "l2c", "__init__", "__main__"])
 @pytest.mark.parametrize("target", ["triton", "cutlass"])
 def test_a_kernel_named_after_a_package_the_generated_code_imports_is_refused(name, target):
-    """`l2c compile` writes NAME.py: a kernel named torch or triton would shadow the package it imports."""
+    """`l2c compile` writes NAME.py into triton/: a kernel named torch or triton would shadow the package it imports,
+    and triton/__init__.py would make the folder itself the `triton` package."""
     rejects(f"kernel {name} {{ }}", target, "name-module")
 
 

@@ -33,13 +33,16 @@ def output_dir(path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        if path.is_symlink() and not path.exists():
+        # the path itself, or the folder above it that is in the way
+        blocker = next((p for p in (path, *path.parents)
+                        if (p.is_symlink() and not p.exists()) or (p.exists() and not p.is_dir())), path)
+        if blocker.is_symlink() and not blocker.exists():
             try:
-                os.stat(path)
+                os.stat(blocker)
             except OSError as err:
                 if err.errno == errno.ELOOP:
-                    raise OSError(err.errno, "a loop of symbolic links", str(path)) from None
-            raise FileNotFoundError(errno.ENOENT, f"a symbolic link to {os.readlink(path)}, which does not exist",
-                                    str(path)) from None
-        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(path)) from None
+                    raise OSError(err.errno, "a loop of symbolic links", str(blocker)) from None
+            raise FileNotFoundError(errno.ENOENT, f"a symbolic link to {os.readlink(blocker)}, which does not exist",
+                                    str(blocker)) from None
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory", str(blocker)) from None
     return path

@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="build kernels and verify them against a float reference")
     p.add_argument("specs", nargs="+", help=".l2 files")
     p.add_argument("--shape", default="127x65x33",
-                   help="MxNxK[,MxNxK...]; shapes of fixed-shape specs are taken from the spec (default 127x65x33)")
+                   help="MxNxK[,MxNxK...]; a dimension the spec fixes is taken from the spec (default 127x65x33)")
     p.add_argument("--batch", type=int, default=1, help="batch for specs with problem batch=any")
     p.add_argument("--target", choices=["triton", "cutlass", "all"], default="all")
     p.add_argument("--arch", default="sm_90")
@@ -71,9 +71,8 @@ def run(args) -> int:
             failed += 1
             print(f"FAIL {valid.name} [{valid.target}]: build failed: {err}")
             continue
-        fixed = valid.spec.fixed_shape
         batch = valid.spec.problem_batch if valid.spec.problem_batch != "any" else args.batch
-        for m, n, k in ([fixed] if fixed else shapes):
+        for m, n, k in spec_shapes(valid.spec, shapes):
             res = verify(kernel, m, n, k, batch=batch, device=device, seed=args.seed)
             failed += not res.ok
             checked += 1
@@ -84,6 +83,18 @@ def run(args) -> int:
         print("nothing was verified: every kernel was skipped on this device", file=sys.stderr)
         return 1
     return 1 if failed else 0
+
+
+def spec_shapes(spec, shapes):
+    """The shapes a kernel is verified at: each of `shapes` with the dimensions the spec fixes set to its values
+    (a decode kernel fixes N and K and takes any M), once each."""
+    out = []
+    for shape in shapes:
+        fixed = tuple(d if f == "any" else int(f) for d, f in zip(shape, (spec.problem_m, spec.problem_n,
+                                                                           spec.problem_k)))
+        if fixed not in out:
+            out.append(fixed)
+    return out
 
 
 def _available_bytes(device: str) -> int:
@@ -110,7 +121,7 @@ def _check_memory(valids, shapes, batch: int, device: str) -> None:
     for valid in valids:
         spec = valid.spec
         spec_batch = spec.problem_batch if spec.problem_batch != "any" else batch
-        for m, n, k in ([spec.fixed_shape] if spec.fixed_shape else shapes):
+        for m, n, k in spec_shapes(spec, shapes):
             need = memory_needed(spec, m, n, k, spec_batch)
             if need > available:
                 raise UsageError(f"verifying {valid.name} at {m}x{n}x{k} needs about {need / 2 ** 30:.3g} GiB on "

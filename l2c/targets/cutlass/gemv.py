@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from ...arch import Arch
 from ...ir import KernelSpec, knob
-from ...knobs import AUTO
+from ...knobs import ANY, AUTO
 from ...rules import ValidSpec, declare, fail
 
 VECTOR = 8                  # elements of one 16-byte load of f16/bf16
@@ -58,6 +58,8 @@ MAX_THREADS = 1024
 def register_budget(threads: int) -> int:
     """Registers a thread of a `threads`-thread block may plan (GEMV_REGISTERS's share of its hardware limit)."""
     return GEMV_REGISTERS * min(MAX_REGISTERS, SM_REGISTERS // threads) // MAX_REGISTERS
+
+MAX_ROW_TILES = 65535   # the grid's y extent: one row tile per grid row
 
 RULES = declare({
     "gemv-cuda-operands": "a CUTLASS-target gemv kernel reads f16 or bf16 A (row-major) and B into an f32 "
@@ -90,6 +92,9 @@ RULES = declare({
                            f"{GEMV_REGISTERS} registers (tile m x the columns or rows of W it owns, plus its loads "
                            f"in flight), fewer in blocks of over 256 threads ({GEMV_REGISTERS} x the "
                            f"{SM_REGISTERS // 1024}K registers of an SM over the threads / {MAX_REGISTERS})",
+    "gemv-cuda-shape": f"a CUTLASS-target gemv kernel reads 16-byte vectors along K and N and launches a row tile "
+                       f"per grid row: a K or N the spec fixes is a multiple of 8, and a fixed M needs at most "
+                       f"{MAX_ROW_TILES} row tiles of tile m",
     "gemv-cuda-smem": f"a CUTLASS-target gemv block's partial sums (tile m x tile n fp32, twice that when gated, "
                       f"per warp with B row-major) must fit {STATIC_SMEM // 1024} KB of static shared memory",
 })
@@ -212,6 +217,11 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
             raise fail(spec, "tile_k", "gemv-cuda-tile-k", f"tile k={spec.tile_k} with B column-major")
     elif spec.tile_k & (spec.tile_k - 1) or not 8 <= spec.tile_k <= 512:
         raise fail(spec, "tile_k", "gemv-cuda-tile-k", f"tile k={spec.tile_k} with B row-major")
+    for field in ("problem_k", "problem_n"):   # what the kernel's check_shape refuses at every call
+        if getattr(spec, field) != ANY and getattr(spec, field) % VECTOR:
+            raise fail(spec, field, "gemv-cuda-shape", f"{knob(field).key}={getattr(spec, field)}")
+    if spec.problem_m != ANY and -(-spec.problem_m // spec.tile_m) > MAX_ROW_TILES:
+        raise fail(spec, "problem_m", "gemv-cuda-shape", f"problem m={spec.problem_m} at tile m={spec.tile_m}")
     slices = spec.split_k_slices
     if slices not in (1, 2, 4, 8) or slices > arch.max_cluster or spec.split_k_mode != "workspace":
         raise fail(spec, "split_k_slices" if spec.split_k_mode == "workspace" else "split_k_mode", "gemv-cuda-slices",

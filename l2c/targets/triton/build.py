@@ -14,10 +14,12 @@ on, and the current device). On by default: on the H200 a planned call costs wha
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -324,10 +326,48 @@ def compile_ahead(kernel: TritonKernel) -> Dict[str, int]:
             constexprs[name] = meta[name]
         options = {k: meta[k] for k in ("num_warps", "num_stages") if k in meta}
         try:
-            compiled = triton.compile(ASTSource(jit, signature, constexprs),
-                                      target=GPUTarget("cuda", int(arch[3:5]), 32), options=options)
+            with _this_thread_quiet():   # on a ptxas failure Triton prints the whole PTX; its error says what failed
+                compiled = triton.compile(ASTSource(jit, signature, constexprs),
+                                          target=GPUTarget("cuda", int(arch[3:5]), 32), options=options)
         except Exception as err:   # Triton's CompilationError and the backends' errors: the message is the point
             raise BuildError(f"{kernel.valid.name}: Triton cannot compile {jit.__name__} for {arch}: "
                              f"{type(err).__name__}: {err}") from err
+        shared, limit = compiled.metadata.shared, kernel.valid.arch.smem_per_block
+        if shared > limit:   # Triton would refuse every launch (OutOfResources)
+            raise BuildError(f"{kernel.valid.name}: {jit.__name__} needs {shared} bytes of shared memory, more than "
+                             f"the {limit} a block of {arch} may use")
         sizes[jit.__name__] = len(compiled.asm.get("cubin", b""))
     return sizes
+
+
+class _QuietThreads:
+    """sys.stdout while some thread compiles: what a muted thread writes is dropped, every other thread's passes
+    (`l2c build` compiles in threads that print their progress)."""
+
+    def __init__(self, stream):
+        self.stream, self.muted = stream, set()
+
+    def write(self, text):
+        return len(text) if threading.get_ident() in self.muted else self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+_quiet_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _this_thread_quiet():
+    with _quiet_lock:
+        if not isinstance(sys.stdout, _QuietThreads):
+            sys.stdout = _QuietThreads(sys.stdout)
+        quiet = sys.stdout
+        quiet.muted.add(threading.get_ident())
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            quiet.muted.discard(threading.get_ident())
+            if not quiet.muted and sys.stdout is quiet:
+                sys.stdout = quiet.stream

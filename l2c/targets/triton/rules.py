@@ -6,7 +6,7 @@ from typing import Tuple
 
 from ...arch import Arch
 from ...ir import KernelSpec, knob
-from ...knobs import ANY, AUTO
+from ...knobs import ANY, AUTO, DTYPE_BYTES
 from ...rules import ValidSpec, alignment_checks, declare, fail, gated, mainloop_stage_bytes
 
 TMA_LOADS = ("tma", "tma_device")   # `launch loads=` values that read A and B through tensor descriptors
@@ -79,12 +79,24 @@ def check(spec: KernelSpec, arch: Arch) -> ValidSpec:
     else:
         warps = int(spec.launch_warps)
     per_thread = acc_tile * (2 if gated(spec) else 1) // (warps * 32)
-    if per_thread > 256:
+    limit = accumulator_limit(warps * 32)
+    if per_thread > limit:
         raise fail(spec, "launch_warps" if spec.launch_warps != AUTO else "tile_n", "accumulator-registers",
                     f"{'two ' if gated(spec) else ''}{spec.tile_m}x{spec.tile_n} accumulator{'s' if gated(spec) else ''} "
-                    f"over {warps} warps {'are' if gated(spec) else 'is'} {per_thread} values per thread")
+                    f"over {warps} warps {'are' if gated(spec) else 'is'} {per_thread} values per thread "
+                    f"(at most {limit} at {warps * 32} threads)")
     stages, smem = _triton_stages(spec, arch)
     return ValidSpec(spec, "triton", arch, stages=stages, warps=warps, schedule="none", smem_bytes=smem)
+
+
+def accumulator_limit(threads: int) -> int:
+    """fp32 accumulators a thread of a Triton program may hold: 256 (ptxas spills past its 255 registers, but
+    builds), and above 256 threads, where the 64K-register file gives each thread fewer than 255, three quarters of
+    its share (ptxas refuses a kernel whose accumulators leave no registers for addresses and loads)."""
+    return 256 if threads <= 256 else REGISTER_FILE // threads * 3 // 4
+
+
+REGISTER_FILE = 65536   # 32-bit registers of one SM, which one program's threads share
 
 
 def _check_offsets(spec: KernelSpec) -> None:
@@ -117,7 +129,15 @@ def _triton_stages(spec: KernelSpec, arch: Arch) -> Tuple[int, int]:
     if smem > arch.smem_per_block:
         raise fail(spec, "pipeline_stages" if spec.pipeline_stages != AUTO else "tile_k", "shared-memory",
                     f"{stages} stages x {per_stage} bytes = {smem} bytes > {arch.smem_per_block}")
-    return stages, smem
+    # after the main loop Triton converts the accumulator tile to the store's layout through shared memory (reusing
+    # the loop's buffers): a tile of what the kernel stores, fp32 where it stores partial sums or an f32 output
+    stored = 4 if spec.types_c == "f32" or spec.split_k_slices > 1 else DTYPE_BYTES[spec.types_c]
+    epilogue = spec.tile_m * spec.tile_n * stored
+    if epilogue > arch.smem_per_block:
+        raise fail(spec, "tile_n", "shared-memory",
+                    f"the epilogue's {spec.tile_m}x{spec.tile_n} tile of {stored}-byte values = {epilogue} bytes > "
+                    f"{arch.smem_per_block}")
+    return stages, max(smem, epilogue)
 
 
 def _validate_triton_gemv(spec: KernelSpec, arch: Arch) -> ValidSpec:
