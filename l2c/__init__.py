@@ -19,7 +19,8 @@ def _warm_start() -> None:
         for name in ("l2c.dispatch", "l2c.ops", "l2c.nn"):
             if background.exiting():
                 return
-            importlib.import_module(name)
+            with background.fork_unsafe():   # a fork mid-import would leave the child the module's import lock held
+                importlib.import_module(name)
     except Exception:  # noqa: BLE001 - the first call imports it again and reports what is wrong
         pass
 
@@ -28,6 +29,12 @@ if "torch" in _sys.modules:   # a PyTorch program (the command line never import
     from . import settings as _settings
     if _settings.value("L2C_WARM_START") != "0":
         from . import background as _background
+        try:
+            # the warm start's imports reach filelock, which registers fork handlers; registered while a fork waits
+            # for those imports (l2c.background.fork_unsafe), its after-handler would run without its before-handler
+            import filelock as _filelock  # noqa: F401
+        except ImportError:
+            pass
         _background.start(_warm_start, "l2c-warm-start")
 
 

@@ -20,16 +20,20 @@ most, so no stuck thread holds a program at its end.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Set
+from typing import Callable, Dict, Iterator, List, Optional, Set
 
 EXIT_WAIT_S = 60.0
+FORK_WAIT_S = 10.0   # the longest a fork waits for the start-up's imports (`fork_unsafe`)
 
 _lock = threading.Lock()
 _threads: List[threading.Thread] = []
 _waiting: Set[threading.Thread] = set()   # threads inside `waiting_on_a_process`: not waited for at exit
+_unsafe: Dict[threading.Thread, int] = {}   # threads inside `fork_unsafe` sections, and how deep
+_unsafe_left = threading.Condition(_lock)
 _exiting = threading.Event()
 _first_call = threading.Event()   # set once a tuned call has been resolved (`first_call_resolved`)
 _marks: List[tuple] = []   # (step, thread name, time.perf_counter() when it ended)
@@ -112,12 +116,51 @@ def waiting_on_a_process() -> Iterator[None]:
     try:
         yield
     finally:
-        with _lock:
-            parked = _exiting.is_set()
+        with _lock:   # (the main thread, ending the program itself, goes on)
+            parked = _exiting.is_set() and me is not threading.main_thread()
             if not parked:
                 _waiting.discard(me)
         if parked:
             threading.Event().wait()
+
+
+@contextmanager
+def fork_unsafe() -> Iterator[None]:
+    """Marks start-up work that imports modules or holds l2c's locks: a process forked meanwhile would inherit a
+    lock held by a thread it does not have, and its first use of what the lock guards would wait forever (a fork
+    soon after `import l2c`: a multiprocessing pool's workers). A fork waits for these sections to end, FORK_WAIT_S
+    at most."""
+    me = threading.current_thread()
+    with _lock:
+        _unsafe[me] = _unsafe.get(me, 0) + 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _unsafe[me] -= 1
+            if not _unsafe[me]:
+                del _unsafe[me]
+                _unsafe_left.notify_all()
+
+
+def _before_fork() -> None:
+    me = threading.current_thread()
+    with _lock:   # a section of the forking thread itself cannot end while it waits
+        _unsafe_left.wait_for(lambda: not (set(_unsafe) - {me}), timeout=FORK_WAIT_S)
+
+
+def _in_child() -> None:
+    """The child has only the thread that forked: none of the parent's others runs or holds a lock here."""
+    global _lock, _unsafe_left
+    _lock = threading.Lock()
+    _unsafe_left = threading.Condition(_lock)
+    _threads.clear()
+    _waiting.clear()
+    _unsafe.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_in_child)
 
 
 def join_all(timeout: Optional[float] = None) -> bool:

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 import threading
+import weakref
 from importlib import resources
 from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -321,6 +323,7 @@ class Dispatcher:
         self._verified = None           # this GPU's VerifiedKernels, read at the first job (l2c.verified)
         self._to_worker: set = set()    # keys of the jobs l2c's checker declined: the worker prepares them
         self._lock = threading.Lock()
+        _DISPATCHERS.add(self)
         self.counts = {"tuned": 0, "fallback": 0}   # the Python path's calls (`stats` adds the C++ table's)
         if native_call.enabled() and (table is not None or self.online):
             if torch.cuda.is_available():
@@ -434,8 +437,9 @@ class Dispatcher:
             return self._kernel(job), True
         if self.prepare == "inline":
             key = (job.spec_text, job.target, job.arch)
-            if key not in self._kernels and job.device == "cuda" and torch.cuda.is_current_stream_capturing():
-                return None, False   # nothing is built or verified inside a capture: a later eager call prepares it
+            if job.device == "cuda" and torch.cuda.is_current_stream_capturing():
+                return None, False   # nothing is built or verified inside a capture (a verification synchronizes,
+                                     # which ends the capture): a later eager call prepares it
             if key not in self._kernels:   # built and verified here, on the calling thread
                 from .prepare import prepare_one
                 ok, reason, kernel = prepare_one(job)
@@ -853,6 +857,20 @@ class _TunedMatmul(torch.autograd.Function):
 
 _default: Optional[Dispatcher] = None
 _default_lock = threading.Lock()
+_DISPATCHERS: "weakref.WeakSet[Dispatcher]" = weakref.WeakSet()
+
+
+def _in_child() -> None:
+    """A child forked from this process keeps every dispatcher and what it served, with new locks (a thread of the
+    parent may have held one); its preparer forgets the jobs the parent's thread had not finished (l2c.prepare)."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    for dispatcher in list(_DISPATCHERS):
+        dispatcher._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_in_child)
 
 
 def serves_gpu(table: TunedTable, gpu: Optional[str]) -> bool:
@@ -1004,16 +1022,19 @@ def _start_up() -> None:
     call waited 150-220 ms for its steps; beside them, up to 60 ms; with the imports running during the first call,
     that call's load took 40-55 ms instead of 31-38."""
     try:
-        _prepare_first_call()
+        with background.fork_unsafe():
+            _prepare_first_call()
     except Exception as err:  # noqa: BLE001 - a start-up step that fails leaves it to the first call, never a traceback
         log.warning("l2c: start-up stopped (%s: %s); first calls prepare themselves", type(err).__name__, err)
     if not background.after_first_call(BUILDERS_AFTER_S):
         return
-    _query_toolchains()
+    with background.fork_unsafe():   # the builders' imports (Triton's)
+        _query_toolchains()
     if torch.cuda.is_available() and not background.exiting():
         try:
             from .targets.cutlass.build import install_pack
-            install_pack()
+            with background.fork_unsafe():
+                install_pack()
             background.mark("pack installed")
         except Exception as err:  # noqa: BLE001 - a first call loads its own library from the pack
             log.debug("l2c's pack install stopped: %s", err)

@@ -488,16 +488,15 @@ def _compile(compiler: str, folder: Path, name: str) -> Path:
         cpp.write_text(SOURCE)
         errors = ""
         for std in ("-std=c++20", "-std=c++17"):   # what this torch's headers ask for, else the older standard
-            # a program may end meanwhile: it does not wait for g++, and a library built by then is kept
-            with background.waiting_on_a_process():
-                done = subprocess.run(
-                    [compiler, "-O2", "-shared", "-fPIC", std, "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                     f"-DL2C_MODULE_NAME={name}", *includes, str(cpp), "-o", str(so),
-                     *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
-                     "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"],
-                    capture_output=True, text=True)
-                if done.returncode == 0:
-                    os.replace(so, library)
+            # (run inside `_load`'s waiting_on_a_process: a program may end meanwhile; it does not wait for g++)
+            done = subprocess.run(
+                [compiler, "-O2", "-shared", "-fPIC", std, "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                 f"-DL2C_MODULE_NAME={name}", *includes, str(cpp), "-o", str(so),
+                 *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
+                 "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"],
+                capture_output=True, text=True)
+            if done.returncode == 0:
+                os.replace(so, library)
             if done.returncode == 0:
                 return library
             errors = (done.stdout + done.stderr).strip()
@@ -515,7 +514,8 @@ def _load() -> None:
         digest = cache.content_hash(SOURCE, compiler, torch.__version__, sys.version)[:20]
         name = f"l2c_call_table_{digest}"
         library = cache.cache_dir("native") / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-        with cache.locked(library):
+        # another process may be compiling it: the lock's wait, like the compile, is not one the exit waits for
+        with background.waiting_on_a_process(), cache.locked(library):
             if not cache.intact_library(library):
                 _compile(compiler, library.parent, name)
         # dlopen with the GIL released (an import holds it): the import then finds it loaded
@@ -535,6 +535,19 @@ def _load() -> None:
             if callback is not None and _module is not None:
                 callback()
         _done.set()
+
+
+def _in_child() -> None:
+    """In a child forked while the parent built the extension: the building thread stayed in the parent, so the
+    child builds (or loads) it itself when a dispatcher asks; its lock is new."""
+    global _lock, _started
+    _lock = threading.Lock()
+    if not _done.is_set():
+        _started = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_in_child)
 
 
 def _claim() -> bool:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -98,6 +99,7 @@ class Preparer:
         self._thread: Optional[threading.Thread] = None
         self.seconds: Dict[Tuple, float] = {}   # wall time the worker spent on each job
         self.replies: Dict[Tuple, dict] = {}    # each finished job's reply (an online job's winner is in it)
+        _PREPARERS.add(self)
 
     def state(self, job: Job) -> Optional[str]:
         return self._state.get(job.key)
@@ -116,7 +118,7 @@ class Preparer:
             self._state[job.key] = QUEUED
             self._pending += 1
             self._queue.put(job)
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:   # (None from the serving thread's own exit, under this lock)
                 self._thread = threading.Thread(target=self._serve, name="l2c-prepare", daemon=True)
                 self._thread.start()
         return QUEUED
@@ -184,10 +186,35 @@ class Preparer:
                              reply)
         finally:
             _stop(worker)
-            with self._lock:   # a request racing with the idle exit starts a new thread
+            with self._lock:   # a request from now on starts a new thread; one queued just before, this ends
+                self._thread = None
                 if not self._queue.empty():
                     self._thread = threading.Thread(target=self._serve, name="l2c-prepare", daemon=True)
                     self._thread.start()
+
+    def forget_in_child(self) -> None:
+        """In a child forked from this process: the serving thread and its worker stayed in the parent, so the jobs
+        not finished there are forgotten (a later call asks again) and the locks are new (one may have been held)."""
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._queue = queue.Queue()
+        self._thread = None
+        for key, state in list(self._state.items()):
+            if state == QUEUED:
+                del self._state[key]
+        self._pending = 0
+
+
+_PREPARERS: "weakref.WeakSet[Preparer]" = weakref.WeakSet()
+
+
+def _in_child() -> None:
+    for preparer in list(_PREPARERS):
+        preparer.forget_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_in_child)
 
 
 def _start_worker() -> subprocess.Popen:

@@ -228,3 +228,62 @@ def test_the_triton_target_names_its_compiler_library_without_importing_triton()
     assert ran.returncode == 0, ran.stderr
     line = ran.stdout.strip().splitlines()[-1]
     assert line.endswith(" False []") and "/triton/_C/libtriton" in line and ".so'" in line
+
+
+def test_a_process_forked_right_after_import_uses_l2c_and_the_fork_waits_only_for_the_start_up(tmp_path):
+    """A fork while the warm start imports (a multiprocessing pool made just after `import l2c`) used to leave the
+    child a module's import lock that no thread of its own releases: its first l2c call waited forever. The fork now
+    waits for the start-up's imports, and the child's calls run; no fork handler complains."""
+    ran = _run("""
+        import faulthandler, os, sys, time
+        import torch
+        import l2c
+        time.sleep(0.02)   # the warm start's thread is importing now
+        pid = os.fork()
+        if pid == 0:
+            faulthandler.dump_traceback_later(40, exit=True)   # a hang fails the test instead of holding it
+            y = l2c.matmul(torch.ones(4, 8), torch.ones(8, 2))
+            os._exit(0 if y.shape == (4, 2) and float(y[0, 0]) == 8.0 else 5)
+        print("child status", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """, L2C_CACHE_DIR=str(tmp_path))
+    assert ran.returncode == 0 and "child status 0" in ran.stdout, ran.stdout + ran.stderr[-3000:]
+    assert "Exception ignored" not in ran.stderr, ran.stderr[-3000:]
+
+
+def test_a_job_asked_for_while_the_preparation_thread_ends_is_served_and_a_forked_child_forgets_the_parents():
+    """The preparation thread's idle exit and a request racing with it (the thread made to linger past its last
+    look at the queue): the request starts a new thread, so the job ends and `wait` returns. In a child forked with a
+    job queued, that job, which the parent's thread serves, is forgotten: the child's `wait` returns at once."""
+    ran = _run("""
+        import os, threading, time
+        from l2c.prepare import Job, Preparer
+        leaving = threading.Event()
+        def linger(frame, event, arg):   # timing only: the serving thread lingers as it ends
+            if frame.f_code.co_name != "_serve":
+                return None
+            def local(f, ev, a):
+                if ev == "return":
+                    leaving.set()
+                    time.sleep(0.5)
+                return local
+            return local
+        threading.settrace(linger)
+        p = Preparer(idle_exit_s=0.3)
+        first, second = (Job(f"kernel broken{i} {{ tile m=", "triton", "sm_90", 32, 48, 40, "cpu") for i in (1, 2))
+        p.request(first)
+        assert p.wait(60) and p.state(first) == "failed"
+        assert leaving.wait(30)
+        p.request(second)
+        print("second", p.wait(20), p.state(second))
+        threading.settrace(None)
+        third = Job("kernel broken3 { tile m=", "triton", "sm_90", 32, 48, 40, "cpu")
+        p.request(third)
+        pid = os.fork()
+        if pid == 0:
+            start = time.monotonic()
+            ok = p.wait(10)
+            os._exit(0 if ok and p.state(third) is None and time.monotonic() - start < 1 else 5)
+        print("child status", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), "parent", p.wait(60))
+        """)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "second True failed" in ran.stdout and "child status 0 parent True" in ran.stdout, ran.stdout

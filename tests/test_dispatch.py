@@ -988,6 +988,24 @@ def test_inline_preparation_verifies_a_kernel_at_every_shape_it_serves(monkeypat
     set_tuned_table(None)
 
 
+def test_inline_preparation_verifies_nothing_inside_a_capture_even_for_a_kernel_built_already(monkeypatch, tmp_path):
+    """A verification synchronizes, which would end the user's CUDA-graph capture: a kernel built at one M of its
+    range is not verified at another M while the stream captures (the capture is simulated: this machine has no
+    GPU); torch serves that call and a later eager call prepares it."""
+    monkeypatch.setenv("L2C_CACHE_DIR", str(tmp_path))
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40, m_range=(16, 40))]), allow_cpu=True,
+                                 prepare="inline")
+    w, a = torch.randn(48, 40, dtype=torch.float16), torch.randn(32, 40, dtype=torch.float16)
+    l2c.matmul(a, w.t())   # built and verified at M = 32, eagerly
+    (built,) = [key for key, kernel in dispatcher._kernels.items() if kernel is not None]
+    job = dispatcher._job(dispatcher.table.lookup("f16", "row,col,row", 24, 48, 40),
+                          ("f16", "row,col,row", 24, 48, 40, False, "none", "cuda"))
+    assert (job.spec_text, job.target, job.arch) == built and job.device == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert dispatcher._prepared(job) == (None, False)
+    set_tuned_table(None)
+
+
 def test_a_failure_while_preparing_a_kernel_leaves_the_call_to_torch(monkeypatch, tmp_path, caplog):
     """Preparing a kernel never fails the user's call: with a cache that cannot be written (a file where a folder
     must be, as a read-only or full disk), l2c.matmul returns torch's result, warns once, and keeps torch for that

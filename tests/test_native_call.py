@@ -581,3 +581,33 @@ def test_a_call_under_a_torch_function_mode_is_still_served(served):
     with torch.device("cpu"):
         y = ops.matmul_with(dispatcher, a, b)
     assert _launches(dispatcher) == before + 1 and tuple(y.shape) == (8, 8)
+
+
+def test_a_program_ends_without_waiting_for_another_process_building_the_call_table(tmp_path):
+    """Another process holds the C++ call table's build lock (its g++ run takes tens of seconds on a fresh
+    machine: every rank of a multi-process job but one waits on it): a program that started the build and ends
+    meanwhile exits at once, as when it waits on its own compile (l2c.background)."""
+    import os
+    import sys
+    import textwrap
+    import time
+    env = dict(os.environ, L2C_CACHE_DIR=str(tmp_path))
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import importlib.machinery, sys, time, torch
+        from l2c import cache, native_call
+        digest = cache.content_hash(native_call.SOURCE, native_call.find_cxx_compiler(), torch.__version__,
+                                    sys.version)[:20]
+        library = cache.cache_dir("native") / f"l2c_call_table_{digest}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+        with cache.locked(library):
+            print("held", flush=True)
+            time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", "from l2c import native_call; import time; "
+                               "native_call.start_build(); time.sleep(0.5)"], env=env, timeout=120)
+        assert done.returncode == 0 and time.monotonic() - start < 20
+    finally:
+        holder.kill()
+        holder.wait()

@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from ... import cache
+from ... import background, cache
 
 # The plan struct and the call that replays it, shared with the C++ call table (l2c/native_call.py).
 PLAN_STRUCT = r"""
@@ -179,7 +179,8 @@ def shim_library() -> Optional[ctypes.CDLL]:
     try:
         folder = cache.cache_dir("native")   # an unusable cache folder (a file, no permission) is a failed build
         library = folder / f"cutlass_call_plan_{digest}.so"
-        with cache.locked(library):
+        # another process may be compiling it: neither that wait nor the compile is one the exit waits for
+        with background.waiting_on_a_process(), cache.locked(library):
             if not cache.intact_library(library):
                 with tempfile.TemporaryDirectory(dir=folder, prefix=".cutlass_call_plan.") as work:
                     c, so = Path(work) / "shim.c", Path(work) / "shim.so"
