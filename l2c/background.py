@@ -136,10 +136,11 @@ def fork_unsafe() -> Iterator[None]:
     try:
         yield
     finally:
-        with _lock:
-            _unsafe[me] -= 1
-            if not _unsafe[me]:
-                del _unsafe[me]
+        with _lock:   # (a child forked inside the section starts with none: `_in_child`)
+            depth = _unsafe.pop(me, 1) - 1
+            if depth:
+                _unsafe[me] = depth
+            else:
                 _unsafe_left.notify_all()
 
 

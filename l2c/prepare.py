@@ -119,8 +119,7 @@ class Preparer:
             self._pending += 1
             self._queue.put(job)
             if self._thread is None:   # (None from the serving thread's own exit, under this lock)
-                self._thread = threading.Thread(target=self._serve, name="l2c-prepare", daemon=True)
-                self._thread.start()
+                self._thread = _started(self._serve)
         return QUEUED
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -187,10 +186,7 @@ class Preparer:
         finally:
             _stop(worker)
             with self._lock:   # a request from now on starts a new thread; one queued just before, this ends
-                self._thread = None
-                if not self._queue.empty():
-                    self._thread = threading.Thread(target=self._serve, name="l2c-prepare", daemon=True)
-                    self._thread.start()
+                self._thread = _started(self._serve) if not self._queue.empty() else None
 
     def forget_in_child(self) -> None:
         """In a child forked from this process: the serving thread and its worker stayed in the parent, so the jobs
@@ -203,6 +199,14 @@ class Preparer:
             if state == QUEUED:
                 del self._state[key]
         self._pending = 0
+
+
+def _started(serve) -> threading.Thread:
+    """A started serving thread; the error of a start that failed (a thread limit, the interpreter's shutdown) is
+    raised before anything records the thread, so the next request tries again."""
+    thread = threading.Thread(target=serve, name="l2c-prepare", daemon=True)
+    thread.start()
+    return thread
 
 
 _PREPARERS: "weakref.WeakSet[Preparer]" = weakref.WeakSet()

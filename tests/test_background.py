@@ -287,3 +287,40 @@ def test_a_job_asked_for_while_the_preparation_thread_ends_is_served_and_a_forke
         """)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "second True failed" in ran.stdout and "child status 0 parent True" in ran.stdout, ran.stdout
+
+
+def test_a_fork_inside_a_start_up_section_leaves_the_section_in_both_processes():
+    ran = _run("""
+        import os
+        from l2c import background
+        with background.fork_unsafe():
+            pid = os.fork()
+        if pid == 0:
+            with background.fork_unsafe():   # the child's own sections work as the parent's
+                pass
+            os._exit(0)
+        print("child status", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """)
+    assert ran.returncode == 0 and "child status 0" in ran.stdout and not ran.stderr, ran.stderr
+
+
+def test_a_preparation_thread_that_could_not_start_is_started_by_the_next_request(monkeypatch):
+    """A thread start that fails (a thread limit, the interpreter's shutdown) raises to the request that made it and
+    records nothing: the next request starts the thread, and its job ends."""
+    import threading
+    import pytest
+    from l2c.prepare import Job, Preparer
+    real_start, failures = threading.Thread.start, [RuntimeError("can't start new thread")]
+
+    def start_once_failing(thread):
+        if failures:
+            raise failures.pop()
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_failing)
+    p = Preparer(idle_exit_s=0.3)
+    first, second = (Job(f"kernel broken{i} {{ tile m=", "triton", "sm_90", 32, 48, 40, "cpu") for i in (1, 2))
+    with pytest.raises(RuntimeError):
+        p.request(first)
+    p.request(second)
+    assert p.wait(60) and p.state(second) == "failed"

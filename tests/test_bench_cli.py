@@ -549,12 +549,13 @@ def test_bench_of_a_table_marks_the_entries_the_dispatcher_does_not_serve_at_the
     entry = {"m": 16, "n": 32, "k": 32, "batch": 1, "dtype": "f16", "layout": "row,row,row", "target": "triton",
              "spec": tiny, "tflops": 2.0, "baseline_tflops": 1.0, "speedup": 2.0}
     path = tmp_path / "t.json"
+    losing = dict(entry, m=8, tflops=0.9, speedup=0.9)   # no faster than torch: left out of the table, not shadowed
     path.write_text(json.dumps({"format": 1, "arch": "sm_90", "entries": [
-        entry, dict(entry, speedup=1.2, m_range=[16, 64], range_min_speedup=1.2)]}))
+        entry, dict(entry, speedup=1.2, m_range=[16, 64], range_min_speedup=1.2), losing]}))
     out = tmp_path / "r.jsonl"
     assert main(["bench", str(path), *FAST, "-o", str(out)]) == 0
-    assert [(r["kernel"], r["table_served"]) for r in results(out)] == [(f"{path}#0:tiny@triton", True),
-                                                                        (f"{path}#1:tiny@triton", False)]
+    assert sorted((r["kernel"], r["table_served"]) for r in results(out)) == [
+        (f"{path}#0:tiny@triton", True), (f"{path}#1:tiny@triton", False), (f"{path}#2:tiny@triton", True)]
     assert "1 row(s) of table entries that another entry shadows" in capsys.readouterr().out
 
 

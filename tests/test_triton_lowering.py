@@ -529,3 +529,31 @@ print("REGISTERS", ahead(crowded, 16, ARCHS["sm_90"]).splitlines()[0])
     assert "FITS None" in lines
     assert any(line.startswith("REGISTERS crowded: Triton cannot compile crowded_kernel") for line in lines)
     assert "reproducer" not in done.stdout and len(lines) == 3, done.stdout[:2000]
+
+
+def test_a_muted_compile_leaves_other_threads_output_and_a_missing_stdout_alone(monkeypatch, capsys):
+    """While one thread compiles ahead with Triton's prints muted, another thread's prints pass; with no stdout at
+    all (a daemon, pythonw) printing stays the no-op it is without l2c."""
+    import sys
+    import threading
+    from l2c.targets.triton.build import _this_thread_quiet
+    inside, done = threading.Event(), threading.Event()
+
+    def compile_muted():
+        with _this_thread_quiet():
+            print("muted")
+            inside.set()
+            done.wait(10)
+
+    for stdout in (sys.stdout, None):
+        monkeypatch.setattr(sys, "stdout", stdout)
+        inside.clear(), done.clear()
+        worker = threading.Thread(target=compile_muted)
+        worker.start()
+        assert inside.wait(10)
+        print("passes")
+        done.set()
+        worker.join()
+        assert sys.stdout is stdout
+    monkeypatch.undo()
+    assert capsys.readouterr().out == "passes\n"

@@ -342,13 +342,24 @@ def compile_ahead(kernel: TritonKernel) -> Dict[str, int]:
 
 class _QuietThreads:
     """sys.stdout while some thread compiles: what a muted thread writes is dropped, every other thread's passes
-    (`l2c build` compiles in threads that print their progress)."""
+    (`l2c build` compiles in threads that print their progress). Where other code swapped sys.stdout meanwhile and
+    puts this object back later, it stays, passing everything through."""
 
     def __init__(self, stream):
-        self.stream, self.muted = stream, set()
+        self.stream, self.muted = stream, {}
 
     def write(self, text):
-        return len(text) if threading.get_ident() in self.muted else self.stream.write(text)
+        if threading.get_ident() in self.muted or self.stream is None:   # (print writes nothing to a None stdout)
+            return len(text)
+        return self.stream.write(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        if self.stream is not None:
+            self.stream.flush()
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
@@ -359,15 +370,18 @@ _quiet_lock = threading.Lock()
 
 @contextlib.contextmanager
 def _this_thread_quiet():
+    me = threading.get_ident()
     with _quiet_lock:
         if not isinstance(sys.stdout, _QuietThreads):
             sys.stdout = _QuietThreads(sys.stdout)
         quiet = sys.stdout
-        quiet.muted.add(threading.get_ident())
+        quiet.muted[me] = quiet.muted.get(me, 0) + 1
     try:
         yield
     finally:
         with _quiet_lock:
-            quiet.muted.discard(threading.get_ident())
+            quiet.muted[me] -= 1
+            if not quiet.muted[me]:
+                del quiet.muted[me]
             if not quiet.muted and sys.stdout is quiet:
                 sys.stdout = quiet.stream
