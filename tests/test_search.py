@@ -462,10 +462,13 @@ def _clip(x: int) -> int:
 
 
 def planted_reward(params, p: Problem) -> float:
-    """Planted structure: the best tile is (M/8, N/8, K/32) clipped to the tile range."""
+    """Planted structure: the best tile is (M/8, N/8, K/32) clipped to the tile range, without split-K (the planted
+    best is a kernel the rules accept: a 256x256 Triton tile that splits K stores an fp32 tile too large for shared
+    memory, so split-K must carry signal where it decides validity)."""
     want = (_clip(p.m // 8), _clip(p.n // 8), _clip(p.k // 32))
     got = (params["tile_m"], params["tile_n"], params["tile_k"])
-    return 2.0 * math.exp(-0.5 * sum(abs(math.log2(g) - math.log2(w)) for g, w in zip(got, want)))
+    split = 0.5 * math.log2(params.get("split_k_slices", 1))
+    return 2.0 * math.exp(-0.5 * sum(abs(math.log2(g) - math.log2(w)) for g, w in zip(got, want)) - split)
 
 
 def test_policy_learns_planted_structure_and_beats_tpe_and_random_on_held_out_shapes():

@@ -557,3 +557,30 @@ def test_a_muted_compile_leaves_other_threads_output_and_a_missing_stdout_alone(
         assert sys.stdout is stdout
     monkeypatch.undo()
     assert capsys.readouterr().out == "passes\n"
+
+
+def test_muting_and_unmuting_while_other_threads_print_never_crashes():
+    """CPython's print holds sys.stdout by a borrowed reference while it writes: a muting proxy freed when stdout is
+    set back crashed `l2c build` (SIGSEGV) with threads printing their progress. Threads toggling the mute beside
+    threads printing, for a few seconds, in a fresh interpreter."""
+    import subprocess
+    import sys
+    code = """
+import sys, threading, time
+from l2c.targets.triton.build import _this_thread_quiet
+stop = time.monotonic() + 4
+def toggle():
+    while time.monotonic() < stop:
+        with _this_thread_quiet():
+            pass
+def write():
+    while time.monotonic() < stop:
+        print("x" * 2000)
+threads = [threading.Thread(target=f) for f in (toggle, write, write)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+sys.stderr.write("survived")
+"""
+    done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stderr.endswith("survived"), (done.returncode, done.stderr[-2000:])

@@ -366,6 +366,9 @@ class _QuietThreads:
 
 
 _quiet_lock = threading.Lock()
+# every proxy ever installed, kept alive for the process: CPython's print holds sys.stdout by a borrowed reference
+# while it writes, so a proxy freed when sys.stdout is set back could be written to after its release (a crash)
+_quiet_proxies: list = []
 
 
 @contextlib.contextmanager
@@ -373,7 +376,8 @@ def _this_thread_quiet():
     me = threading.get_ident()
     with _quiet_lock:
         if not isinstance(sys.stdout, _QuietThreads):
-            sys.stdout = _QuietThreads(sys.stdout)
+            _quiet_proxies.append(_QuietThreads(sys.stdout))
+            sys.stdout = _quiet_proxies[-1]
         quiet = sys.stdout
         quiet.muted[me] = quiet.muted.get(me, 0) + 1
     try:
