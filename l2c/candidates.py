@@ -86,18 +86,15 @@ def _table_candidates(path: str, arch: str) -> List[Candidate]:
     from .parser import parse_one
     from .validate import validate
 
-    from .tuned_table import TableError, entry_from_row, load_table, read_table_data
+    from .tuned_table import TableError, entry_from_row, read_table_data, table_from_data
 
     try:
         table = read_table_data(path)
+        served = table_from_data(table, path)
     except TableError as err:
         raise BenchError(str(err)) from None
     entries = table["entries"]
     table_arch = table.get("arch", arch)
-    try:
-        served = load_table(path)
-    except TableError as err:
-        raise BenchError(str(err)) from None
     out = []
     for i, entry in enumerate(entries):
         where = f"{path}#entries[{i}]"

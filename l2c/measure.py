@@ -441,5 +441,3 @@ def measure(protocol: str, candidate: KernelFn, baseline: KernelFn, problem: Pro
         return measure_call(candidate, baseline, problem, device, iters=iters, warmup=warmup, seed=seed,
                             rate=rate)
     raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
-
-

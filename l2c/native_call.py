@@ -497,7 +497,6 @@ def _compile(compiler: str, folder: Path, name: str) -> Path:
                 capture_output=True, text=True)
             if done.returncode == 0:
                 os.replace(so, library)
-            if done.returncode == 0:
                 return library
             errors = (done.stdout + done.stderr).strip()
         raise OSError(f"{compiler} failed: {errors[-800:]}")

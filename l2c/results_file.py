@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Set, TextIO, Tuple
 from . import settings as l2c_settings
 from .errors import BenchError
 from .ir import knob
+from .knobs import MAX_DIM
 from .tuned_table import LAYOUTS
 
 CPU_NOTE = ("CPU mode: kernels run in the Triton interpreter and torch on the CPU; these figures exercise the "
@@ -89,7 +90,7 @@ def row_key(row: Dict[str, object]) -> Tuple:
             row.get("layout"), row.get("gate", "none"))
 
 
-MAX_DIMENSION = 2**31 - 1
+MAX_DIMENSION = MAX_DIM
 PROTOCOLS = ("kernel", "kernel_apart", "call", "server")
 
 
@@ -233,7 +234,7 @@ class ResultsWriter:
 
 
 def _same_measurement(path: Path, env: Dict[str, object], measured_as: Dict[str, object]) -> None:
-    """BenchError naming what differs between a file's last environment row and this run."""
+    """BenchError naming what differs between one environment row of a file and this run."""
     recorded = dict(env.get("settings") or {}, device=env.get("device"), gpu=env.get("gpu"))
     differ = [f"{name} {recorded.get(name)!r} there, {value!r} now" for name, value in measured_as.items()
               if name in recorded and recorded[name] != value]

@@ -544,8 +544,11 @@ def read_table_data(path) -> dict:
 
 def load_table(path) -> TunedTable:
     """Read a tuned table; TableError for a file that is not one. Malformed entries are skipped and counted."""
-    path = Path(path)
-    data = read_table_data(path)
+    return table_from_data(read_table_data(path), path)
+
+
+def table_from_data(data: dict, path) -> TunedTable:
+    """The table `read_table_data` read from `path`."""
     arch = data.get("arch", "sm_90")
     if not isinstance(arch, str) or arch not in ARCHS:   # it names files (the pack's); only a known architecture may
         raise TableError(f"{path}: 'arch' must be one of {', '.join(sorted(ARCHS))}, got {arch!r}")

@@ -84,9 +84,8 @@ def run(args) -> int:
     from ..bench import SAME_METHOD, Progress, Settings, remaining_shapes, run_bench
     from ..candidates import load_candidates, plan
     from ..errors import BenchError
-    from ..results_file import CPU_NOTE, ResultsWriter, command_line, environment
+    from ..results_file import CPU_NOTE, ResultsWriter, command_line, environment, parse_protocols
     from ..cli import UsageError
-    from ..results_file import parse_protocols
     from ..shapes import ShapeFileError, load_shapes
 
     try:
