@@ -304,6 +304,22 @@ def _bars(a):
     return issue16 + issue20 + issue21
 
 
+def _grid16(a):
+    """#16's grid file: the 1,000-shape grid through l2c.matmul with the table this GPU's users get, `kernel` and
+    `call` (f16; about 4 minutes on an H200)."""
+    return [l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "grid", "--protocol", "kernel,call", "--reps", "5",
+                "--iters", "10", "-o", f"{a.out}/dispatch_grid_f16.jsonl")]
+
+
+def _graphs16(a):
+    """#16's CUDA-graphs files: `offgrid` and the grid through l2c.matmul with the graphs table (`--graphs-table`),
+    `kernel` only (graph replay is the only use of that table); each file is named after the table's file."""
+    tag = Path(a.graphs_table).name.split(".")[0]
+    return [l2c("bench", f"dispatch:{a.graphs_table}", "--shapes", shapes, "--protocol", "kernel", "--reps", "5",
+                "-o", f"{a.out}/{tag}_{shapes}_f16.jsonl")
+            for shapes in ("offgrid", "grid")]
+
+
 def _sweep(a):
     return [script("scripts/serve_sweep.py", "--out", a.out, "--dtype", "f16", "--stages", "explore,gemv,cutlass",
                    "--budget-s", "150"),
@@ -547,6 +563,10 @@ STAGES: Dict[str, Stage] = {
     "bars": Stage("the open issues' done-when figures in one run (about 9 minutes on an H200): #16 `offgrid` "
                   "through l2c.matmul, #20 the `serve` set through l2c.nn.Linear with the graphs table and its "
                   "summary, #21 the gated MLP block against eager and max-autotune", _bars),
+    "grid16": Stage("#16's grid file: the grid through l2c.matmul with the users' table, kernel and call (f16)",
+                    _grid16),
+    "graphs16": Stage("#16's graphs-table files: `offgrid` and the grid through l2c.matmul with --graphs-table, "
+                      "kernel (f16)", _graphs16),
     "serve": Stage("l2c.nn.Linear on the decoding set (29 weights x 15 token counts): the graphs table with cold "
                    "weights and fraction of roofline (f16, bf16), the eager table in the call protocol", _serve),
     "sweep": Stage("search decoding kernels per weight (gemv and swapped CUTLASS families) into JSON lines that "
