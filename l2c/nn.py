@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import weakref
 from typing import Dict, List, Optional
 
 import torch
@@ -325,25 +326,33 @@ def replace_mlps(module: torch.nn.Module, linears: bool = True) -> torch.nn.Modu
 
 
 def _swap_mlps(module: torch.nn.Module, swapped: Optional[dict] = None) -> None:
-    """The swap, depth first; `swapped` maps each MLP already swapped (by identity) to its GatedMLP, so an MLP
-    reachable from two places stays one module. An MLP whose gate or up projection's Parameters something else holds
-    too (another MLP, a tie) is left as it is: the fused weight is a new Parameter, which would untie them."""
+    """The swap, depth first; `swapped` maps each MLP already met (by identity) to its GatedMLP (None: left as it
+    is), so an MLP reachable from two places stays one module. An MLP whose gate or up projection's Parameters
+    something else holds too (another MLP, a tie) is left as it is: the fused weight is a new Parameter, which would
+    untie them. Each MLP is held by a weak reference only (a live one tells its id from a later object's): a swapped
+    MLP is freed at once, so the model's gate and up weights are never held twice over."""
     if swapped is None:
-        swapped = {id(mlp): (mlp, None) for mlp in _sharing_gate_or_up(module)}
-        for mlp, _ in swapped.values():
+        swapped = {}
+        for mlp in _sharing_gate_or_up(module):
+            swapped[id(mlp)] = (weakref.ref(mlp), None)
             log.warning("l2c.nn.replace_mlps: a %s left as it is: its gate or up projection's Parameters are shared "
                         "with another module", type(mlp).__name__)
-    for name, child in module.named_children():
-        if id(child) in swapped:
-            if swapped[id(child)][1] is not None:
-                setattr(module, name, swapped[id(child)][1])
+    for name in list(module._modules):   # by name: named_children() would hold every child till the loop's end
+        child = module._modules[name]
+        if child is None:
+            continue
+        met, gated = swapped.get(id(child), (None, None))
+        if met is not None and met() is child:
+            if gated is not None:
+                setattr(module, name, gated)
         elif is_gated_mlp(child):
             try:
-                swapped[id(child)] = (child, GatedMLP.from_hf(child))   # the MLP held: its id stays its own
-                setattr(module, name, swapped[id(child)][1])
+                gated = GatedMLP.from_hf(child)
+                setattr(module, name, gated)
             except ValueError as err:
-                swapped[id(child)] = (child, None)
+                gated = None
                 log.warning("l2c.nn.replace_mlps: %s left as it is: %s", name, err)
+            swapped[id(child)] = (weakref.ref(child), gated)
         else:
             _swap_mlps(child, swapped)
 

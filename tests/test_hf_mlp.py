@@ -325,3 +325,30 @@ def test_a_probe_that_overflows_f16_is_checked_in_float32():
         for part, std in ((mlp.gate_proj, 0.02), (mlp.up_proj, 0.2), (mlp.down_proj, 0.2)):
             part.weight.normal_(0, std)
     l2c.nn.GatedMLP.from_hf(mlp)
+
+
+class _WatchingSiLU(torch.nn.SiLU):
+    """SiLU that records, each time it runs, how many of `watched`'s tensors are still alive."""
+
+    def __init__(self, watched, seen):
+        super().__init__()
+        self.watched, self.seen = watched, seen
+
+    def forward(self, x):
+        self.seen.append(sum(ref() is not None for ref in self.watched))
+        return super().forward(x)
+
+
+def test_a_swapped_mlp_is_freed_before_the_next_one_is_swapped():
+    """replace_mlps holds no replaced MLP past its own swap: the model's gate and up weights are never all held twice
+    (the originals and the fused copies), which on a GPU would need their memory twice at the swap's peak."""
+    import weakref
+    set_tuned_table(None)
+    torch.manual_seed(0)
+    holder, watched, seen = torch.nn.Module(), [], []
+    holder.first, holder.second = _PlainMLP().eval(), _PlainMLP().eval()
+    watched.append(weakref.ref(holder.first.gate_proj.weight))
+    holder.second.act_fn = _WatchingSiLU(watched, seen)
+    l2c.nn.replace_mlps(holder, linears=False)
+    assert type(holder.first) is type(holder.second) is l2c.nn.GatedMLP
+    assert seen and max(seen) == 0   # while the second MLP was checked, the first one's weight was gone
