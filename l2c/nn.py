@@ -34,6 +34,7 @@ class Linear(torch.nn.Linear):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         check_activation(activation)
         self.activation = activation
+        default_dispatcher()   # made here, not where torch.compile traces the first call (its lock breaks the graph)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, activation: Optional[str] = None) -> "Linear":
@@ -86,7 +87,9 @@ Linear.__annotations__ = {**getattr(Linear, "__annotations__", {}), "activation"
 
 def replace_linears(module: torch.nn.Module) -> torch.nn.Module:
     """Make every `torch.nn.Linear` inside `module` an `l2c.nn.Linear`, in place: the same module object of the
-    subclass, so its Parameters (tied, frozen or not), hooks and training mode are what they were."""
+    subclass, so its Parameters (tied, frozen or not), hooks and training mode are what they were. Makes the default
+    dispatcher, as `Linear()` does."""
+    default_dispatcher()
     for child in module.modules():
         if type(child) is torch.nn.Linear:
             child.__class__ = Linear

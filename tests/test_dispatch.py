@@ -1417,3 +1417,20 @@ def test_from_linear_refuses_a_parametrized_linear():
     from torch.nn.utils.parametrizations import weight_norm
     with pytest.raises(ValueError, match="without parametrizations"):
         l2c.nn.Linear.from_linear(weight_norm(torch.nn.Linear(8, 8)))
+
+
+@pytest.mark.parametrize("make", ["constructed", "replaced", "gated"])
+def test_a_layer_compiles_in_one_graph_before_any_eager_call(monkeypatch, make):
+    """torch.compile(fullgraph=True) of an l2c layer in a process that has not made its default dispatcher yet (no
+    eager call before it; on a GPU, before the warm start made it): the layer made it when it was built or swapped
+    in, since tracing cannot make it (its lock is a graph break)."""
+    from l2c import dispatch
+    torch._dynamo.reset()
+    monkeypatch.setattr(dispatch, "_default", None)
+    x = torch.randn(3, 8)
+    layer = {"constructed": lambda: l2c.nn.Linear(8, 6),
+             "replaced": lambda: l2c.nn.replace_linears(torch.nn.Sequential(torch.nn.Linear(8, 6))),
+             "gated": lambda: l2c.nn.GatedMLP(8, 12)}[make]()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(layer, fullgraph=True, backend="eager")(x), layer(x))
+    torch._dynamo.reset()
