@@ -49,10 +49,13 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """`activation(x @ W^T + b)`, or `residual + x @ W^T + b` (the residual added in the GEMM's epilogue)."""
+        """`activation(x @ W^T + b)`, or `residual + x @ W^T + b` (the residual added in the GEMM's epilogue; any
+        shape that broadcasts against the output, or (tokens, N): `residual_rows`)."""
         if torch.jit.is_scripting():   # TorchScript runs no Python: torch's ops, as nn.Linear then the activation
             return self._scripted(x, residual)   # (TorchScript compiles nothing below this return)
         dispatcher = dispatch._default or default_dispatcher()
+        if residual is not None:
+            residual = residual_rows(residual, list(x.shape[:-1]), self.out_features)
         if not _is_compiling():   # eager: the dispatcher's path, its C++ call table first
             return dispatcher.linear(x, self.weight, self.bias, self.activation, residual=residual)
         if dispatcher.serves_nothing:   # no table for this GPU, no online choice: torch's ops in the traced graph
@@ -62,7 +65,7 @@ class Linear(torch.nn.Linear):
             return F.linear(x, self.weight, self.bias)   # no entry for this (N, K): F.linear in the traced graph
         lead = x.shape[:-1]
         y = matmul(x.reshape(-1, self.in_features), self.weight.t(), bias=self.bias, activation=self.activation,
-                   residual=None if residual is None else residual.reshape(-1, self.out_features))
+                   residual=residual)
         return y.reshape(*lead, self.out_features)
 
     def _scripted(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -72,13 +75,34 @@ class Linear(torch.nn.Linear):
             if activation is not None:
                 raise ValueError("residual= adds the residual to the product: it takes no activation")
             y = torch_residual(x.reshape(-1, self.in_features), self.weight.t(), self.bias,
-                               residual.reshape(-1, self.out_features))
+                               residual_rows(residual, list(x.shape[:-1]), self.out_features))
             return y.reshape(list(x.shape[:-1]) + [self.out_features])
         y = F.linear(x, self.weight, self.bias)
         return y if activation is None else activate(y, activation)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", activation={self.activation}" if self.activation else "")
+
+
+def residual_rows(residual: torch.Tensor, lead: List[int], n: int) -> torch.Tensor:
+    """`residual` as the GEMM's epilogue adds it to the (tokens, n) product of an input of leading shape `lead`:
+    a (tokens, n) matrix as it is; one that broadcasts against the output (*lead, n) as `residual + y` would, as a
+    (1, n) row or expanded; ValueError for any other shape (reshaped, its rows would meet other tokens')."""
+    tokens = 1
+    for size in lead:
+        tokens *= size
+    shape = list(residual.shape)
+    if len(shape) == 2 and shape[0] == tokens and shape[1] == n:
+        return residual
+    out = lead + [n]
+    fits = len(shape) <= len(out)
+    for i in range(1, min(len(shape), len(out)) + 1):
+        fits = fits and shape[-i] in (1, out[-i])
+    if not fits:
+        raise ValueError(f"residual of shape {shape} does not broadcast to the output's shape {out}")
+    if len(shape) > 0 and shape[-1] == n and residual.numel() == n:
+        return residual.reshape(1, n)
+    return residual.expand(out).reshape(tokens, n)
 
 
 # the attribute's type for TorchScript, as an object: this module's annotations are strings it cannot resolve

@@ -1371,6 +1371,30 @@ def test_a_residual_broadcast_over_tokens_gives_one_shape_eager_compiled_and_scr
     torch._dynamo.reset()
 
 
+def test_a_residual_broadcasts_as_torch_adds_it_and_a_misshapen_one_is_refused():
+    """`l2c.nn.Linear(x, residual=r)` and `GatedMLP` add any r that broadcasts against the output as `r + layer(x)`
+    does ((1, tokens, N), (batch, 1, N), (tokens, N) of a 3-D x), eager, compiled and scripted; an r of the output's
+    size in another shape is refused with a ValueError, never added to other tokens' rows."""
+    set_tuned_table(None)
+    torch._dynamo.reset()
+    layer, gated = l2c.nn.Linear(40, 48), l2c.nn.GatedMLP(40, 24)
+    x = torch.randn(2, 16, 40)
+    runs = [layer, torch.compile(layer, fullgraph=True, backend="eager"), torch.jit.script(layer)]
+    with torch.no_grad():
+        y = F.linear(x, layer.weight, layer.bias)
+        for residual in (torch.randn(1, 16, 48), torch.randn(2, 1, 48), torch.randn(16, 48), torch.randn(1)):
+            for run in runs:
+                torch.testing.assert_close(run(x, residual=residual), residual + y)
+        r = torch.randn(2, 1, 40)
+        torch.testing.assert_close(gated(x, residual=r), r + gated(x))
+        for run in runs:
+            with pytest.raises(Exception, match="does not broadcast"):
+                run(x, residual=torch.randn(16, 2, 48))
+        with pytest.raises(ValueError, match="does not broadcast"):
+            gated(x.transpose(0, 1), residual=torch.randn(2, 16, 40))
+    torch._dynamo.reset()
+
+
 def test_an_unknown_activation_is_refused_when_traced_too():
     """activation="" is refused eagerly and under torch.compile alike (never read as no activation)."""
     torch._dynamo.reset()
