@@ -5,6 +5,7 @@ epilogue means.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -101,10 +102,24 @@ def torch_matmul(a, b, bias, activation, out):
     else:
         y = torch.matmul(a, b)
         y = activate(y if bias is None else y + bias, activation)
-    if out is not None:
-        if out.dtype != y.dtype or out.shape != y.shape:   # as torch.matmul(out=) refuses, never a silent cast
-            raise RuntimeError(f"out= must be a {y.dtype} tensor of shape {tuple(y.shape)}, got {out.dtype} "
-                               f"{tuple(out.shape)}")
-        out.copy_(y)
-        return out
-    return y
+    return y if out is None else _write_out(out, y)
+
+
+def _write_out(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`y` written into `out` as torch.matmul(out=) writes its result: refused where autograd would record it
+    (out= ops have no derivative) and for another dtype (never a silent cast); an out of another shape is resized,
+    with torch's deprecation warning unless it is empty."""
+    if y.requires_grad or (out.requires_grad and torch.is_grad_enabled()):
+        raise RuntimeError("matmul(): functions with out=... arguments don't support automatic differentiation, but "
+                           "one of the arguments requires grad.")
+    if out.dtype != y.dtype:
+        raise RuntimeError(f"out= must be a {y.dtype} tensor, got {out.dtype}")
+    if out.shape != y.shape:
+        if out.numel():
+            warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
+                          f"which does not match the required output shape {list(y.shape)}. This behavior is "
+                          "deprecated, and in a future PyTorch release outputs will not be resized unless they have "
+                          "zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                          "elements with t.resize_(0).", UserWarning, stacklevel=2)
+        out.resize_(y.shape)
+    return out.copy_(y)

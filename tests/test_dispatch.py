@@ -217,6 +217,27 @@ def test_fallback_is_exactly_torch(activation):
     torch.testing.assert_close(out, ref)
 
 
+@pytest.mark.parametrize("lead", [(), (2,)])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_out_follows_torchs_out_rules_where_torch_runs_the_epilogue_apart(activation, lead):
+    """Where torch runs the bias or activation after the product (an activation, a batched a), `out=` is written as
+    torch.matmul(out=) and torch.addmm(out=) write it: an empty out is resized silently, one of another shape with
+    torch's deprecation warning, and an out= call autograd would record is refused."""
+    set_tuned_table(None)
+    a, b, bias = torch.randn(*lead, 7, 5), torch.randn(5, 3), torch.randn(3)
+    want = torch.matmul(a, b) + bias
+    want = want if activation is None else F.relu(want)
+    out = torch.empty(0)
+    assert l2c.matmul(a, b, bias=bias, activation=activation, out=out) is out
+    torch.testing.assert_close(out, want)
+    out = torch.empty(2, 2)
+    with pytest.warns(UserWarning, match="was resized"):
+        assert l2c.matmul(a, b, bias=bias, activation=activation, out=out) is out
+    torch.testing.assert_close(out, want)
+    with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
+        l2c.matmul(a.requires_grad_(), b, bias=bias, activation=activation, out=torch.empty(*lead, 7, 3))
+
+
 def test_bad_activation_is_a_clear_error():
     with pytest.raises(ValueError, match="activation must be one of"):
         l2c.matmul(torch.randn(2, 2), torch.randn(2, 2), activation="tanh")
