@@ -186,9 +186,11 @@ def _launch_failed(err: LaunchError) -> None:
 
 def _out_needs_torch(out, a) -> bool:
     """An `out=` torch must judge: one that requires grad (torch refuses it), that overlaps itself (a stride 0 across
-    more than one element: torch refuses it), or that is on another device."""
+    more than one element: torch refuses it), that is on another device, or an inference tensor outside inference
+    mode (torch refuses to update it in place)."""
     return (out.requires_grad and torch.is_grad_enabled()) or out.device != a.device or \
-        any(stride == 0 and size > 1 for stride, size in zip(out.stride(), out.shape))
+        any(stride == 0 and size > 1 for stride, size in zip(out.stride(), out.shape)) or \
+        (out.is_inference() and not torch.is_inference_mode_enabled())
 
 
 def _graph_needs_torch(activation, out, a, b, bias) -> bool:

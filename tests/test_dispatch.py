@@ -887,6 +887,25 @@ def test_a_served_out_is_written_as_torch_writes_it():
     set_tuned_table(None)
 
 
+def test_an_inference_out_outside_inference_mode_is_refused_at_a_served_shape():
+    """An `out=` made under torch.inference_mode() is not written by a served kernel outside it: torch refuses that
+    in-place update, and so does l2c.matmul (inside inference mode the kernel serves it)."""
+    dispatcher = set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    with torch.inference_mode():
+        out = torch.zeros(32, 48, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="inference tensor"):
+        torch.matmul(a, w.t(), out=out)
+    with pytest.raises(RuntimeError, match="inference tensor"):
+        l2c.matmul(a, w.t(), out=out)
+    assert dispatcher.stats["tuned"] == 0
+    with torch.inference_mode():
+        assert l2c.matmul(a, w.t(), out=out) is out
+    assert dispatcher.stats["tuned"] == 1
+    torch.testing.assert_close(out.float(), a.float() @ w.float().t(), atol=2e-2, rtol=2e-2)
+    set_tuned_table(None)
+
+
 def test_operands_of_a_tensor_subclass_are_torchs():
     """A subclass (a wrapper such as DTensor has no memory of its own to launch on; torch's op honours the type) is
     served by torch, with torch's result and type, at a shape a kernel serves."""
