@@ -118,7 +118,20 @@ def matmul_with(dispatcher, a: torch.Tensor, b: torch.Tensor, bias: Optional[tor
             y = native.call(a, b, bias, 0 if activation is None else activation_code(activation))
             if y is not None:
                 return y
-    return _python_path(dispatcher, a, b, bias, activation, out, residual)
+    try:
+        return _python_path(dispatcher, a, b, bias, activation, out, residual)
+    except AttributeError:
+        _refuse_non_tensors(a=a, b=b, bias=bias, out=out, residual=residual)
+        raise
+
+
+def _refuse_non_tensors(**arguments) -> None:
+    """TypeError naming the first argument that is neither a tensor nor None, as torch.matmul's argument check
+    names it: the dispatcher reads its operands' attributes without asking (an isinstance test per call would cost
+    every call), so a list or an array met there raises AttributeError, which the entry points turn into this."""
+    for name, value in arguments.items():
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"argument '{name}' must be Tensor, not {type(value).__name__}")
 
 
 def _holds(ms, m) -> bool:
@@ -170,4 +183,8 @@ def gated_matmul(a: torch.Tensor, b: torch.Tensor, gate: str, bias: Optional[tor
             return torch_gated(a, b, bias, check_gate(gate))
         if a.dim() == 2 and b.dim() == 2:
             return _gated_matmul_op(a, b, bias, check_gate(gate))
-    return dispatcher.gated_matmul(a, b, gate, bias)
+    try:
+        return dispatcher.gated_matmul(a, b, gate, bias)
+    except AttributeError:
+        _refuse_non_tensors(a=a, b=b, bias=bias)
+        raise

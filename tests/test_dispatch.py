@@ -238,6 +238,20 @@ def test_out_follows_torchs_out_rules_where_torch_runs_the_epilogue_apart(activa
         l2c.matmul(a.requires_grad_(), b, bias=bias, activation=activation, out=torch.empty(*lead, 7, 3))
 
 
+def test_an_argument_that_is_not_a_tensor_is_a_type_error_naming_it():
+    """A list, an array or a number where l2c.matmul or l2c.gated_matmul takes a tensor raises a TypeError naming the
+    argument, as torch.matmul does, at a shape a kernel serves too (not an AttributeError from the dispatcher)."""
+    set_tuned_table(TunedTable([entry(32, 48, 40)]), allow_cpu=True, prepare="inline")
+    a, w = torch.randn(32, 40, dtype=torch.float16), torch.randn(48, 40, dtype=torch.float16)
+    for name, value in (("a", a.tolist()), ("b", w.t().numpy()), ("bias", 1.0), ("out", 0.0), ("residual", 1.0)):
+        call = {"a": a, "b": w.t(), name: value}
+        with pytest.raises(TypeError, match=f"argument '{name}' must be Tensor"):
+            l2c.matmul(**call)
+    with pytest.raises(TypeError, match="argument 'bias' must be Tensor"):
+        l2c.gated_matmul(a, torch.randn(40, 96, dtype=torch.float16), "silu", bias=[1.0] * 96)
+    set_tuned_table(None)
+
+
 def test_bad_activation_is_a_clear_error():
     with pytest.raises(ValueError, match="activation must be one of"):
         l2c.matmul(torch.randn(2, 2), torch.randn(2, 2), activation="tanh")
