@@ -293,9 +293,7 @@ def _bars(a):
     set through l2c.nn.Linear with the graphs table (kernel, cold weights, fraction of roofline) and its summary;
     #21 the gated MLP block at 1-8192 tokens against torch eager and max-autotune. About 9 minutes on an H200;
     `--total-s` cuts it where the device call ends."""
-    issue16 = [l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "offgrid", "--dtype", d, "--protocol",
-                   "kernel,call", "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_offgrid_{d}.jsonl")
-               for d in ("f16", "bf16")]
+    issue16 = [_issue16_file(a, "offgrid", d) for d in ("f16", "bf16")]
     issue20, serve = _serve_kernel(a)
     issue20.append(script("scripts/serve_summary.py", *serve, "-o", f"{a.out}/serve_summary.json"))
     issue21 = [script("examples/llama_e2e.py", "--out", f"{a.out}/mlp.json", "--table", a.graphs_table,
@@ -304,11 +302,15 @@ def _bars(a):
     return issue16 + issue20 + issue21
 
 
+def _issue16_file(a, shapes: str, dtype: str) -> List[str]:
+    """One of #16's files: `shapes` through l2c.matmul with the table this GPU's users get, `kernel` and `call`."""
+    return l2c("bench", f"dispatch:{a.eager_table}", "--shapes", shapes, "--dtype", dtype, "--protocol", "kernel,call",
+               "--reps", "5", "--iters", "10", "-o", f"{a.out}/dispatch_{shapes}_{dtype}.jsonl")
+
+
 def _grid16(a):
-    """#16's grid file: the 1,000-shape grid through l2c.matmul with the table this GPU's users get, `kernel` and
-    `call` (f16; about 4 minutes on an H200)."""
-    return [l2c("bench", f"dispatch:{a.eager_table}", "--shapes", "grid", "--protocol", "kernel,call", "--reps", "5",
-                "--iters", "10", "-o", f"{a.out}/dispatch_grid_f16.jsonl")]
+    """#16's grid file: the 1,000-shape grid (f16; about 4 minutes on an H200)."""
+    return [_issue16_file(a, "grid", "f16")]
 
 
 def _graphs16(a):
